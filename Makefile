@@ -1,0 +1,23 @@
+# Two commands set up everything on a fresh machine:  `make run`  and  `make test`.
+# TORCH picks the torch build: the default installs the CPU wheel here; on a GPU host use e.g.
+#   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" run
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+.PHONY: install run test

@@ -1,0 +1,1 @@
+"""Swappable parts of an RL algorithm; a YAML config chooses one of each kind."""

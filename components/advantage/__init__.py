@@ -1,0 +1,4 @@
+from .base import Advantages, AdvantageEstimator
+from .group import GroupNormalized
+
+__all__ = ["Advantages", "AdvantageEstimator", "GroupNormalized"]

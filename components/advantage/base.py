@@ -1,0 +1,51 @@
+"""The advantage-estimator contract and the whitening every estimator offers."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Literal, NamedTuple
+
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import masked_whiten
+
+Whiten = Literal["none", "batch", "global"]
+
+
+class Advantages(NamedTuple):
+    advantages: Tensor  # (B, R), 0 on masked tokens
+    returns: Tensor | None  # (B, R) value targets, or None without a critic
+
+
+class AdvantageEstimator(ABC):
+    """Turns rewards (and values) into per-token advantages.
+
+    Whitening (z-scoring over the tokens that count in the loss, fp32) is applied after
+    ``estimate``: ``batch`` uses this rank's tokens, ``global`` all data-parallel ranks' tokens.
+    Returns are computed before whitening, so value targets never see it.
+    """
+
+    requires: frozenset[str] = frozenset({"token_rewards"})
+
+    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True):
+        """
+        Args:
+            whiten: none / batch / global (across data-parallel ranks) z-scoring of the advantages.
+            shift_mean: with whitening, also remove the mean (False rescales only, keeping any baseline).
+        """
+        if whiten not in ("none", "batch", "global"):
+            raise ValueError(f"{type(self).__name__}: whiten must be none, batch or global, got {whiten!r}")
+        self.whiten = whiten
+        self.shift_mean = shift_mean
+
+    @abstractmethod
+    def estimate(self, batch: RolloutBatch) -> Advantages:
+        """Raw advantages and returns before whitening."""
+
+    def __call__(self, batch: RolloutBatch) -> Advantages:
+        batch.require(self.requires, type(self).__name__)
+        advantages, returns = self.estimate(batch)
+        if self.whiten != "none":
+            advantages = masked_whiten(advantages, batch.loss_mask, self.shift_mean, global_stats=self.whiten == "global")
+        return Advantages(advantages, returns)

@@ -1,0 +1,64 @@
+"""Critic-free baselines from a group of samples of the same prompt: GRPO / Dr. GRPO and RLOO."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import broadcast_to_tokens, group_view, sequence_rewards
+
+from .base import Advantages, AdvantageEstimator, Whiten
+
+
+def _reject_greedy_rows(batch: RolloutBatch, who: str) -> None:
+    if batch.is_greedy is not None and bool(batch.is_greedy.any()):
+        raise ValueError(f"{who} got greedy baseline rows; they belong to components.advantage.ReMax (set greedy_baseline=false on the rollout)")
+
+
+class GroupNormalized(AdvantageEstimator):
+    """Group-relative advantage, GRPO (Shao et al. 2024, arXiv:2402.03300, eq. 3) and Dr. GRPO.
+
+        A_i = (R_i - mean_g(R)) / (std + eps)    scale="group"  (GRPO)
+        A_i = (R_i - mean_g(R)) / (std_batch + eps)  scale="batch"
+        A_i =  R_i - mean_g(R)                   scale="none"   (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783)
+
+    broadcast to every token of sample i. ``std`` is the population std (divisor G) by default, as
+    in the seeds' worked numbers; ``bessel=True`` takes the sample std (divisor G - 1, torch's
+    default), which makes |A| smaller by sqrt((G - 1) / G). A group with identical rewards gets
+    A = 0 exactly (never 0/0). R_i is the sequence return: the score minus any KL-in-reward.
+    """
+
+    def __init__(
+        self,
+        scale: Literal["group", "batch", "none"] = "group",
+        bessel: bool = False,
+        eps: float = 1e-6,
+        whiten: Whiten = "none",
+        shift_mean: bool = True,
+    ):
+        """
+        Args:
+            scale: divide by the group's std (GRPO), the whole batch's std, or nothing (Dr. GRPO).
+            bessel: use the sample std (divisor G - 1) instead of the population std (divisor G).
+            eps: added to the std.
+            whiten: see `AdvantageEstimator`.
+            shift_mean: see `AdvantageEstimator`.
+        """
+        super().__init__(whiten, shift_mean)
+        if scale not in ("group", "batch", "none"):
+            raise ValueError(f"GroupNormalized: scale must be group, batch or none, got {scale!r}")
+        self.scale, self.bessel, self.eps = scale, bessel, eps
+
+    def estimate(self, batch: RolloutBatch) -> Advantages:
+        batch.require(["group_ids"], "GroupNormalized")
+        _reject_greedy_rows(batch, "GroupNormalized")
+        rewards = sequence_rewards(batch)  # (B,)
+        grouped = group_view(rewards, batch.group_ids)  # (n_groups, G)
+        centered = grouped - grouped.mean(-1, keepdim=True)
+        correction = 1 if self.bessel else 0
+        if self.scale == "group":
+            std = grouped.std(-1, keepdim=True, correction=correction) if grouped.shape[1] > correction else 0.0 * grouped[:, :1]
+            centered = centered / (std + self.eps)
+        elif self.scale == "batch":
+            centered = centered / (rewards.std(correction=correction) + self.eps)
+        return Advantages(broadcast_to_tokens(centered.reshape(-1), batch.response_mask), None)

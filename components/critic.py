@@ -1,0 +1,106 @@
+"""`ValueCritic`: a transformer backbone with a scalar value head, V(s_t) for every response token.
+
+Value at token t is read from the hidden state that predicts token t (position P - 1 + t), i.e.
+the state s_t before the token is chosen, the same alignment as the policy's log-probs.
+Loss (Schulman et al. 2017, eq. 9; value clipping as in OpenAI baselines):
+    l_t = 1/2 max((V_t - G_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - G_t)^2)
+with G_t the value targets (``returns``) and the clipped branch only when ``value_clip`` is set.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.config import OptimizerConfig
+from lightning_rl.logprobs import sequence_inputs
+from lightning_rl.models import _DTYPES, _load, disable_dropout
+from lightning_rl.ops import masked_mean
+
+
+class ValueCritic(nn.Module):
+    """Trainable critic for PPO-style estimators (GAE). Built lazily in the module's ``configure_model``."""
+
+    requires = frozenset({"returns", "values"})
+
+    def __init__(
+        self,
+        init_from: Literal["policy", "reward_model", "path"] = "policy",
+        path: str | None = None,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        value_clip: float | None = None,
+        pretrain_steps: int = 0,
+        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5),
+    ):
+        """
+        Args:
+            init_from: initialise the backbone from the policy's weights, the reward model's (its
+                scalar head becomes the value head; InstructGPT), or ``path``.
+            path: checkpoint for ``init_from="path"`` (a save_pretrained directory or hub id).
+            dtype: parameter dtype at load time.
+            value_clip: clip V - V_old to +-value_clip in the loss (None = off, the default).
+            pretrain_steps: RL iterations at the start during which only the critic learns and the
+                policy is left untouched (value pretraining, VC-PPO, Yuan et al. 2025, arXiv:2503.01491).
+            optimizer: the critic's own AdamW settings (LR, schedule, gradient clipping).
+        """
+        super().__init__()
+        if init_from == "path" and not path:
+            raise ValueError("ValueCritic: init_from='path' needs model.critic.init_args.path")
+        self.init_from, self.path, self.dtype = init_from, path, dtype
+        self.value_clip, self.pretrain_steps, self.optimizer = value_clip, pretrain_steps, optimizer
+        self.backbone: nn.Module | None = None
+        self.head: nn.Linear | None = None
+
+    def build(self, policy_path: str, reward_model_path: str | None = None) -> None:
+        """Load the backbone and create the head once (idempotent)."""
+        if self.backbone is not None:
+            return
+        from transformers import AutoModel, AutoModelForSequenceClassification
+
+        source = {"policy": policy_path, "reward_model": reward_model_path, "path": self.path}[self.init_from]
+        if source is None:
+            raise ValueError("ValueCritic: init_from='reward_model' needs a RewardModel reward (or use init_from='policy')")
+        kwargs = dict(dtype=_DTYPES[self.dtype])
+        if self.init_from == "reward_model":
+            scorer = _load(AutoModelForSequenceClassification.from_pretrained, source, "model.critic", num_labels=1, **kwargs)
+            self.backbone = getattr(scorer, scorer.base_model_prefix)
+            head = scorer.score if hasattr(scorer, "score") else scorer.classifier
+            self.head = nn.Linear(head.in_features, 1, bias=True, dtype=torch.float32)
+            with torch.no_grad():
+                self.head.weight.copy_(head.weight.float()[:1])
+                self.head.bias.copy_(head.bias.float()[:1] if head.bias is not None else torch.zeros(1))
+        else:
+            self.backbone = _load(AutoModel.from_pretrained, source, "model.critic", **kwargs)
+            self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=torch.float32)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        disable_dropout(self.backbone)
+
+    def forward(self, batch: RolloutBatch) -> Tensor:
+        """V(s_t) for every response position, fp32. Shape: (B, R)."""
+        if self.backbone is None:
+            raise RuntimeError("ValueCritic.build() must run before the critic is used (RLModule.configure_model does it)")
+        input_ids, attention_mask, position_ids = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
+        r = batch.response_ids.shape[1]
+        states = hidden[:, -(r + 1) : -1]  # (B, R, H): the state before each response token
+        return self.head(states.float()).squeeze(-1) * batch.response_mask.float()
+
+    def loss(self, values: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-token value loss (B, R) and metrics; the module aggregates it like the policy loss."""
+        batch.require(["returns", "values"], "ValueCritic.loss")
+        returns, old_values = batch.returns.float(), batch.values.float()
+        mask = batch.loss_mask
+        loss = (values - returns).square()
+        metrics = {"critic/values_mean": masked_mean(values.detach(), mask)}
+        if self.value_clip is not None:
+            clipped = old_values + (values - old_values).clamp(-self.value_clip, self.value_clip)
+            clipped_loss = (clipped - returns).square()
+            metrics["critic/clipfrac"] = masked_mean((clipped_loss > loss).float().detach(), mask)
+            loss = torch.maximum(loss, clipped_loss)
+        else:
+            metrics["critic/clipfrac"] = torch.zeros((), device=values.device)
+        return 0.5 * loss, metrics

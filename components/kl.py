@@ -1,0 +1,111 @@
+"""`KLRegularizer`: the leash to the reference policy, in the reward or in the loss, fixed or adaptive.
+
+Estimators on the sampled token, with log rho = log pi_ref - log pi (Schulman, "Approximating KL
+Divergence", 2020):  k1 = -log rho,  k2 = (log rho)^2 / 2,  k3 = (rho - 1) - log rho.
+
+What each optimises when differentiated in the loss (on-policy, per token): grad k1 has zero
+expectation, grad k2 is the reverse KL(pi || ref) gradient, grad k3 is the *forward*
+KL(ref || pi) gradient. ``importance_weighted=True`` multiplies the loss term by
+w = pi / pi_old (differentiated; DeepSeek-V3.2, 2025), which makes k3's gradient the
+reverse-KL one. In the reward (PPO-RLHF, Ziegler et al. 2019) the estimate enters the return
+with no gradient, evaluated at pi_old.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.batch import RolloutBatch
+
+Estimator = Literal["k1", "k2", "k3"]
+_LOG_RHO_CLAMP = 20.0
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: Estimator) -> Tensor:
+    """Per-token KL(pi || ref) estimate from sampled-token log-probs. Shape: (B, R)."""
+    log_rho = (ref_logprobs.float() - logprobs.float()).clamp(-_LOG_RHO_CLAMP, _LOG_RHO_CLAMP)
+    if estimator == "k1":
+        return -log_rho
+    if estimator == "k2":
+        return 0.5 * log_rho.square()
+    if estimator == "k3":
+        return torch.expm1(log_rho) - log_rho
+    raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+
+
+class KLRegularizer(nn.Module):
+    """KL penalty against the reference model; its coefficient is a buffer, so checkpoints carry it.
+
+    Adaptive control (Ziegler et al. 2019, arXiv:1909.08593, sec. 2.2) when ``target`` is set:
+        e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n / horizon)
+    with KL the batch-mean sequence KL (sum of k1 over tokens, at pi_old) and n the samples seen.
+    A coefficient of 0 with no target needs no reference model, and none is loaded.
+    """
+
+    def __init__(
+        self,
+        coef: float = 0.0,
+        estimator: Estimator = "k3",
+        placement: Literal["loss", "reward"] = "loss",
+        target: float | None = None,
+        horizon: int = 10000,
+        importance_weighted: bool = False,
+    ):
+        """
+        Args:
+            coef: beta, the initial KL coefficient.
+            estimator: k1, k2 or k3 (see module docstring for what each does in the loss).
+            placement: loss (differentiated term, GRPO) or reward (per-token penalty in the return, PPO-RLHF).
+            target: target sequence KL in nats for the adaptive controller; None keeps beta fixed.
+            horizon: controller horizon (larger adapts more slowly).
+            importance_weighted: loss placement only: weight the term by pi / pi_old (DeepSeek-V3.2).
+        """
+        super().__init__()
+        if estimator not in ("k1", "k2", "k3") or placement not in ("loss", "reward"):
+            raise ValueError(f"KLRegularizer: estimator must be k1|k2|k3 and placement loss|reward, got {estimator!r}, {placement!r}")
+        if coef < 0 or (target is not None and target <= 0) or horizon <= 0:
+            raise ValueError(f"KLRegularizer: need coef >= 0, target > 0, horizon > 0; got {coef}, {target}, {horizon}")
+        if importance_weighted and placement != "loss":
+            raise ValueError("KLRegularizer: importance_weighted applies to placement='loss' only")
+        self.estimator, self.placement, self.target, self.horizon = estimator, placement, target, horizon
+        self.importance_weighted = importance_weighted
+        self.register_buffer("coef", torch.tensor(float(coef), dtype=torch.float64))
+
+    @property
+    def active(self) -> bool:
+        return self.target is not None or float(self.coef) > 0
+
+    @property
+    def requires(self) -> frozenset[str]:
+        if not self.active:
+            return frozenset()
+        needs_old = self.placement == "reward" or self.importance_weighted
+        return frozenset({"ref_logprobs"} | ({"old_logprobs"} if needs_old else set()))
+
+    def reward_penalty(self, batch: RolloutBatch) -> Tensor:
+        """-beta * k(pi_old, ref) per token for placement='reward', else zeros. No gradient. Shape: (B, R)."""
+        mask = batch.response_mask.float()
+        if self.placement != "reward" or not self.active:
+            return torch.zeros_like(mask)
+        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.estimator)
+        return (-self.coef.float() * kl * mask).detach()
+
+    def loss_term(self, logprobs: Tensor, batch: RolloutBatch) -> Tensor:
+        """beta * k(pi_theta, ref) per token for placement='loss', else zeros. Differentiable. Shape: (B, R)."""
+        if self.placement != "loss" or not self.active:
+            return torch.zeros_like(logprobs, dtype=torch.float32)
+        kl = kl_estimate(logprobs, batch.ref_logprobs, self.estimator)
+        if self.importance_weighted:
+            kl = kl * (logprobs.float() - batch.old_logprobs.float()).clamp(-_LOG_RHO_CLAMP, _LOG_RHO_CLAMP).exp()
+        return self.coef.float() * kl
+
+    @torch.no_grad()
+    def update(self, kl: Tensor | float, n: int) -> None:
+        """One controller step from the observed mean sequence KL over ``n`` samples."""
+        if self.target is None:
+            return
+        error = torch.clamp(torch.as_tensor(kl, dtype=torch.float64, device=self.coef.device) / self.target - 1.0, -0.2, 0.2)
+        self.coef.mul_(1.0 + error * n / self.horizon)

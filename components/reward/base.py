@@ -1,0 +1,47 @@
+"""The reward contract: a `RolloutBatch` plus per-sample text and dataset columns in, scores (B,) out."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+
+RewardInputs = dict[str, list[Any]]
+"""Per-sample lists: ``prompts`` and ``completions`` (decoded text) plus every dataset column (e.g. ``answer``)."""
+
+
+class Reward(ABC):
+    """Scores whole responses. ``requires`` names the `RolloutBatch` fields read (checked at setup)."""
+
+    requires: frozenset[str] = frozenset()
+
+    def setup(self, tokenizer) -> None:
+        """Called once the tokenizer exists."""
+
+    @abstractmethod
+    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+        """Shape: (B,) float."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+def as_scores(values: Any, batch_size: int, who: str, meta: RewardInputs | None = None) -> Tensor:
+    """Turn a reward's output into a finite float tensor (B,), or fail naming the reward and the sample."""
+    if isinstance(values, Tensor):
+        values = values.detach().float().flatten().cpu().tolist() if values.numel() == batch_size else values
+    if not isinstance(values, (list, tuple, Tensor)) or len(values) != batch_size:
+        got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
+        raise ValueError(f"reward {who} must return {batch_size} scores (one per sample), got {got}")
+    for i, v in enumerate(values):
+        bad = v is None or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
+        if bad:
+            completion = f" for completion {meta['completions'][i]!r}" if meta and "completions" in meta else ""
+            raise ValueError(f"reward {who} returned {v!r} at sample {i}{completion}; every score must be a finite number")
+    return torch.tensor([float(v) for v in values], dtype=torch.float32)

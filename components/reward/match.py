@@ -1,0 +1,51 @@
+"""Verifiable rewards that compare a completion with a reference answer."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+
+from .base import Reward, RewardInputs
+
+
+def _column(meta: RewardInputs, key: str, who: str) -> list:
+    if key not in meta:
+        raise KeyError(f"{who} reads the dataset column '{key}', which the data does not provide; columns: {sorted(meta)}")
+    return meta[key]
+
+
+class ExactMatch(Reward):
+    """1.0 if the (extracted, stripped) completion equals the reference answer, else 0.0."""
+
+    def __init__(self, answer_key: str = "answer", extract: str | None = None, correct: float = 1.0, wrong: float = 0.0):
+        """
+        Args:
+            answer_key: dataset column holding the reference answer.
+            extract: optional regex; its first group (or whole match) is compared instead of the full completion.
+                A completion the regex does not match scores ``wrong``.
+            correct: score of a match.
+            wrong: score otherwise.
+        """
+        self.answer_key = answer_key
+        self.pattern = re.compile(extract) if extract else None
+        self.correct, self.wrong = correct, wrong
+
+    def _answer(self, completion: str) -> str | None:
+        if self.pattern is None:
+            return completion.strip()
+        found = self.pattern.search(completion)
+        if found is None:
+            return None
+        return (found.group(1) if found.groups() else found.group(0)).strip()
+
+    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+        answers = _column(meta, self.answer_key, self.name)
+        scores = [
+            self.correct if (got := self._answer(c)) is not None and got == str(ref).strip() else self.wrong
+            for c, ref in zip(meta["completions"], answers)
+        ]
+        return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)

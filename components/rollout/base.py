@@ -1,0 +1,55 @@
+"""The rollout contract: prompts in, a `RolloutBatch` of sampled responses out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from torch import Tensor, nn
+
+from lightning_rl.batch import RolloutBatch
+
+
+class Rollout(ABC):
+    """Samples ``group_size`` responses per prompt.
+
+    Subclasses set ``provides``: the `RolloutBatch` fields they fill, so components that need a
+    field (``rollout_logprobs`` for TIS/MIS) are checked against it once at setup.
+    """
+
+    provides: frozenset[str] = frozenset({"prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids"})
+    group_size: int
+    temperature: float
+    max_new_tokens: int
+
+    def setup(self, tokenizer) -> None:
+        """Called once the tokenizer exists; reads the ids a sampler needs (eos, pad)."""
+        self.eos_token_id = tokenizer.eos_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+
+    @abstractmethod
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:
+        """Shapes: prompt_ids, prompt_mask (P_n, P) left-padded -> batch of B = P_n * group_size rows.
+
+        ``greedy=True`` (validation): one temperature-0 response per prompt, B = P_n.
+        """
+
+    def sync_weights(self, policy: nn.Module) -> None:
+        """Make the sampler use ``policy``'s current weights (called after every optimize phase)."""
+
+    def close(self) -> None:
+        """Release what the rollout started (servers, threads)."""
+
+
+def response_mask_from_eos(response_ids: Tensor, eos_token_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """Mask up to and including the first EOS, and the truncated flag. Shapes: (B, R) -> (B, R), (B,).
+
+    Samplers right-pad finished sequences with pad (often == EOS); those tokens were never sampled
+    and must not carry advantage, KL or entropy.
+    """
+    is_eos = response_ids.new_zeros(response_ids.shape, dtype=bool)
+    for eos in eos_token_ids:
+        is_eos |= response_ids == eos
+    eos_before = is_eos.long().cumsum(-1) - is_eos.long()  # EOS count strictly earlier in the row
+    response_mask = (eos_before == 0).long()
+    truncated = is_eos.sum(-1) == 0
+    return response_mask, truncated

@@ -1,0 +1,4 @@
+from .base import OffPolicyCorrection, Surrogate
+from .clipped import ClippedSurrogate
+
+__all__ = ["Surrogate", "OffPolicyCorrection", "ClippedSurrogate"]

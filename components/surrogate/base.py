@@ -1,0 +1,104 @@
+"""The surrogate contract, the importance ratio, and the trainer/sampler off-policy correction.
+
+A surrogate returns an *unreduced* per-token loss (B, R); only the aggregator reduces it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import masked_mean
+
+LOG_RATIO_CLAMP = 20.0
+"""|log ratio| is clamped before exp so one numerical blip cannot produce an inf ratio."""
+
+
+class OffPolicyCorrection:
+    """Correct for the sampler's numerics differing from the trainer's (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training").
+
+    w = pi_old(trainer) / pi_rollout(sampler), from ``old_logprobs`` and ``rollout_logprobs``.
+    ``mode="tis"``: multiply the per-token loss by min(w, cap) (truncated importance sampling).
+    ``mode="mis"``: drop tokens (or whole sequences) whose w is above ``cap`` or below ``lower``
+    (masked importance sampling). ``level="sequence"`` uses the sequence weight exp(sum log w).
+    The weight carries no gradient.
+    """
+
+    requires = frozenset({"old_logprobs", "rollout_logprobs"})
+
+    def __init__(self, mode: Literal["tis", "mis"] = "tis", cap: float = 2.0, lower: float | None = None, level: Literal["token", "sequence"] = "token"):
+        """
+        Args:
+            mode: tis (truncate the weight at ``cap``) or mis (mask samples outside [lower, cap]).
+            cap: upper bound on w.
+            lower: MIS only: also mask w below this (None = no lower bound).
+            level: token (per-token w) or sequence (product over the sequence's valid tokens).
+        """
+        if mode not in ("tis", "mis") or level not in ("token", "sequence"):
+            raise ValueError(f"OffPolicyCorrection: mode must be tis|mis and level token|sequence, got {mode!r}, {level!r}")
+        if cap <= 0:
+            raise ValueError(f"OffPolicyCorrection: cap must be > 0, got {cap}")
+        self.mode, self.cap, self.lower, self.level = mode, cap, lower, level
+
+    def __call__(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Detached per-token weights (B, R) and metrics."""
+        mask = batch.loss_mask
+        log_w = (batch.old_logprobs - batch.rollout_logprobs).float() * mask
+        if self.level == "sequence":
+            log_w = log_w.sum(-1, keepdim=True).expand_as(mask)
+        w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+        if self.mode == "tis":
+            weight = w.clamp(max=self.cap)
+            affected = (w > self.cap).float()
+        else:
+            keep = (w <= self.cap) & (w >= (self.lower if self.lower is not None else 0.0))
+            weight = keep.float()
+            affected = 1.0 - weight
+        metrics = {"offpolicy/weight_mean": masked_mean(w, mask), "offpolicy/affected_frac": masked_mean(affected, mask)}
+        return weight.detach(), {k: v.detach() for k, v in metrics.items()}
+
+
+class Surrogate(ABC):
+    """``__call__(logprobs, batch) -> (per_token_loss (B, R), metrics)``; logprobs carry the gradient."""
+
+    requires: frozenset[str] = frozenset({"advantages", "old_logprobs"})
+
+    def __init__(self, correction: OffPolicyCorrection | None = None):
+        self.correction = correction
+        if correction is not None:
+            self.requires = self.requires | correction.requires
+
+    @abstractmethod
+    def per_token_loss(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Unreduced loss before the off-policy correction. Shape: (B, R)."""
+
+    def __call__(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        if logprobs.shape != batch.response_ids.shape:
+            raise ValueError(f"{type(self).__name__}: logprobs {tuple(logprobs.shape)} must match response_ids {tuple(batch.response_ids.shape)}")
+        loss, metrics = self.per_token_loss(logprobs, batch)
+        if self.correction is not None:
+            weight, extra = self.correction(batch)
+            loss = loss * weight
+            metrics.update(extra)
+        return loss, metrics
+
+
+def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """log pi_theta - log pi_old, clamped. Shape: (B, R)."""
+    return (logprobs.float() - old_logprobs.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def ratio_metrics(ratio: Tensor, log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """approx_kl is k3 of KL(pi_old || pi_theta) on the sampled tokens: (r - 1) - log r."""
+    with torch.no_grad():
+        big = torch.where(mask > 0, ratio, torch.zeros_like(ratio))
+        return {
+            "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask),
+            "policy/ratio_mean": masked_mean(ratio, mask),
+            "policy/ratio_max": big.max() if big.numel() else ratio.new_zeros(()),
+        }

@@ -1,0 +1,135 @@
+"""`RolloutBatch`: the one data object every phase reads and the module writes back to.
+
+Per-token fields are ``(B, R)`` aligned with ``response_ids``; per-sample fields are ``(B,)``.
+Samples of one prompt are contiguous and share ``group_ids``. Every field but the response ones
+is optional so a test can build a batch by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Iterable
+
+import torch
+from torch import Tensor
+
+PER_SAMPLE = ("truncated", "group_ids", "scores", "sample_mask", "is_greedy")
+PER_TOKEN = (
+    "response_ids",
+    "response_mask",
+    "rollout_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "token_rewards",
+    "advantages",
+    "returns",
+)
+PROMPT = ("prompt_ids", "prompt_mask")
+
+
+@dataclass
+class RolloutBatch:
+    response_ids: Tensor  # (B, R) right-padded
+    response_mask: Tensor  # (B, R) 1 on sampled tokens incl. the true EOS, 0 after it
+    prompt_ids: Tensor | None = None  # (B, P) left-padded
+    prompt_mask: Tensor | None = None  # (B, P)
+    rollout_logprobs: Tensor | None = None  # (B, R) log-probs the sampler reported
+    truncated: Tensor | None = None  # (B,) bool: hit max_new_tokens without EOS
+    group_ids: Tensor | None = None  # (B,) long
+    is_greedy: Tensor | None = None  # (B,) bool: greedy baseline rows (ReMax), never in the loss
+    scores: Tensor | None = None  # (B,) sequence reward
+    sample_mask: Tensor | None = None  # (B,) 1 where the sample counts in the loss
+    old_logprobs: Tensor | None = None  # (B, R)
+    ref_logprobs: Tensor | None = None  # (B, R)
+    values: Tensor | None = None  # (B, R)
+    token_rewards: Tensor | None = None  # (B, R)
+    advantages: Tensor | None = None  # (B, R)
+    returns: Tensor | None = None  # (B, R)
+    weight_version: int | None = None  # policy version that sampled this batch
+
+    def __post_init__(self) -> None:
+        if self.response_ids.dim() != 2 or self.response_mask.shape != self.response_ids.shape:
+            raise ValueError(
+                f"response_ids and response_mask must both be (B, R); got {tuple(self.response_ids.shape)} "
+                f"and {tuple(self.response_mask.shape)}"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """(B, R) float: tokens that count in the loss (response tokens of samples that count)."""
+        mask = self.response_mask.float()
+        if self.sample_mask is not None:
+            mask = mask * self.sample_mask.float().unsqueeze(-1)
+        return mask
+
+    @property
+    def response_lengths(self) -> Tensor:
+        return self.response_mask.sum(-1)  # (B,)
+
+    def replace(self, **changes) -> "RolloutBatch":
+        return dataclasses.replace(self, **changes)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        return self.replace(**{k: v.to(device) for k, v in self.tensors().items()})
+
+    def select(self, index: Tensor | slice) -> "RolloutBatch":
+        """Rows ``index`` of every field (a slice, long indices or a (B,) bool mask)."""
+        return self.replace(**{k: v[index] for k, v in self.tensors().items()})
+
+    def split(self, size: int) -> list["RolloutBatch"]:
+        """Contiguous chunks of at most ``size`` samples (micro-batches)."""
+        return [self.select(slice(i, i + size)) for i in range(0, self.batch_size, size)]
+
+    @classmethod
+    def cat(cls, batches: Iterable["RolloutBatch"]) -> "RolloutBatch":
+        """Concatenate along B, right-padding per-token fields and left-padding the prompt."""
+        batches = list(batches)
+        if len(batches) == 1:
+            return batches[0]
+        merged = {}
+        for f in fields(cls):
+            values = [getattr(b, f.name) for b in batches]
+            if all(v is None for v in values):
+                continue
+            if f.name == "weight_version":
+                merged[f.name] = values[0]
+                continue
+            if any(v is None for v in values):
+                raise ValueError(f"cannot concatenate batches where only some have `{f.name}`")
+            if f.name in PER_TOKEN:
+                width = max(v.shape[1] for v in values)
+                values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+            elif f.name in PROMPT:
+                width = max(v.shape[1] for v in values)
+                values = [torch.nn.functional.pad(v, (width - v.shape[1], 0)) for v in values]
+            merged[f.name] = torch.cat(values)
+        return cls(**merged)
+
+    def require(self, names: Iterable[str], who: str) -> None:
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"{who} needs RolloutBatch field(s) {missing}, which are not set")
+
+
+def terminal_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """Place each sequence score on its last valid response token. Shape: (B,) -> (B, R).
+
+    Reading the reward at padding instead of the true last token is a classic RLHF bug
+    (N+ implementation details, Huang et al. 2024); samples with no valid token get nothing.
+    """
+    mask = response_mask.float()
+    lengths = mask.sum(-1).long()  # (B,)
+    rewards = torch.zeros_like(mask, dtype=torch.float32)
+    has_tokens = lengths > 0
+    rows = torch.arange(mask.shape[0], device=mask.device)[has_tokens]
+    rewards[rows, lengths[has_tokens] - 1] = scores[has_tokens].float()
+    return rewards

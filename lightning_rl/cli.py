@@ -1,0 +1,49 @@
+"""`lightning-rl` / `python cli.py`: LightningCLI over `RLModule` and `PromptDataModule`.
+
+    lightning-rl fit                                   # the embedded default: GRPO on builtin:arithmetic
+    lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
+    lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/checkpoints/last.ckpt
+    lightning-rl fit --config configs/dapo.yaml --print_config
+
+Configs stack left to right (later files and command-line flags override earlier ones; lists
+are replaced, not merged); ``${...}`` interpolation resolves across stacked files.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .data import PromptDataModule
+from .module import RLModule
+
+DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
+
+
+class RLCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # the prompts are tokenised with the policy's tokenizer
+        parser.link_arguments("model.policy.path", "data.tokenizer")
+
+
+def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
+    # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return RLCLI(
+        RLModule,
+        PromptDataModule,
+        parser_kwargs={
+            "parser_mode": "omegaconf+",
+            **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
+        },
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        run=run,
+    )
+
+
+if __name__ == "__main__":
+    main()

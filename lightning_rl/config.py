@@ -1,0 +1,60 @@
+"""Typed settings of the loop and the optimiser (LightningCLI shows these docstrings in ``--help``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW and its LR schedule for one parameter group (the policy's, or the critic's)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup (after any critic pretraining, for the policy)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    total_steps: int | None = None
+    """Optimizer steps over which linear / cosine decay to ``min_lr_ratio``; required by those schedules."""
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+    """Clip this group's gradients to this global norm (None = no clipping)."""
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier on ``lr`` after ``step`` optimizer steps."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        if self.total_steps is None:
+            raise ValueError(f"schedule={self.schedule!r} needs total_steps (optimizer steps over which to decay)")
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        decay = 1.0 - progress if self.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * decay
+
+
+@dataclass
+class LoopConfig:
+    """How one RL iteration spends its batch: epochs x mini-batches x micro-batches."""
+
+    ppo_epochs: int = 1
+    """Passes over each rollout batch. With 1 epoch and 1 mini-batch the update is on-policy (ratio == 1)."""
+    num_mini_batches: int = 1
+    """Optimizer steps per epoch; the batch is shuffled and cut into this many mini-batches."""
+    micro_batch_size: int = 64
+    """Samples per forward/backward; gradients accumulate over a mini-batch (the loss is exact either way)."""
+    forward_batch_size: int = 128
+    """Samples per no-grad forward pass (old / reference log-probs, values)."""
+    mask_truncated: bool = False
+    """Leave responses that hit max_new_tokens without EOS out of the loss (DAPO overlong filtering)."""
+    skip_degenerate_batches: bool = True
+    """Skip the optimize phase (with a warning) when every advantage is zero: nothing to learn, only noise."""
+    log_samples_every_n_steps: int = 20
+    """Write a few prompt / completion / score rows to TensorBoard as text every N iterations (0 = never)."""
+    log_samples: int = 4
+    logprob_chunk_rows: int | None = None
+    """Rows per chunk of the fp32 log-softmax (None = ~16 MB chunks)."""

@@ -1,0 +1,226 @@
+"""`PromptDataModule`: prompts (and the columns rewards read) from jsonl / parquet / HF `datasets` / the built-in task.
+
+Training draws an endless, resumable stream of prompt batches: a fresh seeded permutation per
+pass over the data, sharded so each data-parallel rank gets different prompts (a group is then
+always generated on one rank). Its position is saved in checkpoints (``state_dict``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Iterator, Literal
+
+import torch
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, IterableDataset
+
+from .models import load_tokenizer
+from .tasks import BUILTIN_TASKS
+
+
+def load_rows(source: str, split: str):
+    """A `datasets.Dataset` from ``builtin:<task>``, a data file, a ``save_to_disk`` folder or a hub id."""
+    import datasets
+
+    if source.startswith("builtin:"):
+        name = source.split(":", 1)[1]
+        if name not in BUILTIN_TASKS:
+            raise ValueError(f"unknown built-in task {source!r}; available: {[f'builtin:{k}' for k in BUILTIN_TASKS]}")
+        return datasets.Dataset.from_list(BUILTIN_TASKS[name](split))
+    path = os.path.expanduser(source)
+    suffix = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+    ext = os.path.splitext(path)[1]
+    if ext in suffix:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"data file {source!r} does not exist")
+        return datasets.load_dataset(suffix[ext], data_files=path, split="train")
+    if os.path.isdir(path):
+        loaded = datasets.load_from_disk(path)
+        return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+    if source.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"data path {source!r} does not exist")
+    try:
+        return datasets.load_dataset(source, split=split)
+    except Exception as err:  # the hub raises many types; the cause is kept
+        raise OSError(f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file") from err
+
+
+def collate_prompts(rows: list[dict], pad_token_id: int) -> dict[str, Any]:
+    """Left-pad token ids; keep text and every other column as per-prompt lists."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, width - n :] = torch.tensor(r["input_ids"], dtype=torch.long)
+        mask[i, width - n :] = 1
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "input_ids"}
+    return {"prompt_ids": ids, "prompt_mask": mask, "meta": columns}
+
+
+class PromptStream(IterableDataset):
+    """Endless prompt batches for one rank; ``position`` = (pass over the data, batch within it)."""
+
+    def __init__(self, rows, batch_size: int, pad_token_id: int, seed: int, shuffle: bool, rank: int, world_size: int):
+        n_per_rank = len(rows) // world_size
+        if n_per_rank < batch_size:
+            raise ValueError(
+                f"data.batch_size={batch_size} prompts per rank but only {len(rows)} training prompts for {world_size} rank(s); "
+                "lower data.batch_size or add data"
+            )
+        self.rows, self.batch_size, self.pad_token_id = rows, batch_size, pad_token_id
+        self.seed, self.shuffle, self.rank, self.world_size = seed, shuffle, rank, world_size
+        self.batches_per_pass = n_per_rank // batch_size
+        self.position = {"epoch": 0, "batch": 0}
+
+    def _order(self, epoch: int) -> list[int]:
+        n = len(self.rows)
+        if not self.shuffle:
+            order = list(range(n))
+        else:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            epoch, start = self.position["epoch"], self.position["batch"]
+            order = self._order(epoch)
+            for b in range(start, self.batches_per_pass):
+                idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+                self.position = {"epoch": epoch, "batch": b + 1}
+                yield collate_prompts([self.rows[i] for i in idx], self.pad_token_id)
+            self.position = {"epoch": epoch + 1, "batch": 0}
+
+
+class PromptDataModule(LightningDataModule):
+    """Prompts for RL, tokenised once, with the columns rewards need passed through."""
+
+    def __init__(
+        self,
+        train_data: str = "builtin:arithmetic",
+        val_data: str | None = "builtin:arithmetic",
+        split: str = "train",
+        val_split: str = "test",
+        columns: dict[str, str] | None = None,
+        tokenizer: str | None = None,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+        max_prompt_length: int = 256,
+        overlong_prompt: Literal["error", "truncate", "drop"] = "error",
+        batch_size: int = 8,
+        val_batch_size: int = 128,
+        val_size: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
+        """
+        Args:
+            train_data: ``builtin:arithmetic``, a .jsonl/.json/.parquet/.csv file, a ``save_to_disk`` folder or a hub id.
+            val_data: held-out prompts in the same forms (None = no validation).
+            split: split of ``train_data`` to use (folders with several splits, hub datasets, built-in tasks).
+            val_split: split of ``val_data``.
+            columns: rename map {our name: dataset column}; ``prompt`` is required, every other column
+                reaches the reward under its (renamed) name, e.g. ``{prompt: question, answer: gold}``.
+            tokenizer: tokenizer path; linked to ``model.policy.path`` by the CLI.
+            chat_template: wrap each prompt as a user turn with the tokenizer's chat template.
+            system_prompt: optional system turn (with ``chat_template``).
+            max_prompt_length: longest prompt in tokens.
+            overlong_prompt: what to do with a longer prompt: error (say which row), truncate (keep the
+                last ``max_prompt_length`` tokens) or drop the row.
+            batch_size: prompts per RL iteration per data-parallel rank (samples = batch_size * group_size).
+            val_batch_size: prompts per validation batch.
+            val_size: use only the first ``val_size`` held-out prompts (None = all).
+            seed: shuffling seed.
+            shuffle: shuffle the training prompts every pass.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.train_rows = self.val_rows = None
+        self._stream: PromptStream | None = None
+        self._restored_position: dict | None = None
+
+    # ---- loading and tokenising -------------------------------------------------------------
+    def _tokenizer(self):
+        if self.hparams.tokenizer is None:
+            raise ValueError("data.tokenizer is not set: the CLI links it to model.policy.path; in Python pass tokenizer=<model path>")
+        if not hasattr(self, "_tok"):
+            self._tok = load_tokenizer(self.hparams.tokenizer, "data.tokenizer")
+        return self._tok
+
+    def _prepare(self, source: str, split: str, limit: int | None = None):
+        rows = load_rows(source, split)
+        mapping = dict(self.hparams.columns or {})
+        mapping.setdefault("prompt", "prompt")
+        for ours, theirs in mapping.items():
+            if theirs not in rows.column_names:
+                raise KeyError(
+                    f"column {theirs!r} (data.columns.{ours}) not found in {source!r}; available columns: {rows.column_names}"
+                )
+        rows = rows.rename_columns({theirs: ours for ours, theirs in mapping.items() if theirs != ours})
+        if limit is not None:
+            rows = rows.select(range(min(limit, len(rows))))
+        tokenizer, hp = self._tokenizer(), self.hparams
+
+        def tokenize(batch):
+            texts = batch["prompt"]
+            if hp.chat_template:
+                system = [{"role": "system", "content": hp.system_prompt}] if hp.system_prompt else []
+                ids = [tokenizer.apply_chat_template(system + [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True) for t in texts]
+                ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
+            else:
+                ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
+            return {"input_ids": ids}
+
+        rows = rows.map(tokenize, batched=True, desc=None)
+        lengths = [len(x) for x in rows["input_ids"]]
+        too_long = [i for i, n in enumerate(lengths) if n > hp.max_prompt_length]
+        if too_long:
+            i = too_long[0]
+            if hp.overlong_prompt == "error":
+                raise ValueError(
+                    f"{len(too_long)} prompt(s) in {source!r} are longer than data.max_prompt_length={hp.max_prompt_length} tokens "
+                    f"(row {i} has {lengths[i]}: {rows[i]['prompt'][:80]!r}); raise data.max_prompt_length or set "
+                    "data.overlong_prompt to truncate or drop"
+                )
+            if hp.overlong_prompt == "drop":
+                warnings.warn(f"dropping {len(too_long)} prompt(s) longer than {hp.max_prompt_length} tokens from {source!r}")
+                rows = rows.select([j for j, n in enumerate(lengths) if n <= hp.max_prompt_length])
+            else:
+                rows = rows.map(lambda r: {"input_ids": r["input_ids"][-hp.max_prompt_length :]})
+        if len(rows) == 0:
+            raise ValueError(f"no prompts left in {source!r} (split {split!r})")
+        return rows
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        if stage == "fit" and self.train_rows is None:
+            self.train_rows = self._prepare(hp.train_data, hp.split)
+        if stage in ("fit", "validate") and self.val_rows is None and hp.val_data is not None:
+            self.val_rows = self._prepare(hp.val_data, hp.val_split, hp.val_size)
+
+    # ---- loaders ------------------------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        hp = self.hparams
+        self._stream = PromptStream(self.train_rows, hp.batch_size, self._tokenizer().pad_token_id, hp.seed, hp.shuffle, rank, world)
+        if self._restored_position is not None:
+            self._stream.position = dict(self._restored_position)
+        # batch_size=None: the stream yields whole batches; no workers, so its position is exact
+        return DataLoader(self._stream, batch_size=None, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_rows is None:
+            return []
+        pad = self._tokenizer().pad_token_id
+        return DataLoader(self.val_rows, batch_size=self.hparams.val_batch_size, shuffle=False, collate_fn=lambda rows: collate_prompts(rows, pad))
+
+    # ---- resumable position -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        position = self._stream.position if self._stream is not None else self._restored_position
+        return {"position": dict(position)} if position is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "position" in state_dict:
+            self._restored_position = dict(state_dict["position"])

@@ -1,0 +1,73 @@
+"""Step metrics: weighted means kept as tensors until the module logs them once per iteration."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from .ops import all_reduce_sum, dist_ready
+
+
+class WeightedMeans:
+    """Accumulate ``value * weight`` per name over micro-batches; one all-reduce at the end (no host syncs in between)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.weights: dict[str, Tensor] = {}
+        self.maxima: dict[str, Tensor] = {}
+
+    def add(self, name: str, value: Tensor, weight: Tensor | float = 1.0) -> None:
+        value = value.detach().float()
+        if name.endswith("_max"):
+            self.maxima[name] = value if name not in self.maxima else torch.maximum(self.maxima[name], value)
+            return
+        weight = torch.as_tensor(weight, dtype=torch.float32, device=value.device)
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add_all(self, metrics: dict[str, Tensor], weight: Tensor | float = 1.0) -> None:
+        for name, value in metrics.items():
+            self.add(name, value, weight)
+
+    def compute(self, sync: bool = True) -> dict[str, Tensor]:
+        """Means (and maxima) over everything added, across data-parallel ranks when ``sync``."""
+        names = sorted(self.sums)
+        out: dict[str, Tensor] = {}
+        if names:
+            stacked = torch.stack([torch.stack([self.sums[n], self.weights[n]]) for n in names])  # (M, 2)
+            if sync:
+                stacked = all_reduce_sum(stacked)
+            out.update({n: s / w.clamp_min(1e-12) for n, (s, w) in zip(names, stacked)})
+        if self.maxima:
+            names = sorted(self.maxima)
+            stacked = torch.stack([self.maxima[n] for n in names])
+            if sync and dist_ready():
+                torch.distributed.all_reduce(stacked, op=torch.distributed.ReduceOp.MAX)
+            out.update(dict(zip(names, stacked)))
+        return out
+
+
+class PhaseTimer:
+    """Wall-clock seconds per phase of one iteration (``time/<phase>``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.seconds[phase] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}": v for k, v in self.seconds.items()}

@@ -1,0 +1,90 @@
+"""Loading Hugging Face models and tokenizers from a local path or a hub id, with errors that say what to fix."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+TINY_MODEL_PATH = str(Path(__file__).parent / "assets" / "tiny-arith")
+"""The embedded default policy: a small causal LM trained on the built-in arithmetic task (scripts/make_tiny_model.py)."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelSpec:
+    """Where a model comes from and how to load it. Models are built in ``configure_model``, not here."""
+
+    path: str = TINY_MODEL_PATH
+    """Local directory with ``config.json`` (``save_pretrained`` output) or a Hugging Face hub id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype at load time (keep float32 with ``bf16-mixed`` precision)."""
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None
+    """e.g. ``sdpa``, ``eager``, ``flash_attention_2``; None lets transformers choose."""
+    gradient_checkpointing: bool = False
+
+
+def check_model_path(path: str, what: str) -> None:
+    """Fail early, naming the config key, when a local model directory does not exist."""
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        if not os.path.exists(os.path.join(expanded, "config.json")):
+            raise FileNotFoundError(f"{what}: '{path}' is a directory but has no config.json; point it at a save_pretrained() directory")
+        return
+    if path.startswith((".", "/", "~")) or os.path.exists(expanded):
+        raise FileNotFoundError(f"{what}: model path '{path}' does not exist; set it to a local save_pretrained() directory or a hub id")
+
+
+def _load(loader, path: str, what: str, **kwargs):
+    check_model_path(path, what)
+    try:
+        return loader(os.path.expanduser(path), **kwargs)
+    except OSError as err:
+        raise OSError(
+            f"{what}: could not load '{path}' ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+            "If it is a hub id, this machine may be offline: download it first and pass the local directory."
+        ) from err
+
+
+def load_tokenizer(path: str, what: str = "model.policy.path"):
+    from transformers import AutoTokenizer
+
+    tokenizer = _load(AutoTokenizer.from_pretrained, path, what)
+    tokenizer.padding_side = "left"  # generation appends to the right edge of every prompt
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"{what}: tokenizer of '{path}' has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Dropout off everywhere: with it the same policy gives two different log-probs, and the ratio is not 1 before any update."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def load_causal_lm(spec: ModelSpec, what: str = "model.policy"):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(dtype=_DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code)
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    model = _load(AutoModelForCausalLM.from_pretrained, spec.path, f"{what}.path", **kwargs)
+    if spec.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = True  # generation needs the KV cache; trainer passes use_cache=False itself
+    return disable_dropout(model)

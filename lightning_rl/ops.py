@@ -1,0 +1,99 @@
+"""Masked reductions, whitening and group reshapes shared by every component.
+
+Math lives once: a component that needs a masked mean or a group view imports it from here.
+All reductions run in fp32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def dist_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_reduce_sum(x: Tensor) -> Tensor:
+    """Sum over data-parallel ranks (identity when not distributed). Differentiable-free."""
+    if dist_ready():
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    return x
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist_ready() else 1
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    x, mask = x.float(), mask.float()
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean over entries where ``mask`` is 1; 0 where there are none (never NaN)."""
+    count = mask.float().sum() if dim is None else mask.float().sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp_min(1.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, global_stats: bool = False, eps: float = 1e-8) -> Tensor:
+    """(x - mu) / sigma over masked entries (population variance), in fp32; masked entries -> 0.
+
+    ``shift_mean=False`` rescales only, keeping the mean: a second mean shift on top of a group
+    baseline changes the baseline. ``global_stats=True`` takes mu and sigma over all
+    data-parallel ranks with one all-reduce of (n, sum, sum of squares).
+    """
+    x32, m = x.float(), mask.float()
+    stats = torch.stack([m.sum(), (x32 * m).sum(), (x32 * x32 * m).sum()])
+    if global_stats:
+        stats = all_reduce_sum(stats)
+    n = stats[0].clamp_min(1.0)
+    mean = stats[1] / n
+    var = (stats[2] / n - mean * mean).clamp_min(0.0)
+    whitened = (x32 - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * m
+
+
+def group_view(values: Tensor, group_ids: Tensor) -> Tensor:
+    """Reshape per-sample ``values`` (B,) to (n_groups, G), checking groups are contiguous and equal-sized."""
+    b = group_ids.shape[0]
+    if b == 0:
+        return values.reshape(0, 1)
+    starts = torch.ones(b, dtype=torch.bool, device=group_ids.device)
+    starts[1:] = group_ids[1:] != group_ids[:-1]
+    n_groups = int(starts.sum())
+    if torch.unique(group_ids).numel() != n_groups or b % n_groups:
+        raise ValueError(f"groups must be contiguous and equal-sized; got {n_groups} groups over {b} samples")
+    g = b // n_groups
+    grouped_ids = group_ids.reshape(n_groups, g)
+    if not bool((grouped_ids == grouped_ids[:, :1]).all()):
+        raise ValueError("samples of one prompt must be contiguous and every group must have the same size")
+    return values.reshape(n_groups, g)  # (n_groups, G)
+
+
+def sequence_rewards(batch) -> Tensor:
+    """Per-sample return: the sum of ``token_rewards`` over valid tokens (= score minus any KL-in-reward). (B,)"""
+    batch.require(["token_rewards"], "a sequence-level advantage estimator")
+    return masked_sum(batch.token_rewards, batch.response_mask, dim=-1)
+
+
+def broadcast_to_tokens(per_sample: Tensor, response_mask: Tensor) -> Tensor:
+    """(B,) -> (B, R) on valid tokens, 0 elsewhere."""
+    return per_sample.float().unsqueeze(-1) * response_mask.float()
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """1 - Var(returns - values) / Var(returns) over masked tokens: 1 for a perfect critic, 0 for a constant one."""
+    m = mask.float()
+    n = m.sum().clamp_min(1.0)
+
+    def var(x: Tensor) -> Tensor:
+        mean = (x * m).sum() / n
+        return (((x - mean) ** 2) * m).sum() / n
+
+    returns, values = returns.float(), values.float()
+    return 1.0 - var(returns - values) / var(returns).clamp_min(1e-8)

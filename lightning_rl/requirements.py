@@ -1,0 +1,66 @@
+"""Check once, at construction, that every field a component reads will be produced.
+
+A config that pairs GAE with no critic, or TIS with a rollout that reports no log-probs, fails
+here with a message saying what to add, instead of failing (or silently degrading) mid-run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+# always produced by the module itself
+MODULE_FIELDS = frozenset({"scores", "sample_mask", "token_rewards", "advantages", "old_logprobs", "ref_logprobs"})
+
+HOW_TO_PROVIDE = {
+    "values": "add a critic: model.critic with class_path components.critic.ValueCritic",
+    "returns": "use an estimator that produces value targets (components.advantage.GAE)",
+    "rollout_logprobs": "use a rollout that reports sampler log-probs (components.rollout.SGLangRollout, or HFRollout with return_logprobs: true)",
+    "is_greedy": "enable the greedy baseline on the rollout (HFRollout greedy_baseline: true)",
+}
+
+
+@dataclass(frozen=True)
+class Needs:
+    fields: frozenset[str]
+    """Every RolloutBatch field some component reads."""
+    before_optimize: frozenset[str]
+    """Fields read by the score / estimate phases (so they must exist before the optimize phase)."""
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.fields
+
+
+def _requires(component) -> frozenset[str]:
+    return frozenset(getattr(component, "requires", frozenset())) if component is not None else frozenset()
+
+
+def check_requirements(module) -> Needs:
+    """Fields read by the components of ``module``; raises ValueError naming the first unmet one."""
+    early = {"advantage": module.advantage, "reward": module.reward, "sampling": module.sampling}
+    late = {"surrogate": module.surrogate, "critic": module.critic, **{f"loss_terms[{i}]": t for i, t in enumerate(module.loss_terms)}}
+    before = set().union(*(_requires(c) for c in early.values()))
+    during = set().union(*(_requires(c) for c in late.values()))
+    kl = module.kl
+    if kl is not None:
+        # the reward-side penalty and the controller read pi_old before the update
+        (before if kl.placement == "reward" or kl.target is not None else during).update(_requires(kl))
+        if kl.target is not None:
+            before |= {"old_logprobs", "ref_logprobs"}
+    provided = set(module.rollout.provides) | MODULE_FIELDS
+    if module.critic is not None:
+        provided.add("values")
+    if getattr(module.advantage, "produces_returns", False):
+        provided.add("returns")
+    for name, component in {**early, **late, "kl": kl}.items():
+        missing = sorted(_requires(component) - provided)
+        if missing:
+            hints = "; ".join(f"{field}: {HOW_TO_PROVIDE.get(field, 'no configured component produces it')}" for field in missing)
+            raise ValueError(f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}")
+    rollout = module.rollout
+    if getattr(rollout, "top_p", 1.0) < 1.0 or getattr(rollout, "top_k", 0) not in (0, None):
+        warnings.warn(
+            "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
+            "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
+        )
+    return Needs(frozenset(before | during), frozenset(before))

@@ -1,0 +1,53 @@
+"""Tiny character-level models for the embedded default and for tests (built locally, nothing downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+CHARS = list("0123456789+-*= ")
+
+
+def build_char_tokenizer():
+    """A fast tokenizer with one token per character of the built-in task (digits, + - * =, space)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def build_tiny_llama(tokenizer, hidden_size: int = 128, layers: int = 4, heads: int = 4, seed: int = 0):
+    """A randomly initialised Llama for the character vocabulary."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=3 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_tiny(path: str | Path, hidden_size: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> str:
+    """Write a random tiny Llama + tokenizer to ``path`` (a test fixture); returns the path."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, hidden_size, layers, heads, seed)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

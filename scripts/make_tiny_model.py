@@ -1,0 +1,89 @@
+"""Build the embedded default policy: a character-level Llama trained briefly (SFT) on builtin:arithmetic.
+
+    python scripts/make_tiny_model.py                 # writes lightning_rl/assets/tiny-arith
+    python scripts/make_tiny_model.py --out /tmp/m --low 0.2 --high 0.35
+
+Supervised training stops at the first evaluation whose held-out greedy accuracy lies in
+[--low, --high], so RL starts from a model that knows the format and is often, not always, right.
+Deterministic on CPU for a given seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import torch
+
+from lightning_rl.models import TINY_MODEL_PATH
+from lightning_rl.tasks import arithmetic_rows
+from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama
+
+def encode(tokenizer, rows):
+    """prompt + answer + <eos>, with labels only on the answer and <eos> (-100 elsewhere)."""
+    seqs, labels = [], []
+    for r in rows:
+        p = tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]
+        a = tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
+    lab = torch.full((len(seqs), width), -100)
+    for i, (s, l) in enumerate(zip(seqs, labels)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(l)] = torch.tensor(l)
+    return ids, lab
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, rows) -> float:
+    tokenizer.padding_side = "left"
+    enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, do_sample=False, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(t.strip() == r["answer"] for t, r in zip(texts, rows)) / len(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=TINY_MODEL_PATH)
+    parser.add_argument("--low", type=float, default=0.2, help="stop at the first eval with accuracy >= low ...")
+    parser.add_argument("--high", type=float, default=0.35, help="... and <= high")
+    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, seed=args.seed)
+    train, test = arithmetic_rows("train"), arithmetic_rows("test")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    accuracy = greedy_accuracy(model.eval(), tokenizer, test)
+    for step in range(1, args.max_steps + 1):
+        model.train()
+        ids, labels = encode(tokenizer, rng.sample(train, args.batch_size))
+        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % args.eval_every == 0:
+            accuracy = greedy_accuracy(model.eval(), tokenizer, test)
+            print(f"step {step}: loss {loss.item():.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
+            if args.low <= accuracy <= args.high:
+                break
+    else:
+        raise SystemExit(f"accuracy never landed in [{args.low}, {args.high}] (last {accuracy:.3f}); change --eval-every or --lr")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    print(f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Builders for test batches (import as `from tests.helpers import ...`)."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_rl.batch import RolloutBatch, terminal_rewards
+
+
+def batch_from_scores(scores, lengths=None, width: int | None = None, group_size: int | None = None, **fields) -> RolloutBatch:
+    """A RolloutBatch whose responses have ``lengths`` valid tokens (default 1) and the given scores."""
+    scores = torch.as_tensor(scores, dtype=torch.float32)
+    b = scores.shape[0]
+    lengths = torch.as_tensor(lengths if lengths is not None else [1] * b)
+    width = width or int(lengths.max())
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    group_size = group_size or b
+    return RolloutBatch(
+        response_ids=torch.randint(3, 10, (b, width)) * mask,
+        response_mask=mask,
+        scores=scores,
+        token_rewards=terminal_rewards(scores, mask),
+        group_ids=torch.arange(b) // group_size,
+        sample_mask=torch.ones(b),
+        **fields,
+    )
