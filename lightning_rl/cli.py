@@ -12,6 +12,7 @@ are replaced, not merged); ``${...}`` interpolation resolves across stacked file
 from __future__ import annotations
 
 import os
+import warnings
 
 from pathlib import Path
 
@@ -23,6 +24,17 @@ from .module import RLModule
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 
 
+# Lightning warnings that are expected here, each for a reason:
+QUIET = (
+    ".*Found `dataloader_iter` argument.*",  # training_step pulls prompts itself (dynamic sampling needs more than one batch)
+    ".*You are using the `dataloader_iter` step flavor.*",
+    ".*module\\(s\\) in eval mode.*",  # frozen reference / reward models stay in eval mode by design
+    ".*ModelCheckpoint with manual optimization.*",  # we want the post-update weights in checkpoints
+    ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
+    ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
+)
+
+
 class RLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
@@ -32,6 +44,8 @@ class RLCLI(LightningCLI):
 def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for pattern in QUIET:
+        warnings.filterwarnings("ignore", message=pattern)
     return RLCLI(
         RLModule,
         PromptDataModule,

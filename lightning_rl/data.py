@@ -145,7 +145,7 @@ class PromptDataModule(LightningDataModule):
         if self.hparams.tokenizer is None:
             raise ValueError("data.tokenizer is not set: the CLI links it to model.policy.path; in Python pass tokenizer=<model path>")
         if not hasattr(self, "_tok"):
-            self._tok = load_tokenizer(self.hparams.tokenizer, "data.tokenizer")
+            self._tok = load_tokenizer(self.hparams.tokenizer, "model.policy.path (the tokenizer of data.tokenizer)")
         return self._tok
 
     def _prepare(self, source: str, split: str, limit: int | None = None):
@@ -193,6 +193,9 @@ class PromptDataModule(LightningDataModule):
         return rows
 
     def setup(self, stage: str) -> None:
+        import datasets
+
+        datasets.disable_progress_bars()  # one bar per tokenisation pass is noise in a training log
         hp = self.hparams
         if stage == "fit" and self.train_rows is None:
             self.train_rows = self._prepare(hp.train_data, hp.split)

@@ -11,6 +11,7 @@ Deterministic on CPU for a given seed.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from pathlib import Path
 
@@ -19,6 +20,27 @@ import torch
 from lightning_rl.models import TINY_MODEL_PATH
 from lightning_rl.tasks import arithmetic_rows
 from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama
+
+def careless_sum(a: int, b: int, forget: float, rng: random.Random) -> int:
+    """Column addition by a teacher who drops each carry with probability ``forget``."""
+    total, carry, place = 0, 0, 1
+    while a or b or carry:
+        column = a % 10 + b % 10 + carry
+        total += (column % 10) * place
+        carry = int(column >= 10 and rng.random() >= forget)
+        a, b, place = a // 10, b // 10, place * 10
+    return total
+
+
+def demonstrations(rows, forget: float, rng: random.Random):
+    """SFT targets from the careless teacher (addition only; other operators are answered correctly)."""
+    out = []
+    for r in rows:
+        a, op, b = r["prompt"].rstrip("=").partition("+") if "+" in r["prompt"] else (None, None, None)
+        answer = str(careless_sum(int(a), int(b), forget, rng)) if op and forget > 0 else r["answer"]
+        out.append({"prompt": r["prompt"], "answer": answer})
+    return out
+
 
 def encode(tokenizer, rows):
     """prompt + answer + <eos>, with labels only on the answer and <eos> (-100 elsewhere)."""
@@ -56,6 +78,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--forget-carry", type=float, default=0.0, help="the teacher drops each carry with this probability")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--stop-early", action="store_true", help="stop at the first evaluation inside [low, high]")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -67,7 +92,9 @@ def main() -> None:
     accuracy = greedy_accuracy(model.eval(), tokenizer, test)
     for step in range(1, args.max_steps + 1):
         model.train()
-        ids, labels = encode(tokenizer, rng.sample(train, args.batch_size))
+        for group in optimizer.param_groups:  # linear warmup then cosine decay over --max-steps
+            group["lr"] = args.lr * min(1.0, step / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / args.max_steps))
+        ids, labels = encode(tokenizer, demonstrations(rng.sample(train, args.batch_size), args.forget_carry, rng))
         loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -75,10 +102,10 @@ def main() -> None:
         if step % args.eval_every == 0:
             accuracy = greedy_accuracy(model.eval(), tokenizer, test)
             print(f"step {step}: loss {loss.item():.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
-            if args.low <= accuracy <= args.high:
+            if args.stop_early and args.low <= accuracy <= args.high:
                 break
-    else:
-        raise SystemExit(f"accuracy never landed in [{args.low}, {args.high}] (last {accuracy:.3f}); change --eval-every or --lr")
+    if not args.low <= accuracy <= args.high:
+        raise SystemExit(f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --forget-carry, --max-steps or --lr")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

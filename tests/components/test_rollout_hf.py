@@ -1,0 +1,70 @@
+import torch
+
+from components.rollout import HFRollout, response_mask_from_eos
+from lightning_rl.logprobs import policy_logprobs
+from lightning_rl.models import ModelSpec, load_causal_lm
+
+
+def test_mask_stops_after_the_first_eos_and_flags_truncation():
+    ids = torch.tensor([[5, 1, 1, 0], [5, 6, 7, 8], [1, 0, 0, 0], [5, 9, 1, 1]])
+    mask, truncated = response_mask_from_eos(ids, [1])
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]
+    assert truncated.tolist() == [False, True, False, False]
+    mask, truncated = response_mask_from_eos(ids, [1, 7])  # an extra stop token
+    assert mask[1].tolist() == [1, 1, 1, 0] and not truncated[1]
+
+
+def _setup(tiny_model_path, tokenizer, **kwargs):
+    model = load_causal_lm(ModelSpec(path=tiny_model_path))
+    rollout = HFRollout(**kwargs)
+    rollout.setup(tokenizer)
+    enc = tokenizer(["12+3=", "7+70=", "1+1="], return_tensors="pt", padding=True)
+    return model, rollout, enc["input_ids"], enc["attention_mask"]
+
+
+def test_groups_are_contiguous_and_masks_consistent(tiny_model_path, tokenizer):
+    torch.manual_seed(0)
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=5, temperature=2.0)
+    batch = rollout.generate(ids, mask, model)
+    assert batch.batch_size == 12 and batch.response_ids.shape[1] <= 5
+    assert batch.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert torch.equal(batch.prompt_ids[4:8], ids[1:2].expand(4, -1))
+    recomputed, truncated = response_mask_from_eos(batch.response_ids, [tokenizer.eos_token_id])
+    assert torch.equal(batch.response_mask, recomputed) and torch.equal(batch.truncated, truncated)
+    lengths = batch.response_lengths
+    assert bool(((lengths == 5) | ~batch.truncated).all())  # a truncated response used the whole budget
+    assert batch.truncated.any() and (~batch.truncated).any()  # this seed gives both kinds
+
+
+def test_greedy_is_one_deterministic_argmax_response_per_prompt(tiny_model_path, tokenizer):
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=4)
+    a = rollout.generate(ids, mask, model, greedy=True)
+    b = rollout.generate(ids, mask, model, greedy=True)
+    assert a.batch_size == 3 and torch.equal(a.response_ids, b.response_ids)
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[:, -1].argmax(-1)
+    assert torch.equal(a.response_ids[:, 0], first)
+
+
+def test_greedy_baseline_rows_close_each_group(tiny_model_path, tokenizer):
+    torch.manual_seed(0)
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=3, max_new_tokens=4, temperature=1.5, greedy_baseline=True)
+    batch = rollout.generate(ids, mask, model)
+    assert batch.batch_size == 12
+    assert batch.is_greedy.tolist() == [False, False, False, True] * 3
+    assert batch.sample_mask.tolist() == [1.0, 1.0, 1.0, 0.0] * 3
+    greedy = rollout.generate(ids, mask, model, greedy=True)
+    width = greedy.response_ids.shape[1]
+    assert torch.equal(batch.response_ids[3::4, :width] * batch.response_mask[3::4, :width], greedy.response_ids * greedy.response_mask)
+
+
+def test_sampler_logprobs_equal_the_trainers_with_the_temperature_mirrored(tiny_model_path, tokenizer):
+    torch.manual_seed(0)
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=2, max_new_tokens=5, temperature=0.7, return_logprobs=True)
+    batch = rollout.generate(ids, mask, model)
+    with torch.no_grad():
+        trainer, _ = policy_logprobs(model, batch, temperature=0.7)
+        untempered, _ = policy_logprobs(model, batch, temperature=1.0)
+    m = batch.response_mask.bool()
+    torch.testing.assert_close(trainer[m], batch.rollout_logprobs[m], atol=1e-5, rtol=1e-5)
+    assert (untempered[m] - batch.rollout_logprobs[m]).abs().max() > 1e-3
