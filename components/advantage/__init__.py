@@ -1,4 +1,19 @@
 from .base import Advantages, AdvantageEstimator
+from .gae import GAE
 from .group import GroupNormalized
+from .leave_one_out import LeaveOneOut
+from .reinforce import ReinforceBaseline
+from .reinforce_pp import ReinforcePlusPlus, reward_to_go
+from .remax import ReMax
 
-__all__ = ["Advantages", "AdvantageEstimator", "GroupNormalized"]
+__all__ = [
+    "Advantages",
+    "AdvantageEstimator",
+    "GAE",
+    "GroupNormalized",
+    "LeaveOneOut",
+    "ReinforceBaseline",
+    "ReinforcePlusPlus",
+    "ReMax",
+    "reward_to_go",
+]

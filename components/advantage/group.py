@@ -1,8 +1,10 @@
-"""Critic-free baselines from a group of samples of the same prompt: GRPO / Dr. GRPO and RLOO."""
+"""Critic-free baseline from a group of samples of the same prompt: GRPO / Dr. GRPO."""
 
 from __future__ import annotations
 
 from typing import Literal
+
+import torch
 
 from lightning_rl.batch import RolloutBatch
 from lightning_rl.ops import broadcast_to_tokens, group_view, sequence_rewards
@@ -54,11 +56,15 @@ class GroupNormalized(AdvantageEstimator):
         _reject_greedy_rows(batch, "GroupNormalized")
         rewards = sequence_rewards(batch)  # (B,)
         grouped = group_view(rewards, batch.group_ids)  # (n_groups, G)
-        centered = grouped - grouped.mean(-1, keepdim=True)
+        # shift by the group's first reward before averaging: a group of identical non-dyadic rewards
+        # (0.7 x 7) then centres to exactly 0, where the float mean would leave ~1e-8 for the std to blow up
+        offsets = grouped - grouped[:, :1]
+        centered = offsets - offsets.mean(-1, keepdim=True)
         correction = 1 if self.bessel else 0
         if self.scale == "group":
-            std = grouped.std(-1, keepdim=True, correction=correction) if grouped.shape[1] > correction else 0.0 * grouped[:, :1]
+            std = offsets.std(-1, keepdim=True, correction=correction) if grouped.shape[1] > correction else torch.zeros_like(offsets[:, :1])
             centered = centered / (std + self.eps)
         elif self.scale == "batch":
-            centered = centered / (rewards.std(correction=correction) + self.eps)
+            std = rewards.std(correction=correction) if rewards.numel() > correction else torch.zeros(())
+            centered = centered / (std + self.eps)
         return Advantages(broadcast_to_tokens(centered.reshape(-1), batch.response_mask), None)

@@ -1,5 +1,12 @@
 from .base import Reward, RewardInputs, as_scores
+from .composite import Composite
+from .eos import MissingEOSPenalty
+from .format import Format
 from .function import FunctionReward
 from .match import ExactMatch
+from .overlong import OverlongPenalty
+from .verifier import MathVerify
 
-__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch"]
+__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty"]
+from .model import RewardModel  # noqa: E402
+__all__ += ["RewardModel"]

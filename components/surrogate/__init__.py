@@ -1,4 +1,6 @@
 from .base import OffPolicyCorrection, Surrogate
+from .cispo import CISPO
 from .clipped import ClippedSurrogate
+from .policy_gradient import PolicyGradient
 
-__all__ = ["Surrogate", "OffPolicyCorrection", "ClippedSurrogate"]
+__all__ = ["Surrogate", "OffPolicyCorrection", "ClippedSurrogate", "CISPO", "PolicyGradient"]

@@ -60,3 +60,13 @@ def test_print_config_of_the_default(capsys):
         main(["fit", "--print_config"])
     printed = capsys.readouterr().out
     assert "components.rollout.HFRollout" in printed and "builtin:arithmetic" in printed
+
+
+def test_relative_interpolation_follows_stacked_overrides(capsys):
+    from lightning_rl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", "configs/dr_grpo.yaml", "--model.rollout.init_args.max_new_tokens=6", "--print_config"])
+    printed = capsys.readouterr().out
+    aggregator = printed[printed.index("components.aggregator.TokenSumNorm") :]
+    assert "constant: 6.0" in aggregator.splitlines()[2]

@@ -1,0 +1,40 @@
+"""`MissingEOSPenalty`: a truncated response gets a fixed score instead of its reward."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+
+from .base import Reward, RewardInputs, as_scores
+
+
+class MissingEOSPenalty(Reward):
+    """R = penalty if the response hit ``max_new_tokens`` without EOS, else the wrapped reward's score.
+
+    The "missing EOS" trick of RLHF implementations (Huang et al. 2024, "The N+ implementation
+    details of RLHF with PPO"): a reward model scores a cut-off response as if
+    it were finished, so truncation is replaced by a constant the policy learns to avoid.
+    """
+
+    def __init__(self, reward: Reward, penalty: float = -1.0):
+        """
+        Args:
+            reward: the reward of responses that ended with an EOS.
+            penalty: the score of a truncated response.
+        """
+        self.reward, self.penalty = reward, penalty
+        self.requires = reward.requires | frozenset({"truncated"})
+
+    @property
+    def name(self) -> str:
+        return f"MissingEOSPenalty({self.reward.name})"
+
+    def setup(self, tokenizer) -> None:
+        self.reward.setup(tokenizer)
+
+    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+        batch.require(["truncated"], self.name)
+        scores = as_scores(self.reward(batch, meta), batch.batch_size, self.reward.name, meta).to(batch.response_ids.device)
+        return torch.where(batch.truncated.bool(), torch.full_like(scores, self.penalty), scores)
