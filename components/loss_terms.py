@@ -37,3 +37,28 @@ class EntropyBonus(LossTerm):
 
     def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
         return -self.coef * entropy
+
+
+class PositiveNLL(LossTerm):
+    """-mu * log pi_theta(a_t | s_t) on every token of a positive sample (score > threshold): VAPO's
+    positive-example LM loss (Yue et al. 2025, arXiv:2504.05118; mu = 0.1 there).
+
+    Departure: VAPO divides the NLL by the number of tokens of positive samples; here the term is
+    reduced with the rest of the per-token loss by the configured aggregator (TokenMean: all tokens
+    of the mini-batch), so the effective weight is mu times the fraction of positive tokens. The
+    log-probs are those of the tempered policy (T = 1 in VAPO, where the two agree).
+    """
+
+    requires = frozenset({"scores"})
+
+    def __init__(self, coef: float = 0.1, threshold: float = 0.0):
+        """
+        Args:
+            coef: mu, the weight of the LM loss (VAPO: 0.1).
+            threshold: a sample is positive when its score is above this (0.0 suits 0/1 and +-1 rewards).
+        """
+        self.coef, self.threshold = coef, threshold
+
+    def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
+        positive = (batch.scores > self.threshold).float().unsqueeze(-1)  # (B, 1)
+        return -self.coef * logprobs.float() * positive
