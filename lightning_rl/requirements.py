@@ -16,7 +16,7 @@ HOW_TO_PROVIDE = {
     "values": "add a critic: model.critic with class_path components.critic.ValueCritic",
     "returns": "use an estimator that produces value targets (components.advantage.GAE)",
     "rollout_logprobs": "use a rollout that reports sampler log-probs (components.rollout.SGLangRollout, or HFRollout with return_logprobs: true)",
-    "is_greedy": "enable the greedy baseline on the rollout (HFRollout greedy_baseline: true)",
+    "is_greedy": "enable the greedy baseline on the rollout (greedy_baseline: true on HFRollout or SGLangRollout)",
 }
 
 

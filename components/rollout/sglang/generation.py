@@ -1,0 +1,112 @@
+"""One ``POST /generate`` per prompt and the answers turned into a `RolloutBatch`.
+
+Request: ``{"input_ids": [...], "sampling_params": {...}, "return_logprob": true}`` with the unpadded
+prompt (never re-tokenised text). ``max_new_tokens`` is always explicit (SGLang's default is 128) and
+``top_k=0`` is sent as SGLang's ``-1`` (``SamplingParams.verify`` rejects 0). With ``n > 1`` SGLang
+expands the request prompt-major (``_expand_parallel_sample_requests``: n copies per prompt) and answers
+a list of n items; each item has ``output_ids`` and ``meta_info`` with ``finish_reason`` =
+``{"type": "stop" | "length" | "abort", ...}``, ``output_token_logprobs`` = ``[[logprob, token_id,
+text], ...]`` and ``weight_version``. The log-probs are log_softmax(logits / T) of the sampled token;
+below temperature 1e-6 SGLang samples greedily (top_k = 1, temperature 1), so greedy log-probs are
+untempered, as in `HFRollout`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+
+from ..base import response_mask_from_eos
+from .client import Retry, SGLangClient, SGLangError
+
+
+class Sample(NamedTuple):
+    ids: list[int]
+    logprobs: list[float]
+    finish: str  # stop | length
+
+
+def sampling_params(n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int, stop_token_ids: list[int]) -> dict:
+    return {
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k or -1,  # SGLang: -1 = whole vocabulary, 0 is rejected
+        "max_new_tokens": max_new_tokens,
+        "stop_token_ids": stop_token_ids,
+    }
+
+
+def generate(client: SGLangClient, url: str, input_ids: list[int], params: dict, weight_version: int) -> list[Sample]:
+    """The ``params["n"]`` samples of one prompt; aborted requests are sent again (they count as retries).
+
+    ``weight_version > 0``: every answer must come from that version (a server that missed an update fails loudly).
+    """
+    n = params["n"]
+
+    def check(answer) -> None:
+        items = answer if isinstance(answer, list) else [answer]
+        if len(items) != n or not all(isinstance(it, dict) and "meta_info" in it for it in items):
+            raise SGLangError(f"SGLang server at {url}: /generate returned {len(items)} item(s) for n={n}: {str(answer)[:300]}")
+        aborted = [r for r in (it["meta_info"].get("finish_reason") or {} for it in items) if r.get("type") == "abort"]
+        if aborted:
+            raise Retry(f"request aborted by the server ({aborted[0].get('message')})")
+
+    answer = client.request(url, "/generate", {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}, check=check)
+    return [_parse(url, item, weight_version) for item in (answer if isinstance(answer, list) else [answer])]
+
+
+def _parse(url: str, item: dict, weight_version: int) -> Sample:
+    ids, meta = [int(t) for t in item["output_ids"]], item["meta_info"]
+    logprobs = meta.get("output_token_logprobs") or []
+    if len(logprobs) != len(ids) or any(int(lp[1]) != t for lp, t in zip(logprobs, ids)):
+        raise SGLangError(f"SGLang server at {url}: output_token_logprobs do not match output_ids ({len(logprobs)} vs {len(ids)} tokens)")
+    if any(lp[0] is None for lp in logprobs):  # JSON null: a non-finite log-prob on the server
+        raise SGLangError(f"SGLang server at {url} returned a null (non-finite) log-prob for a sampled token")
+    served = meta.get("weight_version")
+    if weight_version and served is not None and str(served) != str(weight_version):
+        raise SGLangError(
+            f"SGLang server at {url} sampled with weight_version {served!r} but the trainer pushed {weight_version}: "
+            "it missed a weight update (restarted, or not listed in weight_update_urls)"
+        )
+    return Sample(ids, [float(lp[0]) for lp in logprobs], (meta.get("finish_reason") or {}).get("type", "stop"))
+
+
+def to_batch(
+    prompt_ids: Tensor, prompt_mask: Tensor, samples: list[Sample], rows: int, greedy_last: bool, eos_ids: list[int], pad_token_id: int, weight_version: int
+) -> RolloutBatch:
+    """Prompt-major ``samples`` (``rows`` per prompt; the last one greedy when ``greedy_last``) -> a batch of B = P_n * rows.
+
+    ``response_mask`` covers what the server sampled, up to and including the first EOS. ``truncated``
+    = ``finish_reason`` length and no EOS: SGLang checks the length cap before the stop tokens, so an
+    EOS sampled exactly at ``max_new_tokens`` comes back as ``length``, yet that response is complete.
+    """
+    b, n_prompts = len(samples), prompt_ids.shape[0]
+    width = max(1, max(len(s.ids) for s in samples))
+    response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    logprobs = torch.zeros(b, width)
+    for i, s in enumerate(samples):
+        response_ids[i, : len(s.ids)] = torch.tensor(s.ids, dtype=torch.long)
+        logprobs[i, : len(s.ids)] = torch.tensor(s.logprobs)
+    lengths = torch.tensor([len(s.ids) for s in samples])
+    eos_mask, no_eos = response_mask_from_eos(response_ids, eos_ids)
+    response_mask = eos_mask * (torch.arange(width)[None, :] < lengths[:, None]).long()  # (B, R)
+    truncated = torch.tensor([s.finish == "length" for s in samples]) & no_eos  # (B,)
+    is_greedy = (torch.arange(rows) == rows - 1).repeat(n_prompts) if greedy_last else None  # (B,)
+    device = prompt_ids.device
+    return RolloutBatch(
+        prompt_ids=prompt_ids.repeat_interleave(rows, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(rows, dim=0),
+        response_ids=response_ids.to(device),
+        response_mask=response_mask.to(device),
+        rollout_logprobs=(logprobs * response_mask).to(device),
+        truncated=truncated.to(device),
+        group_ids=torch.arange(n_prompts, device=device).repeat_interleave(rows),
+        is_greedy=None if is_greedy is None else is_greedy.to(device),
+        sample_mask=None if is_greedy is None else (is_greedy == 0).float().to(device),
+        weight_version=weight_version,
+    )

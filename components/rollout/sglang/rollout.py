@@ -1,0 +1,255 @@
+"""`SGLangRollout`: sampling on SGLang servers over their native HTTP API (token ids in, token ids and log-probs out).
+
+SGLang pins its own torch and CUDA stack, so it runs out of process: servers already running
+(``base_url``, or an SGLang router), or one launched here (``launch``). Every optimize phase ends with
+``sync_weights``, which pushes the policy as weight version v + 1; every batch carries the version that
+sampled it, and an answer from any other version is an error rather than a silently stale sample.
+
+Departures from `HFRollout`: the samples come with the sampler's own log-probs (``rollout_logprobs``,
+always), and an EOS sampled exactly at ``max_new_tokens`` is not ``truncated`` (see `to_batch`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from lightning_rl.batch import RolloutBatch
+
+from ..base import Rollout
+from .client import SGLangClient
+from .generation import Sample, generate, sampling_params, to_batch
+from .server import LaunchedServer
+from .weights import flush_caches, push_from_disk, push_tensors, rank, save_checkpoint
+
+
+class SGLangRollout(Rollout):
+    """Sample ``group_size`` responses per prompt from SGLang servers; push the policy's weights after every update.
+
+    ``rollout_logprobs`` are the sampler's own: the trainer/sampler mismatch is logged as
+    ``rollout/logprob_diff_*`` and TIS/MIS can correct for it.
+    """
+
+    def __init__(
+        self,
+        base_url: str | list[str] | None = None,
+        launch: dict | None = None,
+        launch_python: str | None = None,
+        group_size: int = 8,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: list[int] | None = None,
+        greedy_baseline: bool = False,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        max_concurrency: int = 64,
+        weight_sync: Literal["disk", "tensor"] = "disk",
+        weight_dir: str | None = None,
+        weight_update_urls: list[str] | None = None,
+        tensor_bucket_mb: int = 512,
+        flush_cache: bool = True,
+        release_memory: bool = False,
+        sync_before_first_rollout: bool = True,
+        launch_timeout_s: float = 900.0,
+    ):
+        """
+        Args:
+            base_url: running server(s) (``http://host:port``) or an SGLang router; prompts are spread over them.
+            launch: instead of ``base_url``, start ``python -m sglang.launch_server`` with these arguments
+                (``{model_path: ..., mem_fraction_static: 0.5}``; ``True`` = bare flag) and stop it on ``close``.
+            launch_python: interpreter that has sglang installed (None = this one).
+            group_size: responses sampled per prompt (G).
+            max_new_tokens: length cap; a response that reaches it without EOS is ``truncated``.
+            temperature: sampling temperature; 0 means greedy.
+            top_p: nucleus sampling mass (1.0 = off).
+            top_k: top-k sampling (0 = off).
+            stop_token_ids: extra token ids that end a response, besides the tokenizer's EOS.
+            greedy_baseline: also decode one greedy response per prompt, appended to its group and
+                flagged ``is_greedy`` (the ReMax baseline); it never enters the loss.
+            timeout_s: seconds to wait for one answer (a whole generate request or a weight update).
+            max_retries: extra attempts after a timeout, a dropped connection, a 5xx or an aborted request.
+            backoff: seconds before the first retry, doubled for each further one.
+            max_concurrency: requests in flight at once, over all servers.
+            weight_sync: ``disk`` (save safetensors to ``weight_dir``, the server loads them) or ``tensor``
+                (CUDA IPC: the server must share this host and GPU).
+            weight_dir: directory the servers can read, for ``disk`` (None = a temporary one, same host only).
+            weight_update_urls: servers that receive weight updates (None = ``base_url``); list the
+                workers here when ``base_url`` is a router.
+            tensor_bucket_mb: size of one ``update_weights_from_tensor`` request, for ``tensor``.
+            flush_cache: ``POST /flush_cache`` after each update (the radix cache holds KV of the old weights).
+            release_memory: release the servers' GPU memory between rollouts and resume it before the next
+                (colocated training; the server needs ``--enable-memory-saver``).
+            sync_before_first_rollout: push the policy's weights before the first rollout, so a server
+                started from another checkpoint (or a resumed run) samples from the trained policy.
+            launch_timeout_s: seconds to wait for a launched server to answer ``/health_generate``.
+        """
+        if (base_url is None) == (launch is None):
+            raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
+        if group_size < 1 or max_new_tokens < 1:
+            raise ValueError(f"SGLangRollout: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"SGLangRollout: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+        if weight_sync not in ("disk", "tensor"):
+            raise ValueError(f"SGLangRollout: weight_sync must be 'disk' or 'tensor', got {weight_sync!r}")
+        if max_retries < 0 or max_concurrency < 1:
+            raise ValueError(f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1")
+        self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else list(base_url or []))]
+        self.launch, self.launch_python, self.launch_timeout_s = launch, launch_python, launch_timeout_s
+        self.group_size, self.max_new_tokens, self.temperature = group_size, max_new_tokens, temperature
+        self.top_p, self.top_k = top_p, top_k
+        self.stop_token_ids = list(stop_token_ids or [])
+        self.greedy_baseline = greedy_baseline
+        self.timeout_s, self.max_retries, self.backoff, self.max_concurrency = timeout_s, max_retries, backoff, max_concurrency
+        self.weight_sync, self.weight_dir = weight_sync, weight_dir
+        self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
+        self.tensor_bucket_mb, self.flush_cache, self.release_memory = tensor_bucket_mb, flush_cache, release_memory
+        self.sync_before_first_rollout = sync_before_first_rollout
+        self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+        self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
+        self.server: LaunchedServer | None = None
+        self.client: SGLangClient | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._own_dir: str | None = None
+        self._released = False
+        self._needs_sync = True  # the servers hold the checkpoint they started from, not (yet) the policy's weights
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return [self.eos_token_id, *self.stop_token_ids]
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup(self, tokenizer) -> None:
+        """Read eos/pad, start the server if asked to, and check every server answers ``/health_generate``."""
+        super().setup(tokenizer)
+        if self.client is None:
+            self._connect()
+
+    def _connect(self) -> None:
+        if self.release_memory and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError("SGLangRollout: release_memory is for one colocated training process; with several ranks set it to false")
+        if self.launch is not None and rank() == 0:  # one server per job, started by rank 0
+            self.server = LaunchedServer(self.launch, self.launch_python or sys.executable)
+            try:
+                self.server.wait_ready(self.launch_timeout_s)
+            except BaseException:
+                self.server.close()
+                self.server = None
+                raise
+        if self.launch is not None:
+            self.urls = [self._broadcast_url()]
+            self._needs_sync = True  # a fresh server holds the launch checkpoint
+        self.client = SGLangClient(self.timeout_s, self.max_retries, self.backoff, death_note=self._death_note)
+        self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="sglang-rollout")
+        for url in self.urls:
+            self.client.request(url, "/health_generate", method="GET")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+            self._own_dir = None
+        self.client = None
+
+    def _broadcast_url(self) -> str:
+        url = [self.server.url if self.server is not None else None]
+        if dist.is_available() and dist.is_initialized():
+            dist.broadcast_object_list(url, src=0)
+        return url[0]
+
+    def _death_note(self, url: str) -> str | None:
+        return self.server.death_note() if self.server is not None and url == self.server.url else None
+
+    def _connected(self) -> SGLangClient:
+        if self.client is None:
+            if not hasattr(self, "eos_token_id"):
+                raise RuntimeError("SGLangRollout.setup(tokenizer) must run before generate/sync_weights (RLModule.configure_model calls it)")
+            self._connect()  # used again after close() (e.g. trainer.validate after trainer.fit)
+        return self.client
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:
+        self._connected()
+        if self._needs_sync and self.sync_before_first_rollout:
+            self.sync_weights(policy)
+        n_prompts, g = prompt_ids.shape[0], 1 if greedy else self.group_size
+        with_baseline = self.greedy_baseline and not greedy
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]  # left padding stripped
+        jobs = [(p, g, 0.0 if greedy else self.temperature) for p in prompts]
+        if with_baseline:
+            jobs += [(p, 1, 0.0) for p in prompts]
+        self._resume_memory()
+        answers = self._run(jobs)
+        self._release_memory()
+        groups = [answers[i] + (answers[n_prompts + i] if with_baseline else []) for i in range(n_prompts)]
+        samples = [s for group in groups for s in group]  # prompt-major
+        return to_batch(prompt_ids, prompt_mask, samples, g + int(with_baseline), with_baseline, self.eos_ids, self.pad_token_id, self.weight_version)
+
+    def _run(self, jobs: list[tuple[list[int], int, float]]) -> list[list[Sample]]:
+        """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
+        futures = []
+        for i, (input_ids, n, temperature) in enumerate(jobs):
+            params = sampling_params(n, temperature, self.top_p, self.top_k, self.max_new_tokens, self.stop_token_ids)
+            futures.append(self._pool.submit(generate, self.client, self.urls[i % len(self.urls)], input_ids, params, self.weight_version))
+        try:
+            return [f.result() for f in futures]
+        except BaseException:  # never a partial batch: the first failure fails the rollout
+            for f in futures:
+                f.cancel()
+            raise
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, policy: nn.Module) -> None:
+        """Push ``policy``'s weights to every server as ``weight_version + 1`` (rank 0 pushes, all ranks wait)."""
+        client = self._connected()
+        version = str(self.weight_version + 1)
+        urls = self.weight_update_urls or self.urls
+        self._resume_memory()
+        if self.weight_sync == "disk":
+            directory = self._checkpoint_dir(version)
+            save_checkpoint(policy, str(directory))  # a collective under torch.distributed
+            if rank() == 0:
+                push_from_disk(client, urls, str(directory), version)
+                shutil.rmtree(directory.parent / f"v{self.weight_version}", ignore_errors=True)
+        elif rank() == 0:
+            for url in urls:
+                push_tensors(client, url, policy, version, self.tensor_bucket_mb << 20)
+        if self.flush_cache and rank() == 0:
+            flush_caches(client, urls)
+        self._release_memory()
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # no rank samples before every server holds the new weights
+        self.weight_version = int(version)
+        self._needs_sync = False
+
+    def _checkpoint_dir(self, version: str) -> Path:
+        if self.weight_dir is None and self._own_dir is None:
+            self._own_dir = tempfile.mkdtemp(prefix="lightning_rl_sglang_weights_")
+        return Path(self.weight_dir or self._own_dir) / f"v{version}"
+
+    def _resume_memory(self) -> None:
+        if self.release_memory and self._released and rank() == 0:
+            for url in self.weight_update_urls or self.urls:
+                self.client.request(url, "/resume_memory_occupation", {})
+        self._released = False
+
+    def _release_memory(self) -> None:
+        if self.release_memory and rank() == 0:
+            for url in self.weight_update_urls or self.urls:
+                self.client.request(url, "/release_memory_occupation", {})
+            self._released = True
+

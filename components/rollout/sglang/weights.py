@@ -1,0 +1,128 @@
+"""Getting the trainer's weights to SGLang: a Hugging Face checkpoint on disk, or tensors by CUDA IPC.
+
+Disk (portable: any host that reads the directory). ``save_pretrained`` writes safetensors; SGLang's
+``POST /update_weights_from_disk`` takes ``{model_path, load_format, abort_all_requests,
+weight_version, flush_cache}`` (``UpdateWeightFromDiskReqInput`` in ``sglang/srt/managers/io_struct.py``)
+and needs no weight-update session.
+
+Tensor (the server shares this host and GPU). ``POST /update_weights_from_tensor`` takes
+``serialized_named_tensors``: one entry per tensor-parallel rank, each the base64 text of a
+``ForkingPickler`` dump of ``[(name, tensor), ...]`` (SGLang's ``MultiprocessingSerializer``). For CUDA
+tensors the pickle holds CUDA IPC handles, not data, so the server maps the trainer's memory: same host
+only. SGLang's scheduler asserts an open ``/begin_weight_update`` ... ``/end_weight_update`` session
+around tensor (and distributed) updates (``SchedulerWeightUpdaterManager``); disk updates need none.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from multiprocessing.reduction import ForkingPickler
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .client import RETRY_STATUSES, SGLangClient, SGLangError
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def full_state_dict(policy: nn.Module) -> dict[str, Tensor]:
+    """Unsharded weights; under torch.distributed a collective (every rank calls it), gathered to CPU."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return policy.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_checkpoint(policy: nn.Module, directory: str) -> None:
+    """Write ``policy`` as a Hugging Face checkpoint (config + safetensors); rank 0 writes, every rank gathers."""
+    state = full_state_dict(policy)
+    if rank() == 0:
+        policy.save_pretrained(directory, state_dict=state)
+
+
+def serialize_named_tensors(named: list[tuple[str, Tensor]]) -> str:
+    """Base64 text of a ``ForkingPickler`` dump: the format of SGLang's ``MultiprocessingSerializer.serialize(obj, output_str=True)``.
+
+    Uses SGLang's own serializer when sglang is importable here (it also patches torch's CUDA
+    reductions to name devices by UUID, for processes with different ``CUDA_VISIBLE_DEVICES``).
+    """
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+    except ImportError:
+        buffer = io.BytesIO()
+        ForkingPickler(buffer).dump(named)
+        return base64.b64encode(buffer.getvalue()).decode()
+    return MultiprocessingSerializer.serialize(named, output_str=True)
+
+
+def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+    """The policy's weights as ``(name, tensor)`` lists of about ``bucket_bytes`` each (one request per bucket)."""
+    bucket: list[tuple[str, Tensor]] = []
+    size = 0
+    for name, tensor in policy.state_dict().items():
+        if type(tensor) is not Tensor:
+            raise ValueError(
+                f"SGLangRollout weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
+                "use weight_sync='disk' with sharded (FSDP) policies"
+            )
+        bucket.append((name, tensor.detach()))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+@torch.no_grad()
+def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_version: str) -> Iterator[dict]:
+    """``/update_weights_from_tensor`` request bodies; the last one carries the new ``weight_version``."""
+    buckets = list(tensor_buckets(policy, bucket_bytes))
+    for i, bucket in enumerate(buckets):
+        serialized = serialize_named_tensors(bucket)
+        last = i == len(buckets) - 1
+        yield {
+            "serialized_named_tensors": [serialized] * tp_size,
+            "load_format": None,
+            "flush_cache": last,
+            "weight_version": weight_version if last else None,
+        }
+
+
+def push_from_disk(client: SGLangClient, urls: list[str], directory: str, version: str) -> None:
+    body = {"model_path": directory, "flush_cache": True, "weight_version": version}
+    for url in urls:
+        client.request(url, "/update_weights_from_disk", body, check=succeeded(url))
+
+
+def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int) -> None:
+    """One ``/begin_weight_update`` ... ``/end_weight_update`` session of ``/update_weights_from_tensor`` requests."""
+    info = client.request(url, "/get_server_info", method="GET")
+    tp_size = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1  # server_args.tp_size
+    client.request(url, "/begin_weight_update", {}, check=succeeded(url))
+    try:
+        for body in tensor_payloads(policy, bucket_bytes, tp_size, version):
+            client.request(url, "/update_weights_from_tensor", body, check=succeeded(url))
+    finally:
+        client.request(url, "/end_weight_update", {}, check=succeeded(url))
+
+
+def flush_caches(client: SGLangClient, urls: list[str]) -> None:
+    """``POST /flush_cache``; SGLang answers 400 while requests still run, so 400 is retried."""
+    for url in urls:
+        client.request(url, "/flush_cache", retry_statuses=(400, *RETRY_STATUSES))
+
+
+def succeeded(url: str):
+    def check(answer) -> None:
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise SGLangError(f"SGLang server at {url} refused the weight update: {answer.get('message')}")
+
+    return check
