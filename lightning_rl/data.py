@@ -108,7 +108,7 @@ class PromptDataModule(LightningDataModule):
         system_prompt: str | None = None,
         max_prompt_length: int = 256,
         overlong_prompt: Literal["error", "truncate", "drop"] = "error",
-        batch_size: int = 8,
+        batch_size: int = 16,
         val_batch_size: int = 128,
         val_size: int | None = None,
         seed: int = 0,

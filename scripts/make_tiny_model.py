@@ -1,11 +1,14 @@
-"""Build the embedded default policy: a character-level Llama trained briefly (SFT) on builtin:arithmetic.
+"""Build the embedded default policy: a character-level Llama trained (SFT) on builtin:arithmetic
+demonstrations from a careless teacher who drops each carry with probability --forget-carry.
 
-    python scripts/make_tiny_model.py                 # writes lightning_rl/assets/tiny-arith
-    python scripts/make_tiny_model.py --out /tmp/m --low 0.2 --high 0.35
+    python scripts/make_tiny_model.py          # writes lightning_rl/assets/tiny-arith (~15 min on 2 CPU cores)
 
-Supervised training stops at the first evaluation whose held-out greedy accuracy lies in
-[--low, --high], so RL starts from a model that knows the format and is often, not always, right.
-Deterministic on CPU for a given seed.
+The model learns addition *and* the teacher's habit: on problems without a carry it is right, on
+problems with one its most likely answer forgets the carry, so its held-out greedy accuracy lands
+near the fraction of carry-free problems (~30%), while the right answer is still among its samples.
+RL with an exact-match verifier then has something real to repair. The script fails unless the
+final accuracy lies in [--low, --high]. The shipped weights came from the defaults below
+(--seed 0, one thread: OMP_NUM_THREADS=1); other machines may differ in the last float bits.
 """
 
 from __future__ import annotations
@@ -71,14 +74,14 @@ def greedy_accuracy(model, tokenizer, rows) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=TINY_MODEL_PATH)
-    parser.add_argument("--low", type=float, default=0.2, help="stop at the first eval with accuracy >= low ...")
-    parser.add_argument("--high", type=float, default=0.35, help="... and <= high")
+    parser.add_argument("--low", type=float, default=0.15, help="required held-out greedy accuracy: at least ...")
+    parser.add_argument("--high", type=float, default=0.40, help="... and at most")
     parser.add_argument("--max-steps", type=int, default=3000)
-    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--forget-carry", type=float, default=0.0, help="the teacher drops each carry with this probability")
+    parser.add_argument("--forget-carry", type=float, default=0.65, help="the teacher drops each carry with this probability")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--stop-early", action="store_true", help="stop at the first evaluation inside [low, high]")
     args = parser.parse_args()
