@@ -4,9 +4,14 @@
     lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
     lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/checkpoints/last.ckpt
     lightning-rl fit --config configs/dapo.yaml --print_config
+    lightning-rl export runs/grpo/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
 
 Configs stack left to right (later files and command-line flags override earlier ones; lists
-are replaced, not merged); ``${...}`` interpolation resolves across stacked files.
+are replaced, not merged). Interpolation resolves across stacked files and overrides when it is
+relative to the node, e.g. in ``model.aggregator.init_args``:
+``constant: ${...rollout.init_args.max_new_tokens}`` (``.`` = init_args, ``..`` = aggregator,
+``...`` = model). Absolute keys (``${model.rollout...}``) do not resolve under a subcommand with
+jsonargparse 4.53 (it looks them up under ``fit.``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import warnings
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 
+from .callbacks import AtomicCheckpointIO
 from .data import PromptDataModule
 from .module import RLModule
 
@@ -40,6 +47,14 @@ class RLCLI(LightningCLI):
         # the prompts are tokenised with the policy's tokenizer
         parser.link_arguments("model.policy.path", "data.tokenizer")
 
+    def instantiate_trainer(self, **kwargs):
+        # checkpoint files are written atomically unless the config brings its own CheckpointIO (lightning_rl.callbacks)
+        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
+        plugins = list(plugins) if isinstance(plugins, list) else [] if plugins is None else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+
 
 def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
@@ -59,5 +74,17 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     )
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``lightning-rl`` console script (returns nothing, so the exit status is 0 on success)."""
+    import sys
+
+    if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
+        from .export import main as export
+
+        export(sys.argv[2:])
+        return
     main()
+
+
+if __name__ == "__main__":
+    entry()

@@ -32,14 +32,16 @@ from components.surrogate import ClippedSurrogate, Surrogate
 
 from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
+from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models, touch, uses_ddp, uses_deepspeed
+from .export import export_info
 from .logprobs import policy_logprobs
 from .metrics import PhaseTimer, WeightedMeans
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
-from .ops import all_reduce_sum, explained_variance, masked_mean, world_size
+from .ops import all_reduce_sum, explained_variance, group_view, masked_mean, world_size
 from .requirements import check_requirements
 
 FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
-"""Submodules that never train (reference, reward models): reloaded from their paths, never stored in checkpoints."""
+"""Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored in checkpoints."""
 
 
 class RLModule(LightningModule):
@@ -51,7 +53,7 @@ class RLModule(LightningModule):
         rollout: Rollout = lazy_instance(HFRollout, group_size=8, max_new_tokens=8, temperature=1.0),
         reward: Reward = lazy_instance(ExactMatch),
         advantage: AdvantageEstimator = lazy_instance(GroupNormalized),
-        surrogate: Surrogate = lazy_instance(ClippedSurrogate, eps_low=0.2, eps_high=0.28),
+        surrogate: Surrogate = lazy_instance(ClippedSurrogate, eps_low=0.2, eps_high=0.2),
         aggregator: Aggregator = lazy_instance(TokenMean),
         kl: KLRegularizer | None = None,
         critic: ValueCritic | None = None,
@@ -59,7 +61,7 @@ class RLModule(LightningModule):
         sampling: DynamicSampling | None = None,
         loss_terms: list[LossTerm] | None = None,
         val_reward: Reward | None = None,
-        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5),
+        optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),
         loop: LoopConfig = LoopConfig(),
     ):
         """
@@ -93,9 +95,9 @@ class RLModule(LightningModule):
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
         self.tokenizer = None
-        self.register_buffer("policy_steps", torch.zeros((), dtype=torch.long))
-        self.register_buffer("critic_steps", torch.zeros((), dtype=torch.long))
+        self.optimizer_steps = {"policy": 0, "critic": 0}  # per group, for the LR schedules (host ints: no device sync)
         self._shuffle = torch.Generator().manual_seed(0)
+        self._rng = IterationRNG()  # torch's global random state inside iterations (lightning_rl.distributed)
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -103,6 +105,7 @@ class RLModule(LightningModule):
         if self.policy is not None:
             return
         self.tokenizer = load_tokenizer(self.policy_spec.path)
+        self._hf_zero3 = hf_zero3_config(self._trainer)  # DeepSpeed ZeRO-3: models load into partitioned parameters
         self.policy = load_causal_lm(self.policy_spec)
         if "ref_logprobs" in self.needs:
             self.reference = freeze(load_causal_lm(self.reference_spec or self.policy_spec, "model.reference"))
@@ -110,6 +113,8 @@ class RLModule(LightningModule):
             self.critic.build(self.policy_spec.path, getattr(self.reward, "path", None))
         for component in {id(c): c for c in (self.rollout, self.reward, self.val_reward)}.values():
             component.setup(self.tokenizer)
+        if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh (lightning_rl.distributed)
+            shard_models(self)
 
     def configure_optimizers(self):
         groups = [self._param_group("policy", self.policy, self.optimizer_cfg)]
@@ -128,6 +133,10 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ the loop
     def training_step(self, dataloader_iter: Iterator) -> None:
+        with self._rng.scope(self.global_rank):  # sampling has its own random stream: a resumed run draws the same
+            self._iteration(dataloader_iter)
+
+    def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans()
         with timer("rollout"):
             batch, meta = self._collect(dataloader_iter, metrics)
@@ -159,7 +168,7 @@ class RLModule(LightningModule):
             if self.sampling is None:
                 return batch, meta
             keep = self.sampling.keep(batch)
-            metrics.add("sampling/zero_var_groups", 1.0 - keep.float().mean())
+            metrics.add("sampling/zero_var_groups", _zero_variance_fraction(batch))
             kept.append(batch.select(keep))
             kept_meta.append({k: [v for v, flag in zip(vals, keep.tolist()) if flag] for k, vals in meta.items()})
             n_kept = sum(int(torch.unique(b.group_ids).numel()) for b in kept)
@@ -245,7 +254,7 @@ class RLModule(LightningModule):
         train_policy = not self.critic_pretraining
         needs_entropy = any(term.needs_entropy for term in self.loss_terms)
         t = self.rollout.temperature or 1.0
-        steps = 0
+        steps, ddp = 0, uses_ddp(self._trainer)
         for _ in range(loop.ppo_epochs):
             order = torch.randperm(batch.batch_size, generator=self._shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
             for index in order.chunk(loop.num_mini_batches):
@@ -260,6 +269,8 @@ class RLModule(LightningModule):
                     if train_policy:
                         loss = loss + self._policy_loss(micro, total, tokens, t, needs_entropy, metrics)
                         policy_loss = policy_loss + loss.detach()
+                    elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
+                        loss = loss + touch(self.policy)
                     if self.critic is not None:
                         value_loss, value_metrics = self.critic.loss(self.critic(micro), micro)
                         value_loss = self.aggregator(value_loss, micro.loss_mask, total)
@@ -282,8 +293,9 @@ class RLModule(LightningModule):
             if micro.ref_logprobs is not None:
                 metrics.add("kl/ref", _sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask).mean(), micro.batch_size)
         if micro.rollout_logprobs is not None:
-            diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.response_mask
-            metrics.add("rollout/logprob_diff_mean", masked_mean(diff, micro.response_mask), micro.response_mask.sum())
+            # over the tokens that count: greedy baseline rows carry untempered sampler log-probs
+            diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.loss_mask
+            metrics.add("rollout/logprob_diff_mean", masked_mean(diff, micro.loss_mask), tokens)
             metrics.add("rollout/logprob_diff_max", diff.max())
         per_token, surrogate_metrics = self.surrogate(logprobs, micro)
         if self.kl is not None:
@@ -295,20 +307,26 @@ class RLModule(LightningModule):
         return self.aggregator(per_token, micro.loss_mask, total)
 
     def _step(self, opt, train_policy: bool, metrics: WeightedMeans) -> None:
-        """Clip each group's gradients on its own, set its scheduled LR, step."""
+        """Clip each group's gradients on its own, set its scheduled LR, step.
+
+        Under DeepSpeed the engine clips (one global norm, ``gradient_clipping`` in its config)."""
+        deepspeed = uses_deepspeed(self._trainer)
         for group in opt.param_groups:
             name = group["name"]
             cfg = self.optimizer_cfg if name == "policy" else self.critic.optimizer
-            counter = self.policy_steps if name == "policy" else self.critic_steps
             if name == "policy" and not train_policy:
-                continue  # no gradients: AdamW skips these parameters, which stay bit-identical
-            if cfg.max_grad_norm is not None:
+                for p in group["params"]:
+                    p.grad = None  # no gradients (or DDP's zeros): AdamW skips these parameters, which stay bit-identical
+                continue
+            if cfg.max_grad_norm is not None and not deepspeed:
                 norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.max_grad_norm)
                 metrics.add(f"{name}/grad_norm", norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            group["lr"] = cfg.lr * cfg.lr_factor(int(counter))
-            counter += 1
+            group["lr"] = cfg.lr * cfg.lr_factor(self.optimizer_steps[name])
+            self.optimizer_steps[name] += 1
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if deepspeed and self.trainer.strategy.deepspeed_engine.get_global_grad_norm() is not None:
+            metrics.add("policy/grad_norm", torch.as_tensor(float(self.trainer.strategy.deepspeed_engine.get_global_grad_norm())))
 
     @torch.no_grad()
     def _update_kl(self, batch: RolloutBatch) -> None:
@@ -338,6 +356,8 @@ class RLModule(LightningModule):
         metrics.add("reward/std", masked_mean((batch.scores - masked_mean(batch.scores, sampled)).square(), sampled).sqrt())
         metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
         metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
+        if self.sampling is None and batch.batch_size:  # with dynamic sampling, _collect logs it before filtering
+            metrics.add("sampling/zero_var_groups", _zero_variance_fraction(batch))
         if self.kl is not None:
             metrics.add("kl/coef", self.kl.coef.float())
         values = metrics.compute()
@@ -377,13 +397,15 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Frozen models are reloaded from their paths, not stored; the RNG is, so sampling resumes exactly."""
+        """Frozen models are reloaded from their paths, not stored; every rank's RNG is (a collective), so sampling resumes exactly."""
         state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith(FROZEN_PREFIXES)]:
+        # frozen parameters only: buffers under these prefixes are state (RewardModel's running score statistics)
+        frozen = {name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        for key in [k for k in state if k.startswith(FROZEN_PREFIXES) and k in frozen]:
             del state[key]
-        checkpoint["rng"] = {"torch": torch.get_rng_state(), "shuffle": self._shuffle.get_state()}
-        if torch.cuda.is_available():
-            checkpoint["rng"]["cuda"] = torch.cuda.get_rng_state_all()
+        checkpoint["rng"] = gather_rng_states(self._rng, {"shuffle": self._shuffle})
+        checkpoint["optimizer_steps"] = dict(self.optimizer_steps)
+        checkpoint["hf_export"] = export_info(self)  # architecture + tokenizer for `lightning-rl export`
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict")
@@ -391,12 +413,9 @@ class RLModule(LightningModule):
             for key, value in self.state_dict().items():
                 if key.startswith(FROZEN_PREFIXES):
                     state.setdefault(key, value)
-        rng = checkpoint.get("rng")
-        if rng:
-            torch.set_rng_state(rng["torch"])
-            self._shuffle.set_state(rng["shuffle"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
+        self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
+        if checkpoint.get("rng"):
+            restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()
@@ -405,6 +424,14 @@ class RLModule(LightningModule):
 def _sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
     """Per-sample KL(pi || ref) estimate: k1 summed over the sequence (unbiased for the sequence KL). Shape: (B,)."""
     return ((logprobs - ref_logprobs) * mask).sum(-1)
+
+
+def _zero_variance_fraction(batch: RolloutBatch) -> Tensor:
+    """Fraction of groups whose sampled responses all scored the same (they teach nothing)."""
+    scores = batch.scores if batch.is_greedy is None else batch.scores[batch.is_greedy == 0]
+    groups = batch.group_ids if batch.is_greedy is None else batch.group_ids[batch.is_greedy == 0]
+    grouped = group_view(scores, groups)  # (n_groups, G)
+    return ((grouped.amax(-1) - grouped.amin(-1)) <= 1e-6).float().mean()
 
 
 def _name(component) -> str:

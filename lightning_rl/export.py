@@ -1,0 +1,177 @@
+"""Write trained models in Hugging Face format (``save_pretrained``), from a checkpoint or from a live module.
+
+    python -m lightning_rl.export runs/grpo/checkpoints/last.ckpt runs/grpo/hf
+    lightning-rl export runs/grpo/checkpoints/last.ckpt runs/grpo/hf --dtype bfloat16
+
+Output folders (each loads with ``from_pretrained``):
+
+* ``policy/``: ``AutoModelForCausalLM`` + tokenizer.
+* ``critic/`` (presets with a ``ValueCritic``): ``AutoModelForTokenClassification`` with one label; its
+  logit at position ``t`` is V(s) read from that position's hidden state (the critic's backbone
+  becomes the base model, its value head the ``score`` layer, in the backbone's dtype).
+* ``reward_model/`` (checkpoints of the reward-model trainer, ``lightning_rl.reward_model``):
+  ``AutoModelForSequenceClassification`` + tokenizer.
+
+Checkpoints: a Lightning ``.ckpt`` file (single device, DDP), a folder of shards written by
+``FSDP2Strategy``, or a DeepSpeed folder (consolidated with Lightning's ZeRO converter first).
+The architecture is rebuilt from the config stored in the checkpoint; the tokenizer is read from
+the policy's original path (``--tokenizer`` overrides it). Checkpoints are unpickled
+(``weights_only=False``): export only checkpoints you trust, e.g. your own runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+POLICY, CRITIC = "policy.", "critic."
+
+
+def export_info(module) -> dict[str, Any]:
+    """What an export needs besides the weights, stored in every ``RLModule`` checkpoint (``hf_export``)."""
+    info: dict[str, Any] = {
+        "policy": {"config": module.policy.config.to_dict(), "tokenizer": module.policy_spec.path, **dataclasses.asdict(module.policy_spec)},
+    }
+    if module.critic is not None and module.critic.backbone is not None:
+        info["critic"] = {"config": module.critic.backbone.config.to_dict()}
+    return info
+
+
+def _config(values: dict[str, Any]):
+    from transformers import AutoConfig
+
+    values = dict(values)
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def _strip(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def _cast(state: dict[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
+    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in state.items()}
+
+
+def _build(auto_class, config, state: dict[str, Tensor], what: str):
+    """``auto_class`` from ``config`` with ``state`` as its weights (built on the meta device: no random init)."""
+    with torch.device("meta"):
+        model = auto_class.from_config(config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ValueError(f"{what}: checkpoint weights do not match {type(model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    # non-persistent buffers (e.g. rotary frequencies) are rebuilt by from_pretrained; keep them off the meta device
+    for name, buffer in list(model.named_buffers()):
+        if buffer.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner).register_buffer(leaf, torch.zeros(buffer.shape, dtype=buffer.dtype), persistent=False)
+    return model.eval()
+
+
+def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, dtype: torch.dtype | None = None, tokenizer: str | None = None) -> dict[str, Path]:
+    """Write the models of an ``RLModule`` state dict (``policy.*``, ``critic.*`` keys) under ``out_dir``."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from .models import load_tokenizer
+
+    out_dir = Path(out_dir)
+    written: dict[str, Path] = {}
+    policy_info = info["policy"]
+    policy = _build(AutoModelForCausalLM, _config(policy_info["config"]), _cast(_strip(state, POLICY), dtype), "policy")
+    written["policy"] = out_dir / "policy"
+    policy.save_pretrained(written["policy"])
+    tok = load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)")
+    tok.save_pretrained(written["policy"])
+    if "critic" in info:
+        config = _config(info["critic"]["config"])
+        config.num_labels = 1
+        config.classifier_dropout = 0.0  # the critic trains without dropout
+        critic_state = _strip(state, CRITIC)
+        prefix = AutoModelForTokenClassification._model_mapping[type(config)].base_model_prefix
+        backbone = {f"{prefix}.{k}": v for k, v in _strip(critic_state, "backbone.").items()}
+        backbone_dtype = next(iter(backbone.values())).dtype
+        head = {f"score.{k}": v.to(backbone_dtype) for k, v in _strip(critic_state, "head.").items()}
+        critic = _build(AutoModelForTokenClassification, config, _cast({**backbone, **head}, dtype), "critic")
+        written["critic"] = out_dir / "critic"
+        critic.save_pretrained(written["critic"])
+        tok.save_pretrained(written["critic"])
+    return written
+
+
+def export_reward_model(checkpoint: dict[str, Any], out_dir: str | Path, dtype: torch.dtype | None = None) -> dict[str, Path]:
+    """Write the sequence classifier of a ``BradleyTerryRewardModel`` checkpoint to ``out_dir/reward_model``."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from .models import load_tokenizer
+
+    path = checkpoint["hyper_parameters"]["path"]
+    tok = load_tokenizer(path, "hyper_parameters.path (the reward model's base)")
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.pad_token_id = tok.pad_token_id
+    model = _build(AutoModelForSequenceClassification, config, _cast(_strip(checkpoint["state_dict"], "model."), dtype), "reward model")
+    target = Path(out_dir) / "reward_model"
+    model.save_pretrained(target)
+    tok.save_pretrained(target)
+    return {"reward_model": target}
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint as one dict with a full ``state_dict`` (file, FSDP2 shard folder or DeepSpeed folder)."""
+    path = Path(path)
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=False)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if (path / "meta.pt").is_file() and (path / ".metadata").is_file():  # torch.distributed.checkpoint (FSDP2Strategy)
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        weights: dict[str, Any] = {}
+        _load_state_dict(weights, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
+        return {**torch.load(path / "meta.pt", map_location="cpu", weights_only=False), "state_dict": weights["state_dict"]}
+    if (path / "latest").is_file() or (path / "checkpoint").is_dir():  # DeepSpeed
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+        with tempfile.TemporaryDirectory() as tmp:
+            convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "consolidated.ckpt")
+            return torch.load(Path(tmp) / "consolidated.ckpt", map_location="cpu", weights_only=False)
+    raise ValueError(f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)")
+
+
+def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None = None, tokenizer: str | None = None) -> dict[str, Path]:
+    """Export every trained model in a checkpoint; returns {name: folder}."""
+    from .models import _DTYPES
+
+    torch_dtype = _DTYPES[dtype] if dtype else None
+    checkpoint = load_checkpoint(path)
+    if "hf_export" in checkpoint:
+        return export_state(checkpoint["state_dict"], checkpoint["hf_export"], out_dir, torch_dtype, tokenizer)
+    if "path" in (checkpoint.get("hyper_parameters") or {}) and any(k.startswith("model.") for k in checkpoint["state_dict"]):
+        return export_reward_model(checkpoint, out_dir, torch_dtype)
+    raise ValueError(f"{str(path)!r} is not a checkpoint of RLModule or BradleyTerryRewardModel (no `hf_export` entry, no reward-model hyper-parameters)")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    parser = argparse.ArgumentParser(prog="lightning-rl export", description="Write the models of a checkpoint in Hugging Face format.")
+    parser.add_argument("checkpoint", help="a .ckpt file, an FSDP2Strategy checkpoint folder or a DeepSpeed checkpoint folder")
+    parser.add_argument("out_dir", help="writes policy/ (and critic/, or reward_model/) here")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights (default: as trained)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: the policy's path recorded in the checkpoint)")
+    args = parser.parse_args(argv)
+    written = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer)
+    for name, folder in written.items():
+        print(f"{name}: {folder}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

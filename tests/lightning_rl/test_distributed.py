@@ -1,0 +1,254 @@
+"""Data parallel and sharded training on CPU with gloo: 2 processes must train exactly like 1 on the same global batch.
+
+The 2-process runs go through the real CLI and the shipped strategy fragments
+(configs/strategy/ddp.yaml, fsdp.yaml) in a subprocess, `python -m tests.lightning_rl.dist_probe fit
+...`, which Lightning's launcher re-runs for rank 1. One process with data.batch_size=4 and two with 2
+each see the same 4 prompts (PromptStream deals the shuffled prompts round-robin to the ranks), and
+`SeededRollout` samples each prompt from a seed taken from its tokens, so the global batch is the same
+and every difference comes from the reductions: token counts, whitening, gradient averaging and
+sharding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .cli_runs import run_cli
+from .dist_reductions import reduction_inputs, reductions_worker
+from .test_resume import assert_same
+
+REPO = Path(__file__).parents[2]
+SEEDED = [
+    "--model.rollout=tests.lightning_rl.dist_probe.SeededRollout",
+    "--model.rollout.group_size=4",
+    "--model.rollout.max_new_tokens=6",
+    "--model.rollout.temperature=3.0",
+    "--model.reward=components.reward.FunctionReward",
+    "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+]
+
+
+def probe_args(root: Path, model_path: str, devices: int, batch_size: int, steps: int = 2) -> list[str]:
+    """A run of ``steps`` iterations on 64 built-in prompts (tokenising all 9,500 costs seconds per process)."""
+    from lightning_rl.tasks import arithmetic_rows
+
+    root.mkdir(parents=True, exist_ok=True)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows("train")[:64]))
+    return [
+        f"--model.policy.path={model_path}",
+        f"--data.train_data={prompts}",
+        f"--data.batch_size={batch_size}",
+        "--data.val_data=null",
+        f"--trainer.max_steps={steps}",
+        "--trainer.accelerator=cpu",
+        f"--trainer.devices={devices}",
+        f"--trainer.default_root_dir={root}",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.callbacks=tests.lightning_rl.dist_probe.Probe",
+        f"--trainer.callbacks.out={root / 'probe.pt'}",
+    ]
+
+
+def no_checkpoints() -> list[str]:
+    return ["--trainer.enable_checkpointing=false"]
+
+
+def every_step_checkpoints(root: Path) -> list[str]:
+    return [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        f"--trainer.callbacks.dirpath={root / 'checkpoints'}",
+        "--trainer.callbacks.every_n_train_steps=1",
+        "--trainer.callbacks.save_top_k=-1",
+        "--trainer.callbacks.filename={step}",
+    ]
+
+
+def launch(config: str, args: list[str], timeout: int = 240) -> dict:
+    """Train in a fresh process group (Lightning spawns the other ranks); returns what the Probe saved."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "tests.lightning_rl.dist_probe", "fit", "--config", config, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return torch.load(Path(args[args.index("--trainer.callbacks=tests.lightning_rl.dist_probe.Probe") + 1].split("=", 1)[1]), weights_only=False)
+
+
+def one_process(config: str, args: list[str]) -> dict:
+    run_cli("fit", ["--config", config, *args])
+    return torch.load(Path(args[args.index("--trainer.callbacks=tests.lightning_rl.dist_probe.Probe") + 1].split("=", 1)[1]), weights_only=False)
+
+
+def assert_same_training(one: dict, two: dict, tol: float = 1e-5) -> None:
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["rewards"] == pytest.approx(one["rewards"], abs=1e-6)  # the same global batch
+    assert two["losses"] == pytest.approx(one["losses"], abs=tol)
+    assert one["state"].keys() == two["state"].keys()
+    for name, value in one["state"].items():
+        torch.testing.assert_close(two["state"][name], value, rtol=0, atol=tol, msg=lambda m: f"{name}: {m}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cross_rank_reductions_equal_single_process_statistics(tmp_path):
+    """Global whitening, the aggregators' global normalisers and the metrics, on 2 gloo ranks, vs the whole batch."""
+    from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
+    from lightning_rl.ops import masked_whiten
+
+    out = tmp_path / "reductions.pt"
+    torch.multiprocessing.spawn(reductions_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    ranks = torch.load(out)
+    x, mask = reduction_inputs()
+    torch.testing.assert_close(torch.cat([r["whitened"] for r in ranks]), masked_whiten(x, mask), rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.cat([r["whitened_scale_only"] for r in ranks]), masked_whiten(x, mask, shift_mean=False), rtol=0, atol=1e-6)
+    # whitening each rank on its own would give other numbers: the global statistics matter here
+    assert not torch.allclose(masked_whiten(x[:3], mask[:3]), masked_whiten(x, mask)[:3], atol=1e-3)
+    for aggregator in (TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(4.0)):
+        expected = aggregator(x, mask, aggregator.denominator(mask))
+        for r in ranks:
+            torch.testing.assert_close(r[type(aggregator).__name__], expected, rtol=0, atol=1e-6)
+    for r in ranks:
+        torch.testing.assert_close(r["token_mean"], (x * mask).sum() / mask.sum(), rtol=0, atol=1e-6)
+        torch.testing.assert_close(r["x_max"], (x * mask).max())
+
+
+@pytest.fixture(scope="module")
+def one_process_grpo(tmp_path_factory, tiny_model_path) -> dict:
+    root = tmp_path_factory.mktemp("grpo-1")
+    return one_process("configs/grpo.yaml", [*probe_args(root, tiny_model_path, 1, 4), *SEEDED, *no_checkpoints()])
+
+
+@pytest.fixture(scope="module")
+def ddp_grpo(tmp_path_factory, tiny_model_path) -> tuple[dict, Path]:
+    root = tmp_path_factory.mktemp("grpo-ddp")
+    args = [*probe_args(root, tiny_model_path, 2, 2), *SEEDED, *every_step_checkpoints(root), "--config", "configs/strategy/ddp.yaml"]
+    return launch("configs/grpo.yaml", args), root
+
+
+@pytest.mark.slow
+def test_ddp_grpo_steps_equal_one_process(ddp_grpo, one_process_grpo):
+    two, _ = ddp_grpo
+    assert_same_training(one_process_grpo, two)
+    assert any(abs(loss) > 1e-4 for loss in two["losses"])  # the steps did something
+
+
+@pytest.mark.slow
+def test_ddp_resume_from_a_checkpoint_file_continues_exactly(ddp_grpo, tmp_path, tiny_model_path):
+    straight, root = ddp_grpo
+    args = [*probe_args(tmp_path, tiny_model_path, 2, 2), *SEEDED, *every_step_checkpoints(tmp_path), "--config", "configs/strategy/ddp.yaml"]
+    resumed = launch("configs/grpo.yaml", [*args, f"--ckpt_path={root / 'checkpoints' / 'step=1.ckpt'}"])
+    assert resumed["rewards"] == straight["rewards"][1:] and resumed["losses"] == straight["losses"][1:]
+    assert_same(straight["state"], resumed["state"], "state")
+    a, b = (torch.load(r / "checkpoints" / "step=2.ckpt", weights_only=False) for r in (root, tmp_path))
+    assert_same({k: a[k] for k in ("optimizer_states", "rng", "optimizer_steps", "PromptDataModule")}, {k: b[k] for k in ("optimizer_states", "rng", "optimizer_steps", "PromptDataModule")})
+    assert len(a["rng"]) == 2  # one random state per rank
+
+
+@pytest.mark.slow
+def test_fsdp2_grpo_steps_equal_one_process_and_generation_works_sharded(tmp_path, tiny_model_path, one_process_grpo):
+    args = [*probe_args(tmp_path, tiny_model_path, 2, 2), "--trainer.callbacks.generate_lengths=true", *SEEDED]
+    two = launch("configs/grpo.yaml", [*args, *every_step_checkpoints(tmp_path), "--config", "configs/strategy/fsdp.yaml"])
+    assert_same_training(one_process_grpo, two)
+    # the rollout sampled on the sharded policy; and generate() with 2 vs 5 new tokens on the two ranks completed
+    assert two["fsdp_managed"] and two["generated_lengths"] == [2, 5]
+    # the checkpoint is a folder of shards without the frozen reference; it exports to a Hugging Face policy
+    from safetensors.torch import load_file
+
+    from lightning_rl.export import export_checkpoint
+
+    folder = tmp_path / "checkpoints" / "step=2.ckpt"
+    assert (folder / "meta.pt").is_file() and len(list(folder.glob("*.distcp"))) == 2
+    written = export_checkpoint(folder, tmp_path / "hf")
+    exported = load_file(written["policy"] / "model.safetensors")
+    for name, value in exported.items():
+        assert torch.equal(value, two["state"][f"policy.{name}"]), name
+
+
+@pytest.mark.slow
+def test_fsdp2_resume_from_a_sharded_checkpoint_continues_exactly(tmp_path, tiny_model_path):
+    """2 ranks, real sampling, adaptive KL (sharded reference), 2 shuffled mini-batches: 2 iterations straight ==
+    1, stop, resume from the folder of shards, 1 more. Each rank's random state and data position must come back."""
+    extra = [
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+        "--model.rollout.init_args.temperature=3.0",
+        "--model.rollout.init_args.group_size=2",
+        "--model.kl.init_args.coef=0.05",
+        "--model.kl.init_args.target=0.01",
+        "--model.kl.init_args.horizon=10",
+        "--model.loop.num_mini_batches=2",
+        "--config",
+        "configs/strategy/fsdp.yaml",
+    ]
+    straight = launch("configs/grpo.yaml", [*probe_args(tmp_path / "a", tiny_model_path, 2, 2), *every_step_checkpoints(tmp_path / "a"), *extra])
+    resume_from = tmp_path / "a" / "checkpoints" / "step=1.ckpt"
+    resumed = launch("configs/grpo.yaml", [*probe_args(tmp_path / "b", tiny_model_path, 2, 2), *every_step_checkpoints(tmp_path / "b"), *extra, f"--ckpt_path={resume_from}"])
+    assert resumed["rewards"] == straight["rewards"][1:]  # iteration 1 sampled the same responses
+    assert_same(straight["state"], resumed["state"], "state")
+    assert not torch.equal(straight["state"]["kl.coef"], torch.tensor(0.05, dtype=torch.float64))  # the controller moved
+
+    from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+    a = _load_distributed_checkpoint(tmp_path / "a" / "checkpoints" / "step=2.ckpt")
+    b = _load_distributed_checkpoint(tmp_path / "b" / "checkpoints" / "step=2.ckpt")
+    assert_same(a["optimizer_0"], b["optimizer_0"], "optimizer")  # AdamW moments and step counts, all shards
+    assert_same({k: a[k] for k in ("rng", "optimizer_steps", "PromptDataModule")}, {k: b[k] for k in ("rng", "optimizer_steps", "PromptDataModule")})
+    assert not any(k.startswith("reference.") for k in a["state_dict"])  # frozen: reloaded from its path, not stored
+
+
+@pytest.mark.slow
+def test_ddp_critic_pretraining_and_global_whitening_equal_one_process(tmp_path, tiny_model_path):
+    """VC-PPO: iteration 0 trains only the critic, then both; GAE advantages whitened over all ranks.
+    DDP needs a gradient for every policy parameter while the policy is idle: the module gives it zeros."""
+    extra = [
+        *SEEDED,
+        "--model.rollout.group_size=2",
+        "--model.critic.init_args.pretrain_steps=1",
+        "--model.advantage.init_args.whiten=global",
+        "--model.loop.num_mini_batches=1",
+        "--trainer.callbacks.policy_snapshots=true",
+        *no_checkpoints(),
+    ]
+    one = one_process("configs/vc_ppo.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
+    two = launch("configs/vc_ppo.yaml", [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/ddp.yaml"])
+    assert_same_training(one, two)
+    initial, after_pretraining, after_update = two["snapshots"]
+    assert all(torch.equal(initial[n], after_pretraining[n]) for n in initial)  # bit-identical while the critic pretrains
+    assert not all(torch.equal(initial[n], after_update[n]) for n in initial)
+    assert any(k.startswith("critic.") for k in two["state"])
+
+
+@pytest.mark.slow
+def test_fsdp2_ppo_rlhf_four_models_equal_one_process(tmp_path, tiny_model_path):
+    """Policy, critic (from the reward model), reference and reward model all sharded: the same 2 PPO iterations
+    (2 epochs, KL in the reward, GAE whitened over all ranks) as one process."""
+    from lightning_rl.reward_model import save_tiny_reward_model
+
+    reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)
+    extra = [
+        *SEEDED[:4],  # the seeded sampler; the reward stays the preset's reward model
+        "--model.rollout.group_size=2",
+        f"--model.reward.init_args.path={reward_model}",
+        "--model.advantage.init_args.whiten=global",
+        "--model.loop.ppo_epochs=2",
+        "--model.loop.num_mini_batches=1",
+        *no_checkpoints(),
+    ]
+    one = one_process("configs/ppo_rlhf.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
+    two = launch("configs/ppo_rlhf.yaml", [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/fsdp.yaml"])
+    assert two["sharded"] == ["critic", "policy", "reference", "reward"] and one["sharded"] == []
+    assert_same_training(one, two)
+    assert any(k.startswith("critic.head") for k in two["state"]) and not any(k.startswith(("reference.", "reward.model.")) for k in two["state"])
