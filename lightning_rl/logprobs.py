@@ -102,19 +102,66 @@ def _accepts(model, name: str) -> bool:
         return False
 
 
+def _activation_checkpointing(model) -> bool:
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5 (is_gradient_checkpointing before)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
+
+
+def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> list[int] | None:
+    """Row lengths of the runs of identical consecutive prompts (a group's samples are contiguous), or None when
+    no two consecutive rows share a prompt. One device-to-host copy of B - 1 flags. Shapes: (B, P), (B, P)."""
+    if prompt_ids.shape[0] < 2:
+        return None
+    same = ((prompt_ids[1:] == prompt_ids[:-1]) & (prompt_mask[1:] == prompt_mask[:-1])).all(-1).tolist()  # (B - 1,)
+    if not any(same):
+        return None
+    starts = [0] + [i + 1 for i, s in enumerate(same) if not s] + [prompt_ids.shape[0]]
+    return [b - a for a, b in zip(starts[:-1], starts[1:])]
+
+
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
     """Logits predicting each response token. Shape: (B, R, V).
 
     Position ``P - 1 + t`` predicts response token ``t``; only those ``R`` positions go through
     the LM head when the model supports ``logits_to_keep``.
+
+    Shared prefix: the samples of a group repeat one prompt, so when consecutive rows share a prompt
+    the prompt runs through the model once per distinct prompt (U rows instead of B), its KV cache is
+    repeated to the B rows, and only the responses run at full batch. Same function, same gradients
+    (the repeat's backward sums each prompt's share over its rows); with G samples per prompt the
+    prompt's forward and backward cost drops G times.
     """
-    input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-    r = response_ids.shape[1]
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    if _accepts(model, "logits_to_keep"):
-        kwargs["logits_to_keep"] = r + 1
-    logits = model(**kwargs).logits
-    return logits[:, -(r + 1) : -1]  # (B, R, V)
+    r, b = response_ids.shape[1], response_ids.shape[0]
+    # transformers drops the cache under activation checkpointing while gradients flow: no sharing then
+    checkpointing = torch.is_grad_enabled() and model.training and _activation_checkpointing(model)
+    runs = shared_prompts(prompt_ids, prompt_mask) if _accepts(model, "logits_to_keep") and not checkpointing else None
+    if runs is None:
+        input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        if _accepts(model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = r + 1
+        logits = model(**kwargs).logits
+        return logits[:, -(r + 1) : -1]  # (B, R, V)
+    _, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    p = prompt_ids.shape[1]
+    first = torch.tensor([0] + runs[:-1], device=prompt_ids.device).cumsum(0)  # (U,): the first row of each run
+    head = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :p], use_cache=True, logits_to_keep=1)
+    cache_kw = "cache" if _accepts(model, "cache") else "past_key_values"
+    cache = getattr(head, cache_kw)
+    if len(set(runs)) == 1:  # every prompt repeated G times: repeat_interleave, whose backward is a reshape and a sum
+        first_logits = head.logits.repeat_interleave(runs[0], dim=0)  # (B, 1, V): predicts response token 0
+        cache.batch_repeat_interleave(runs[0])
+    else:
+        rows = torch.repeat_interleave(torch.arange(len(runs), device=prompt_ids.device), torch.tensor(runs, device=prompt_ids.device), output_size=b)
+        first_logits = head.logits[rows]
+        cache.reorder_cache(rows)  # an index_select: differentiable
+    if r == 1:
+        return first_logits
+    rest = model(
+        input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, p:-1],
+        use_cache=True, **{cache_kw: cache},
+    ).logits  # (B, R - 1, V): predicts response tokens 1..R-1
+    return torch.cat([first_logits, rest], dim=1)  # (B, R, V)
 
 
 def policy_logprobs(

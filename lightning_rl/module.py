@@ -366,11 +366,23 @@ class RLModule(LightningModule):
         total = sum(seconds.values())
         values["throughput/tokens_per_s"] = all_reduce_sum(batch.response_mask.sum().float()) / max(total, 1e-9)
         values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
-        self.log_dict({**values, **seconds}, on_step=True, on_epoch=False, batch_size=batch.batch_size)
+        self._write_metrics({**dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist())), **seconds})
         self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
         every = self.loop.log_samples_every_n_steps
         if every and self.global_step % every == 0:
             self._log_samples(meta, batch)
+
+    def _write_metrics(self, scalars: dict[str, float]) -> None:
+        """Iteration metrics (already reduced over ranks, one host sync for all) straight to the loggers and to
+        ``trainer.callback_metrics`` / ``logged_metrics``. ``self.log`` costs ~1 ms of host time per metric
+        (Lightning's result collection moves and deep-copies each entry), ~20 ms per iteration for these ~25."""
+        trainer = self.trainer
+        tensors = {k: torch.tensor(v) for k, v in scalars.items()}
+        trainer.callback_metrics.update(tensors)
+        trainer.logged_metrics.update(tensors)
+        if trainer.loggers and trainer.log_every_n_steps and self.global_step % trainer.log_every_n_steps == 0:  # Lightning's cadence
+            for logger in trainer.loggers:  # the step Lightning's own logging would use: iterations before this one
+                logger.log_metrics(scalars, step=self.global_step - 1)
 
     def _log_samples(self, meta: dict, batch: RolloutBatch) -> None:
         experiment = getattr(self.logger, "experiment", None)

@@ -97,3 +97,38 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
 
     returns, values = returns.float(), values.float()
     return 1.0 - var(returns - values) / var(returns).clamp_min(1e-8)
+
+
+def reverse_scan(x: Tensor, decay: Tensor, chunk: int = 64) -> Tensor:
+    """y_t = x_t + decay_t * y_{t+1} along the last dim, with y = 0 past the end, in fp32.
+
+    Shapes: x and decay broadcastable to (..., T) -> (..., T). The GAE and reward-to-go recurrence in
+    ``chunk + T / chunk`` Python steps instead of T (128 for T = 4096): the time axis is cut into
+    chunks; one backward sweep solves every chunk at once with a zero carry-in, tracking
+    prod_{k >= t} decay_k to the chunk's end; a second sweep over chunk starts carries the solution
+    across chunks; then y_t = local_t + prod_t * y_{start of next chunk}. Exact up to fp32 rounding
+    (the same products and sums, regrouped); any decay in [0, 1] (masks with holes, per-row lambdas).
+    The chunk size is fixed, not derived from T, so trailing padding (zero x, zero decay) never changes
+    a bit of the result, and for T <= chunk the arithmetic is exactly the sequential loop's.
+    """
+    x, decay = torch.broadcast_tensors(x.float(), decay.float())
+    t_len = x.shape[-1]
+    size = min(chunk, max(t_len, 1))
+    n = -(-t_len // size)
+    pad = n * size - t_len  # zero input and zero decay past the end: nothing flows back from there
+    xs = torch.nn.functional.pad(x, (0, pad)).unflatten(-1, (n, size))  # (..., n, L)
+    ds = torch.nn.functional.pad(decay, (0, pad)).unflatten(-1, (n, size))  # (..., n, L)
+    local, through = torch.empty_like(xs), torch.empty_like(xs)
+    run, prod = torch.zeros_like(xs[..., 0]), torch.ones_like(xs[..., 0])  # (..., n)
+    for j in reversed(range(size)):  # every chunk at once, zero carry-in
+        run = xs[..., j] + ds[..., j] * run
+        prod = ds[..., j] * prod
+        local[..., j], through[..., j] = run, prod
+    starts = torch.empty_like(xs[..., 0])  # (..., n): y at each chunk's first position
+    carry = torch.zeros_like(xs[..., 0, 0])
+    for i in reversed(range(n)):
+        carry = local[..., i, 0] + through[..., i, 0] * carry
+        starts[..., i] = carry
+    following = torch.nn.functional.pad(starts[..., 1:], (0, 1))  # (..., n): y at the next chunk's start
+    y = local + through * following.unsqueeze(-1)
+    return y.flatten(-2)[..., :t_len]

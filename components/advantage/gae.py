@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import reverse_scan
 
 from .base import Advantages, AdvantageEstimator, Whiten
 
@@ -89,7 +90,7 @@ class GAE(AdvantageEstimator):
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: Tensor) -> Tensor:
-    """GAE advantages for every lambda row of ``lam`` in one backward pass over the tokens.
+    """GAE advantages for every lambda row of ``lam`` in one chunked backward scan (`reverse_scan`).
 
     Shapes: rewards, values, mask (B, R); lam (K, B) -> (K, B, R), 0 on padding. The recurrence,
     vectorised over K and B:  A_t = delta_t + gamma lam m_{t+1} A_{t+1},  with
@@ -101,9 +102,4 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: Tensor
     next_v = torch.nn.functional.pad(v[:, 1:], (0, 1)) * next_m  # V(s_{t+1}), 0 at the terminal state
     delta = (r + gamma * next_v - v) * m  # (B, R)
     decay = gamma * lam.float().unsqueeze(-1) * next_m  # (K, B, R)
-    out = torch.zeros(decay.shape, dtype=torch.float32, device=m.device)
-    running = torch.zeros(decay.shape[:2], dtype=torch.float32, device=m.device)  # (K, B)
-    for t in reversed(range(m.shape[1])):
-        running = delta[:, t] + decay[..., t] * running
-        out[..., t] = running
-    return out * m
+    return reverse_scan(delta, decay) * m

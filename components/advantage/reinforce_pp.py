@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import group_view, sequence_rewards
+from lightning_rl.ops import group_view, reverse_scan, sequence_rewards
 
 from .base import Advantages, AdvantageEstimator, Whiten
 from .group import _reject_greedy_rows
@@ -18,11 +18,7 @@ def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
     if gamma == 1.0:
         returns = r.flip(-1).cumsum(-1).flip(-1)
     else:
-        returns = torch.zeros_like(r)
-        running = torch.zeros_like(r[:, 0])
-        for t in reversed(range(r.shape[1])):
-            running = r[:, t] + gamma * running
-            returns[:, t] = running
+        returns = reverse_scan(r, torch.full_like(r, gamma))
     return returns * mask.float()
 
 

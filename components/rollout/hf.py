@@ -6,6 +6,8 @@ The weights are the trainer's own, so ``sync_weights`` has nothing to copy.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
@@ -45,7 +47,8 @@ class HFRollout(Rollout):
                 flagged ``is_greedy`` (the ReMax baseline); it never enters the loss.
             return_logprobs: fill ``rollout_logprobs`` from the sampler's logits (log_softmax(z / T),
                 as SGLang reports them); costs (B, R, V) memory during generation.
-            generation_batch_size: sequences per ``generate`` call (None = all at once).
+            generation_batch_size: sequences per ``generate`` call, in whole groups (at least one prompt's
+                group_size samples; None = all at once).
         """
         if group_size < 1 or max_new_tokens < 1:
             raise ValueError(f"HFRollout: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
@@ -69,14 +72,25 @@ class HFRollout(Rollout):
         return [self.eos_token_id, *self.stop_token_ids]
 
     @torch.no_grad()
-    def _generate(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float):
+    def _generate(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float, repeats: int = 1):
+        """Sample ``repeats`` responses per prompt row (rows of one prompt contiguous). With repeats > 1 every
+        prompt but its last token is prefilled once and its KV cache repeated to its samples, so the prompt
+        costs one forward pass instead of ``repeats`` (the samples are the same: prefill draws no random numbers)."""
         sample = temperature > 0
         outputs, logits = [], []
-        step = self.generation_batch_size or prompt_ids.shape[0]
-        for i in range(0, prompt_ids.shape[0], step):
+        per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per generate call
+        cache_kw = "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
+        for i in range(0, prompt_ids.shape[0], per_call):
+            ids, mask = prompt_ids[i : i + per_call], prompt_mask[i : i + per_call]
+            prefill = {}
+            if repeats > 1 and ids.shape[1] > 1:
+                positions = (mask.cumsum(-1) - 1).clamp_min(0)
+                cache = getattr(policy(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True), cache_kw)
+                cache.batch_repeat_interleave(repeats)
+                prefill[cache_kw] = cache
             out = policy.generate(
-                input_ids=prompt_ids[i : i + step],
-                attention_mask=prompt_mask[i : i + step],
+                input_ids=ids.repeat_interleave(repeats, dim=0),
+                attention_mask=mask.repeat_interleave(repeats, dim=0),
                 do_sample=sample,
                 temperature=temperature if sample else None,
                 top_p=self.top_p if sample else None,
@@ -86,6 +100,7 @@ class HFRollout(Rollout):
                 pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,
                 output_logits=self.return_logprobs,
+                **prefill,
             )
             outputs.append(out.sequences[:, prompt_ids.shape[1] :])  # (b, R_i)
             if self.return_logprobs:
@@ -109,9 +124,8 @@ class HFRollout(Rollout):
         was_training = policy.training
         policy.eval()
         try:
-            sampled = prompt_ids.repeat_interleave(g, dim=0)  # (P_n * G, P)
             temperature = 0.0 if greedy else self.temperature
-            response_ids, logprobs = self._generate(policy, sampled, prompt_mask.repeat_interleave(g, dim=0), temperature)
+            response_ids, logprobs = self._generate(policy, prompt_ids, prompt_mask, temperature, repeats=g)  # (P_n * G, R)
             if with_baseline:
                 greedy_ids, greedy_logprobs = self._generate(policy, prompt_ids, prompt_mask, 0.0)
                 response_ids = _append_to_groups(response_ids, greedy_ids, g, self.pad_token_id)

@@ -68,3 +68,32 @@ def test_sampler_logprobs_equal_the_trainers_with_the_temperature_mirrored(tiny_
     m = batch.response_mask.bool()
     torch.testing.assert_close(trainer[m], batch.rollout_logprobs[m], atol=1e-5, rtol=1e-5)
     assert (untempered[m] - batch.rollout_logprobs[m]).abs().max() > 1e-3
+
+
+def test_shared_prompt_prefill_samples_what_plain_generate_samples(tiny_model_path, tokenizer):
+    """Each prompt is prefilled once and its cache repeated to its samples: the same tokens as `generate` on repeated
+    prompts for one seed (prefill draws no random numbers), in chunks of whole groups too."""
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=6, temperature=1.5)
+    torch.manual_seed(3)
+    plain = model.generate(
+        input_ids=ids.repeat_interleave(4, 0), attention_mask=mask.repeat_interleave(4, 0), do_sample=True, temperature=1.5, top_p=1.0,
+        top_k=0, max_new_tokens=6, eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+    )[:, ids.shape[1] :]  # fmt: skip
+    torch.manual_seed(3)
+    batch = rollout.generate(ids, mask, model)
+    assert torch.equal(batch.response_ids, plain)
+    chunked = HFRollout(group_size=4, max_new_tokens=6, temperature=1.5, generation_batch_size=6)  # 6 -> one group per call
+    chunked.setup(tokenizer)
+    torch.manual_seed(3)
+    per_group = [
+        model.generate(
+            input_ids=ids[i : i + 1].repeat(4, 1), attention_mask=mask[i : i + 1].repeat(4, 1), do_sample=True, temperature=1.5, top_p=1.0,
+            top_k=0, max_new_tokens=6, eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
+        )[:, ids.shape[1] :]
+        for i in range(3)
+    ]  # fmt: skip
+    torch.manual_seed(3)
+    got = chunked.generate(ids, mask, model).response_ids
+    width = got.shape[1]
+    expected = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=tokenizer.pad_token_id) for o in per_group])
+    assert torch.equal(got, expected)

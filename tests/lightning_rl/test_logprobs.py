@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lightning_rl.batch import RolloutBatch
@@ -59,3 +60,67 @@ def test_trainer_logprobs_ignore_left_padding(tiny_model_path):
         la, _ = policy_logprobs(model, a)
         lb, _ = policy_logprobs(model, b)
     torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompts_finds_runs_of_identical_rows():
+    from lightning_rl.logprobs import shared_prompts
+
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9], [7, 8, 9], [0, 5, 6]])
+    assert shared_prompts(ids, (ids > 0).long()) == [2, 3, 1]
+    assert shared_prompts(ids[[0, 2, 5]], (ids[[0, 2, 5]] > 0).long()) is None  # nothing to share
+    same_ids_other_mask = shared_prompts(ids[:2], torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert same_ids_other_mask is None
+
+
+def _full_logits(model, batch):
+    """The forward pass without prefix sharing: the whole (prompt + response) of every row."""
+    ids, mask, pos = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    r = batch.response_ids.shape[1]
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -(r + 1) : -1]
+
+
+@pytest.mark.parametrize("runs", [[3, 3], [2, 4]], ids=["equal-groups", "unequal-runs"])
+def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tiny_model_path, runs):
+    """Runs of 2 left-padded prompts, responses right-padded: same log-probs, same parameter gradients."""
+    from lightning_rl.logprobs import response_logits
+    from lightning_rl.models import ModelSpec, load_causal_lm
+
+    model = load_causal_lm(ModelSpec(path=tiny_model_path)).train()
+    prompts = torch.tensor([[0, 5, 6, 7], [9, 8, 7, 6]]).repeat_interleave(torch.tensor(runs), 0)  # (6, 4)
+    torch.manual_seed(0)
+    response = torch.randint(3, 15, (6, 5))
+    response_mask = (torch.arange(5)[None] < torch.tensor([5, 2, 1, 4, 5, 3])[:, None]).long()
+    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=(prompts > 0).long(), response_ids=response * response_mask, response_mask=response_mask)
+    weights = torch.randn(6, 5) * response_mask
+    grads = []
+    for logits_fn in (_full_logits, lambda m, b: response_logits(m, b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)):
+        model.zero_grad()
+        logprobs = sampled_logprobs(logits_fn(model, batch), batch.response_ids) * response_mask
+        (logprobs * weights).sum().backward()
+        grads.append((logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-5)
+
+
+def test_shared_prefix_with_one_response_token(tiny_model_path):
+    from lightning_rl.logprobs import response_logits
+    from lightning_rl.models import ModelSpec, load_causal_lm
+
+    model = load_causal_lm(ModelSpec(path=tiny_model_path))
+    prompts = torch.tensor([[5, 6, 7]]).repeat(4, 1)
+    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), response_ids=torch.tensor([[8], [9], [1], [8]]), response_mask=torch.ones(4, 1, dtype=torch.long))
+    with torch.no_grad():
+        shared = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_shared_prefix_is_skipped_under_activation_checkpointing(tiny_model_path):
+    """transformers drops the KV cache in checkpointed layers while training: the full forward must run instead."""
+    from lightning_rl.logprobs import response_logits
+    from lightning_rl.models import ModelSpec, load_causal_lm
+
+    model = load_causal_lm(ModelSpec(path=tiny_model_path, gradient_checkpointing=True)).train()
+    prompts = torch.tensor([[5, 6, 7]]).repeat(3, 1)
+    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), response_ids=torch.tensor([[8, 9], [9, 1], [1, 0]]), response_mask=torch.tensor([[1, 1], [1, 1], [1, 0]]))
+    shared = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
