@@ -40,7 +40,9 @@ def test_deepspeed_fragments(fragment, stage):
     strategy = build("configs/grpo.yaml", fragment, extra=("--trainer.accelerator=cpu",)).trainer.strategy
     assert isinstance(strategy, DeepSpeedStrategy)
     config = strategy.config
-    assert config["zero_optimization"]["stage"] == stage and config["managed_gradient_accumulation"] is False
+    assert config["zero_optimization"]["stage"] == stage
+    # unmanaged accumulation (the module calls step()) exists for ZeRO 0-2; ZeRO-3 accumulates until step() by itself
+    assert config.get("managed_gradient_accumulation") is (False if stage == 2 else None)
     assert config["gradient_clipping"] == 1.0 and config["gradient_accumulation_steps"] == 1
 
 
