@@ -1,0 +1,71 @@
+"""Shared by the benchmark scripts: machine load, A/B alternation in subprocesses, greedy evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def load_note() -> str:
+    """The 1-minute load average and a warning when it means the timings cannot be trusted."""
+    one, _, _ = os.getloadavg()
+    cores = os.cpu_count() or 1
+    note = f"load average {one:.2f} on {cores} cores"
+    if one >= 1.0:
+        note += " -- WARNING: other processes compete for the cores; timings may be far off (rerun on a quiet machine)"
+    return note
+
+
+def run_worker(script: Path, args: list[str], env: dict | None = None) -> dict:
+    """Run ``script --worker ...`` in a fresh process and return the JSON it printed after RESULT_PREFIX."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    raise RuntimeError(f"worker {script.name} {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+
+
+def emit(result: dict) -> None:
+    """What a worker prints last: one line the parent parses."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"
+
+
+def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, batch_size: int = 128) -> float:
+    """Held-out greedy exact-match accuracy with the code `RLModule.validation_step` runs:
+    ``HFRollout.generate(greedy=True)``, decode the valid tokens, ``ExactMatch`` on the ``answer`` column."""
+    import torch
+
+    from components.reward import ExactMatch
+    from components.rollout import HFRollout
+    from lightning_rl.data import collate_prompts
+
+    rollout = HFRollout(group_size=1, max_new_tokens=max_new_tokens)
+    rollout.setup(tokenizer)
+    reward = ExactMatch(answer_key="answer")
+    was_training = model.training
+    correct = 0.0
+    with torch.no_grad():
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i : i + batch_size]
+            prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"]} for r in chunk], tokenizer.pad_token_id)
+            batch = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], model, greedy=True)
+            lengths = batch.response_lengths.tolist()
+            texts = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
+            correct += float(reward(batch, {"completions": texts, "answer": [r["answer"] for r in chunk]}).sum())
+    model.train(was_training)
+    return correct / len(rows)

@@ -1,0 +1,214 @@
+"""GRPO learning per second: lightning_rl's ``fit`` against TRL's ``GRPOTrainer``, side by side.
+
+    python benchmarks/compare_trl.py                      # 30 iterations, seed 0: ours, TRL
+    python benchmarks/compare_trl.py --seeds 3            # ours, TRL, ours, TRL, ours, TRL (seeds 0, 1, 2)
+    python benchmarks/compare_trl.py --steps 3 --eval-prompts 64   # a functional check in about a minute
+
+Needs the ``bench`` extra (``pip install -e ".[bench]"``: TRL). Both runs get the same job:
+
+* the same causal LM (``--model``, default the shipped tiny-arith policy, which starts near 30% held-out
+  accuracy), the same task (``lightning_rl.tasks.arithmetic_rows``: train split for training, the
+  first ``--eval-prompts`` of the held-out test split for evaluation);
+* GRPO with 8 prompts x 8 samples per iteration, max_new_tokens 8, temperature 1 (no top-k / top-p),
+  beta 0 (no reference model), one inner epoch and one mini-batch (on-policy: neither recomputes old
+  log-probs), clip 0.2, token-mean loss over the batch (TRL ``loss_type="dapo"``; with one micro-batch
+  of 64 it equals ``bnpo``), AdamW lr 1e-4 constant, gradient clipping at 1.0, fp32, no gradient
+  checkpointing, the same torch thread count;
+* group-std advantages computed the same way: TRL divides by the sample std (Bessel) + 1e-4, so our
+  ``GroupNormalized`` runs with ``bessel=true, eps=1e-4`` here (the GRPO preset uses the population std);
+* reward: exact match of the stripped completion with the answer (our ``ExactMatch``; for TRL a
+  reward function doing the same comparison);
+* held-out accuracy: after training, both policies are evaluated by the same code, ours
+  (``HFRollout.generate(greedy=True)`` + ``ExactMatch``, as ``RLModule.validation_step`` does).
+
+Overheads: neither run logs to disk, checkpoints or validates during training (ours: no logger, no
+checkpoint callback, no validation data, no progress bar; TRL: ``report_to="none"``,
+``save_strategy="no"``, ``logging_strategy="no"``, ``eval_strategy="no"``, tqdm off). Each framework
+still computes its own in-loop metrics, as it would in a real run.
+
+Timing: each run is a fresh Python process (runs alternate A/B/A/B in one invocation, so slow
+drifts of the machine hit both). Seconds per iteration are measured from the end of one
+iteration to the end of the next (everything in between counts: data, generation, reward, loss,
+backward, optimizer, callbacks), skipping the first ``--warmup`` iterations; samples/s =
+64 / (seconds per iteration). The process CPU time per iteration is reported beside it: with
+``--threads 1`` it is the work each framework does and barely moves when other processes share the
+cores, while wall time can be several times off (with more threads, OpenMP spin-waiting makes even
+CPU time unreliable). On a loaded machine the script says so: rerun it on a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import ROOT, emit, greedy_accuracy, load_note, mean_std, run_worker  # noqa: E402
+
+PROMPTS, GROUP, MAX_NEW_TOKENS, LR, TEMPERATURE, CLIP = 8, 8, 8, 1e-4, 1.0, 0.2
+SAMPLES = PROMPTS * GROUP
+
+
+def _eval_rows(n: int) -> list[dict]:
+    from lightning_rl.tasks import arithmetic_rows
+
+    return arithmetic_rows("test")[:n]
+
+
+def steady_seconds(stamps: list[list[float]], warmup: int) -> tuple[float, float]:
+    """Mean (wall, process CPU) seconds per iteration from end-of-iteration stamps, skipping ``warmup`` iterations."""
+    if len(stamps) <= warmup + 1:
+        raise ValueError(f"need more than {warmup + 1} iterations to time (got {len(stamps)}); raise --steps or lower --warmup")
+    n = len(stamps) - 1 - warmup
+    return (stamps[-1][0] - stamps[warmup][0]) / n, (stamps[-1][1] - stamps[warmup][1]) / n
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def run_ours(args) -> dict:
+    import torch
+    from lightning import Callback
+
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main as cli_main
+
+    torch.set_num_threads(args.threads)
+    stamps: list[tuple[float, float]] = []
+
+    class Stamp(Callback):
+        def on_train_batch_end(self, *_):
+            stamps.append((time.perf_counter(), time.process_time()))
+
+    scratch = tempfile.mkdtemp(prefix="bench-ours-")
+    start = time.perf_counter()
+    cli = cli_main(
+        [
+            "--config", DEFAULT_TRAINER_CONFIG, "--config", str(ROOT / "configs" / "grpo.yaml"),
+            f"--model.policy.path={args.model}", f"--seed_everything={args.seed}", f"--data.seed={args.seed}",
+            f"--data.batch_size={PROMPTS}", f"--model.rollout.init_args.group_size={GROUP}",
+            f"--model.rollout.init_args.max_new_tokens={MAX_NEW_TOKENS}", f"--model.rollout.init_args.temperature={TEMPERATURE}",
+            "--model.advantage.init_args.bessel=true", "--model.advantage.init_args.eps=1e-4",
+            f"--model.surrogate.init_args.eps_low={CLIP}", f"--model.surrogate.init_args.eps_high={CLIP}",
+            f"--model.optimizer.lr={LR}", "--model.optimizer.max_grad_norm=1.0",
+            "--model.loop.ppo_epochs=1", "--model.loop.num_mini_batches=1", f"--model.loop.micro_batch_size={SAMPLES}",
+            "--model.loop.log_samples_every_n_steps=0", "--data.val_data=null",
+            f"--trainer.max_steps={args.steps}", "--trainer.logger=false", "--trainer.callbacks=[]",
+            "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={scratch}",
+        ],
+        run=False,
+    )  # fmt: skip
+    cli.trainer.callbacks.append(Stamp())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    total = time.perf_counter() - start
+    accuracy = greedy_accuracy(cli.model.policy, cli.model.tokenizer, _eval_rows(args.eval_prompts), MAX_NEW_TOKENS)
+    return {"stamps": stamps, "total_s": total, "accuracy": accuracy}
+
+
+def run_trl(args) -> dict:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lightning_rl.models import load_tokenizer
+    from lightning_rl.tasks import arithmetic_rows
+
+    torch.set_num_threads(args.threads)
+    stamps: list[tuple[float, float]] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *_, **__):
+            stamps.append((time.perf_counter(), time.process_time()))
+
+    def exact_match(completions, answer, **_):
+        """The same comparison as components.reward.ExactMatch."""
+        return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
+
+    start = time.perf_counter()
+    tokenizer = load_tokenizer(args.model)  # left padding, as ours
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench-trl-"), seed=args.seed, data_seed=args.seed,
+        per_device_train_batch_size=SAMPLES, gradient_accumulation_steps=1, num_generations=GROUP,
+        max_completion_length=MAX_NEW_TOKENS, temperature=TEMPERATURE, top_p=1.0, top_k=0,
+        beta=0.0, num_iterations=1, epsilon=CLIP, scale_rewards="group", loss_type="dapo",
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        optim="adamw_torch", max_steps=args.steps, bf16=False, fp16=False, gradient_checkpointing=False,
+        use_cpu=not torch.cuda.is_available(), use_vllm=False, disable_dropout=True,
+        report_to="none", save_strategy="no", logging_strategy="no", eval_strategy="no", disable_tqdm=True,
+        log_completions=False, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=exact_match, args=config, processing_class=tokenizer,
+        train_dataset=datasets.Dataset.from_list(arithmetic_rows("train")), callbacks=[Stamp()],
+    )  # fmt: skip
+    trainer.train()
+    total = time.perf_counter() - start
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    accuracy = greedy_accuracy(policy, tokenizer, _eval_rows(args.eval_prompts), MAX_NEW_TOKENS)
+    return {"stamps": stamps, "total_s": total, "accuracy": accuracy}
+
+
+# ---------------------------------------------------------------------------------------------- parent
+def main() -> None:
+    from lightning_rl.models import TINY_MODEL_PATH
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30, help="RL iterations per run (each: 8 prompts x 8 samples)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1; each seed runs ours then TRL")
+    parser.add_argument("--warmup", type=int, default=2, help="iterations left out of the timing")
+    parser.add_argument("--eval-prompts", type=int, default=500, help="held-out prompts for greedy accuracy")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in both runs")
+    parser.add_argument("--model", default=TINY_MODEL_PATH, help="a causal LM directory with the task's tokenizer")
+    parser.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        emit((run_ours if args.worker == "ours" else run_trl)(args))
+        return
+
+    import torch
+
+    from lightning_rl.models import ModelSpec, load_causal_lm, load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    print(f"before: {load_note()}", flush=True)
+    initial = greedy_accuracy(load_causal_lm(ModelSpec(path=args.model)), load_tokenizer(args.model), _eval_rows(args.eval_prompts), MAX_NEW_TOKENS)
+    print(f"held-out greedy accuracy of the initial policy ({args.eval_prompts} prompts): {initial:.3f}", flush=True)
+    common = [f"--steps={args.steps}", f"--eval-prompts={args.eval_prompts}", f"--threads={args.threads}", f"--model={args.model}"]
+    results: dict[str, list[dict]] = {"ours": [], "trl": []}
+    for seed in range(args.seeds):
+        for name in ("ours", "trl"):  # A/B/A/B: ours, TRL, ours, TRL, ...
+            out = run_worker(Path(__file__), [f"--worker={name}", f"--seed={seed}", *common])
+            out["seconds_per_step"], out["cpu_per_step"] = steady_seconds(out["stamps"], args.warmup)
+            out["samples_per_s"] = SAMPLES / out["seconds_per_step"]
+            out["samples_per_cpu_s"] = SAMPLES / out["cpu_per_step"]
+            results[name].append(out)
+            print(
+                f"seed {seed} {name:4s}: {out['seconds_per_step']:.3f} s/iteration ({out['cpu_per_step']:.3f} CPU s), "
+                f"{out['samples_per_s']:.1f} samples/s, held-out accuracy {out['accuracy']:.3f} (whole run {out['total_s']:.1f} s)",
+                flush=True,
+            )
+    print(f"after: {load_note()}\n")
+
+    speed = [o["samples_per_s"] / t["samples_per_s"] for o, t in zip(results["ours"], results["trl"])]
+    cpu_speed = [o["samples_per_cpu_s"] / t["samples_per_cpu_s"] for o, t in zip(results["ours"], results["trl"])]
+    print(f"GRPO, {PROMPTS} prompts x {GROUP} samples, max_new_tokens {MAX_NEW_TOKENS}, {args.steps} iterations "
+          f"({args.steps * SAMPLES} samples), {args.seeds} seed(s), {args.threads} threads")  # fmt: skip
+    print("| | samples/s | s/iteration | CPU s/iteration | held-out accuracy |")
+    print("|---|---|---|---|---|")
+    for name, label in (("ours", "lightning_rl"), ("trl", "TRL GRPOTrainer")):
+        rs = results[name]
+        print(f"| {label} | {mean_std([r['samples_per_s'] for r in rs])} | {mean_std([r['seconds_per_step'] for r in rs])} | "
+              f"{mean_std([r['cpu_per_step'] for r in rs])} | {mean_std([r['accuracy'] for r in rs])} |")  # fmt: skip
+    accuracy_gap = statistics.mean(r["accuracy"] for r in results["ours"]) - statistics.mean(r["accuracy"] for r in results["trl"])
+    print(f"| ratio (ours / TRL) | {mean_std(speed)} | | {mean_std(cpu_speed)} (samples per CPU second) | {accuracy_gap:+.3f} (difference) |")
+    print(f"initial policy held-out accuracy: {initial:.3f}")
+
+
+if __name__ == "__main__":
+    main()
