@@ -46,6 +46,13 @@ def load_rows(source: str, split: str):
         raise OSError(f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file") from err
 
 
+def check_columns(rows, mapping: dict[str, str], source: str) -> None:
+    """Fail naming every missing column, the config key that maps it and the columns ``source`` has."""
+    missing = [f"column {theirs!r} (data.columns.{ours})" for ours, theirs in mapping.items() if theirs not in rows.column_names]
+    if missing:
+        raise KeyError(f"{', '.join(missing)} not found in {source!r}; available columns: {rows.column_names}")
+
+
 def collate_prompts(rows: list[dict], pad_token_id: int) -> dict[str, Any]:
     """Left-pad token ids; keep text and every other column as per-prompt lists."""
     width = max(len(r["input_ids"]) for r in rows)
@@ -152,11 +159,7 @@ class PromptDataModule(LightningDataModule):
         rows = load_rows(source, split)
         mapping = dict(self.hparams.columns or {})
         mapping.setdefault("prompt", "prompt")
-        for ours, theirs in mapping.items():
-            if theirs not in rows.column_names:
-                raise KeyError(
-                    f"column {theirs!r} (data.columns.{ours}) not found in {source!r}; available columns: {rows.column_names}"
-                )
+        check_columns(rows, mapping, source)
         rows = rows.rename_columns({theirs: ours for ours, theirs in mapping.items() if theirs != ours})
         if limit is not None:
             rows = rows.select(range(min(limit, len(rows))))

@@ -15,7 +15,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
-from .data import load_rows
+from .data import check_columns, load_rows
 from .models import load_tokenizer
 from .tasks import arithmetic_rows
 
@@ -114,9 +114,7 @@ class PairDataModule(LightningDataModule):
             return PAIR_TASKS[name](split, seed=seed)
         rows = load_rows(source, split)
         mapping = {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected", **(self.hparams.columns or {})}
-        missing = [f"{theirs!r} (data.columns.{ours})" for ours, theirs in mapping.items() if theirs not in rows.column_names]
-        if missing:
-            raise KeyError(f"column(s) {', '.join(missing)} not found in {source!r}; available columns: {rows.column_names}")
+        check_columns(rows, mapping, source)
         return [{ours: row[theirs] for ours, theirs in mapping.items()} for row in rows]
 
     def _encode(self, rows: list[dict], source: str) -> list[dict]:
