@@ -203,7 +203,7 @@ class RLModule(LightningModule):
             batch = batch.replace(sample_mask=batch.sample_mask * (batch.truncated == 0).float())
         meta = {k: [v for v in vals for _ in range(rows)] for k, vals in prompts["meta"].items()}
         meta["completions"] = self._decode(batch)
-        meta["prompts"] = meta.get("prompt", self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True))
+        meta["prompts"] = meta["prompt"] if "prompt" in meta else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         scores = as_scores(self.reward(batch, meta), batch.batch_size, _name(self.reward), meta)
         return batch.replace(scores=scores.to(self.device)), meta
 

@@ -1,6 +1,12 @@
-"""`HFRollout`: sampling with transformers' ``generate`` on the policy itself (the embedded default).
+"""`HFRollout`: sampling on the policy itself, a transformers causal LM with its KV cache (the embedded default).
 
-Batched, KV-cached, left-padded prompts; ``group_size`` samples per prompt laid out contiguously.
+Left-padded prompts; ``group_size`` samples per prompt laid out contiguously. Each prompt is
+prefilled once and its KV cache repeated to its samples; then one token per step for all rows.
+The loop is ours rather than ``model.generate``: it samples exactly what the config says
+(temperature, top-k, top-p through transformers' own warpers; no hidden ``generation_config``
+defaults such as a repetition penalty the trainer would not mirror), and on a small model it
+avoids ``generate``'s per-step bookkeeping (about a quarter of the rollout time on CPU). For one
+seed it draws the same tokens as ``generate`` (tests/components/test_rollout_hf.py).
 The weights are the trainer's own, so ``sync_weights`` has nothing to copy.
 """
 
@@ -17,7 +23,7 @@ from .base import Rollout, response_mask_from_eos
 
 
 class HFRollout(Rollout):
-    """Sample with ``policy.generate``.
+    """Sample from the policy with a KV cache, ``max_new_tokens`` steps at most.
 
     Set ``top_p``/``top_k`` only knowingly: the trainer mirrors the temperature in its log-probs
     but not a truncation, so with them the ratio's old policy is not the sampler (the module warns).
@@ -45,9 +51,9 @@ class HFRollout(Rollout):
             stop_token_ids: extra token ids that end a response, besides the tokenizer's EOS.
             greedy_baseline: also decode one greedy response per prompt, appended to its group and
                 flagged ``is_greedy`` (the ReMax baseline); it never enters the loss.
-            return_logprobs: fill ``rollout_logprobs`` from the sampler's logits (log_softmax(z / T),
-                as SGLang reports them); costs (B, R, V) memory during generation.
-            generation_batch_size: sequences per ``generate`` call, in whole groups (at least one prompt's
+            return_logprobs: fill ``rollout_logprobs`` with the sampler's log_softmax(z / T) of each
+                sampled token (before top-k/top-p, as SGLang reports them).
+            generation_batch_size: sequences sampled together, in whole groups (at least one prompt's
                 group_size samples; None = all at once).
         """
         if group_size < 1 or max_new_tokens < 1:
@@ -66,57 +72,71 @@ class HFRollout(Rollout):
         self.provides = Rollout.provides | ({"rollout_logprobs"} if return_logprobs else set()) | (
             {"is_greedy", "sample_mask"} if greedy_baseline else set()
         )
+        from transformers.generation import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+        # the order transformers' generate applies them in, after the temperature
+        self._truncation = LogitsProcessorList(
+            ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        )
 
     @property
     def eos_ids(self) -> list[int]:
         return [self.eos_token_id, *self.stop_token_ids]
 
+    def _pick(self, logits: Tensor, temperature: float) -> Tensor:
+        """Next tokens from fp32 logits. Shape: (b, V) -> (b,)."""
+        if temperature == 0:
+            return logits.argmax(-1)
+        scores = self._truncation(None, logits / temperature)  # the warpers read only the scores
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+
     @torch.no_grad()
-    def _generate(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float, repeats: int = 1):
-        """Sample ``repeats`` responses per prompt row (rows of one prompt contiguous). With repeats > 1 every
-        prompt but its last token is prefilled once and its KV cache repeated to its samples, so the prompt
-        costs one forward pass instead of ``repeats`` (the samples are the same: prefill draws no random numbers)."""
-        sample = temperature > 0
-        outputs, logits = [], []
-        per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per generate call
-        cache_kw = "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
-        for i in range(0, prompt_ids.shape[0], per_call):
-            ids, mask = prompt_ids[i : i + per_call], prompt_mask[i : i + per_call]
-            prefill = {}
-            if repeats > 1 and ids.shape[1] > 1:
-                positions = (mask.cumsum(-1) - 1).clamp_min(0)
-                cache = getattr(policy(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[:, :-1], use_cache=True), cache_kw)
-                cache.batch_repeat_interleave(repeats)
-                prefill[cache_kw] = cache
-            out = policy.generate(
-                input_ids=ids.repeat_interleave(repeats, dim=0),
-                attention_mask=mask.repeat_interleave(repeats, dim=0),
-                do_sample=sample,
-                temperature=temperature if sample else None,
-                top_p=self.top_p if sample else None,
-                top_k=self.top_k if sample else None,
-                max_new_tokens=self.max_new_tokens,
-                eos_token_id=self.eos_ids,
-                pad_token_id=self.pad_token_id,
-                return_dict_in_generate=True,
-                output_logits=self.return_logprobs,
-                **prefill,
-            )
-            outputs.append(out.sequences[:, prompt_ids.shape[1] :])  # (b, R_i)
-            if self.return_logprobs:
-                logits.append(torch.stack(out.logits, dim=1))  # (b, R_i, V) raw, before any warper
-        width = max(o.shape[1] for o in outputs)
-        response_ids = torch.cat([nn.functional.pad(o, (0, width - o.shape[1]), value=self.pad_token_id) for o in outputs])
-        logprobs = None
-        if self.return_logprobs:
-            t = temperature if sample else 1.0
-            logprobs = torch.cat(
-                [
-                    nn.functional.pad(torch.log_softmax(l.float() / t, -1).gather(-1, o[..., None]).squeeze(-1), (0, width - o.shape[1]))
-                    for l, o in zip(logits, outputs)
-                ]
-            )
-        return response_ids, logprobs
+    def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float, repeats: int = 1):
+        """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups.
+        Returns response ids (rows, R) right-padded with pad, and the sampler's log-probs (rows, R) or None."""
+        per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per chunk
+        forward = _Forward(policy)
+        parts = [
+            self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], temperature, repeats)
+            for i in range(0, prompt_ids.shape[0], per_call)
+        ]
+        width = max(ids.shape[1] for ids, _ in parts)
+        response_ids = torch.cat([nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_token_id) for ids, _ in parts])
+        if not self.return_logprobs:
+            return response_ids, None
+        return response_ids, torch.cat([nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in parts])
+
+    def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, temperature: float, repeats: int):
+        # positions from the mask: with left padding, arange positions would shift each prompt by its padding
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # (n, P)
+        logits, cache = forward.prefill(ids, mask, positions)  # (n, V)
+        if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
+            logits = logits.repeat_interleave(repeats, dim=0)  # (b, V)
+            cache.batch_repeat_interleave(repeats)
+        attention = mask.repeat_interleave(repeats, dim=0)  # (b, P + t)
+        position = positions[:, -1:].repeat_interleave(repeats, dim=0)  # (b, 1)
+        eos = torch.tensor(self.eos_ids, device=ids.device)
+        running = torch.ones(attention.shape[0], dtype=torch.bool, device=ids.device)  # (b,)
+        tokens, logprobs = [], []
+        t_logprob = temperature if temperature > 0 else 1.0
+        step, done = 0, False
+        while True:
+            if not done:
+                z = logits.float()
+                token = torch.where(running, self._pick(z, temperature), self.pad_token_id)  # finished rows take pad
+                tokens.append(token)
+                if self.return_logprobs:
+                    logprobs.append(torch.log_softmax(z / t_logprob, dim=-1).gather(-1, token[:, None]).squeeze(-1))
+                running &= ~torch.isin(token, eos)
+                step += 1
+                done = step == self.max_new_tokens or not bool(running.any())  # one host sync per step, as generate's
+            if not forward.any_rank_running(not done):
+                break
+            attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
+            position = position + 1
+            logits = forward.step(token, attention, position, cache)
+        response_ids = torch.stack(tokens, dim=1)  # (b, R)
+        return response_ids, (torch.stack(logprobs, dim=1) if self.return_logprobs else None)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:
         n_prompts, g = prompt_ids.shape[0], 1 if greedy else self.group_size
@@ -125,9 +145,9 @@ class HFRollout(Rollout):
         policy.eval()
         try:
             temperature = 0.0 if greedy else self.temperature
-            response_ids, logprobs = self._generate(policy, prompt_ids, prompt_mask, temperature, repeats=g)  # (P_n * G, R)
+            response_ids, logprobs = self._sample(policy, prompt_ids, prompt_mask, temperature, repeats=g)  # (P_n * G, R)
             if with_baseline:
-                greedy_ids, greedy_logprobs = self._generate(policy, prompt_ids, prompt_mask, 0.0)
+                greedy_ids, greedy_logprobs = self._sample(policy, prompt_ids, prompt_mask, 0.0)
                 response_ids = _append_to_groups(response_ids, greedy_ids, g, self.pad_token_id)
                 if logprobs is not None:
                     logprobs = _append_to_groups(logprobs, greedy_logprobs, g, 0.0)
@@ -147,6 +167,50 @@ class HFRollout(Rollout):
             is_greedy=is_greedy,
             sample_mask=None if is_greedy is None else (is_greedy == 0).float(),
         )
+
+
+class _Forward:
+    """The policy's forward for sampling: a prefill, then one token per step on its KV cache.
+
+    With sharded weights (FSDP2, DeepSpeed ZeRO-3) every forward is a collective, so a rank whose
+    responses have all ended keeps stepping (its tokens are dropped) until every rank has finished,
+    as transformers' ``synced_gpus``; otherwise it stops at once.
+    """
+
+    def __init__(self, policy: nn.Module):
+        params = inspect.signature(policy.forward).parameters
+        self.policy = policy
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers 5 renamed the argument
+        self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.synced = _sharded(policy)
+
+    def prefill(self, ids: Tensor, mask: Tensor, positions: Tensor) -> tuple[Tensor, object]:
+        out = self.policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.keep_last)
+        return out.logits[:, -1], getattr(out, self.cache_kw)  # (n, V), the KV cache
+
+    def step(self, token: Tensor, attention: Tensor, position: Tensor, cache) -> Tensor:
+        out = self.policy(input_ids=token[:, None], attention_mask=attention, position_ids=position, use_cache=True, **{self.cache_kw: cache})
+        return out.logits[:, -1]  # (b, V)
+
+    def any_rank_running(self, running: bool) -> bool:
+        if not self.synced:
+            return running
+        import torch.distributed as dist
+
+        flag = torch.tensor(float(running), device=next(self.policy.parameters()).device)
+        dist.all_reduce(flag)
+        return bool(flag > 0)
+
+
+def _sharded(policy: nn.Module) -> bool:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    return is_fsdp_managed_module(policy) or is_deepspeed_zero3_enabled()
 
 
 def _append_to_groups(rows: Tensor, extra: Tensor, g: int, value) -> Tensor:

@@ -97,3 +97,35 @@ def test_shared_prompt_prefill_samples_what_plain_generate_samples(tiny_model_pa
     width = got.shape[1]
     expected = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=tokenizer.pad_token_id) for o in per_group])
     assert torch.equal(got, expected)
+
+
+def _generate(model, ids, mask, tokenizer, repeats, **sampling):
+    return model.generate(
+        input_ids=ids.repeat_interleave(repeats, 0), attention_mask=mask.repeat_interleave(repeats, 0), max_new_tokens=6,
+        eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id, **sampling,
+    )[:, ids.shape[1] :]  # fmt: skip
+
+
+def test_top_k_top_p_and_greedy_draw_what_generate_draws(tiny_model_path, tokenizer):
+    """The sampling loop applies temperature, top-k and top-p as transformers' generate does: the same tokens for one
+    seed; greedy is generate's argmax decoding."""
+    for top_k, top_p in ((3, 1.0), (0, 0.7), (4, 0.8)):
+        model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=6, temperature=1.3, top_k=top_k, top_p=top_p)
+        torch.manual_seed(5)
+        expected = _generate(model, ids, mask, tokenizer, 4, do_sample=True, temperature=1.3, top_k=top_k, top_p=top_p)
+        torch.manual_seed(5)
+        got = rollout.generate(ids, mask, model).response_ids
+        assert torch.equal(got, expected), (top_k, top_p)
+    greedy = rollout.generate(ids, mask, model, greedy=True).response_ids
+    assert torch.equal(greedy, _generate(model, ids, mask, tokenizer, 1, do_sample=False))
+
+
+def test_top_k_restricts_every_draw_to_the_k_most_likely_tokens(tiny_model_path, tokenizer):
+    torch.manual_seed(0)
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=16, max_new_tokens=1, temperature=5.0, top_k=2)
+    first = rollout.generate(ids, mask, model).response_ids[:, 0].reshape(3, 16)  # (P, G)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[:, -1]
+    top2 = logits.topk(2, dim=-1).indices  # (P, 2)
+    assert bool((first[..., None] == top2[:, None, :]).any(-1).all())
+    assert len(set(first.flatten().tolist())) > 1  # at temperature 5 both of a prompt's two tokens are drawn

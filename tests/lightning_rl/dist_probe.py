@@ -4,7 +4,7 @@
 processes draw identical responses for the same prompts: the global batch is then the same, and any
 difference in loss or parameters comes from the distributed reductions under test.
 ``Probe`` writes what a test compares (full parameters and buffers, logged losses, the optimizer
-state, a generation with unequal lengths across ranks) to a file on rank 0.
+state, a rollout with unequal lengths across ranks) to a file on rank 0.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class Probe(Callback):
         """
         Args:
             out: file for ``torch.save`` (written by global rank 0).
-            generate_lengths: at the end, generate 2 + 3 * rank new tokens on every rank (without EOS): unequal
-                step counts, which only complete when ranks keep stepping together (synced_gpus).
+            generate_lengths: at the end, sample 1 new token on rank 0 and 5 on rank 1 with `HFRollout`: unequal
+                step counts, which only complete when ranks keep stepping together on a sharded policy.
             policy_snapshots: also keep the policy's parameters after each iteration (unsharded strategies).
         """
         self.out, self.generate_lengths, self.policy_snapshots = out, generate_lengths, policy_snapshots
@@ -68,13 +68,16 @@ class Probe(Callback):
         roots = {"policy": module.policy, "reference": module.reference, "critic": module.critic, "reward": reward}
         record["sharded"] = sorted(name for name, m in roots.items() if isinstance(m, FSDPModule))
         if self.generate_lengths:
+            # greedy, 5 new tokens at most: rank 0 stops after its first token (every id is a stop token), rank 1 never
+            # stops early; each sharded forward is a collective, so rank 0 must keep stepping until rank 1 is done
+            rollout = HFRollout(group_size=1, max_new_tokens=5, stop_token_ids=list(range(module.policy.config.vocab_size)) if trainer.global_rank == 0 else [])
+            rollout.setup(module.tokenizer)
+            if trainer.global_rank > 0:
+                rollout.eos_token_id = -1
             ids = torch.tensor([[5, 6, 7]], device=module.device)
-            out = module.policy.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=2 + 3 * trainer.global_rank,
-                min_new_tokens=2 + 3 * trainer.global_rank, pad_token_id=0,
-            )
+            out = rollout.generate(ids, torch.ones_like(ids), module.policy, greedy=True)
             lengths = [torch.zeros((), dtype=torch.long) for _ in range(trainer.world_size)]
-            torch.distributed.all_gather(lengths, torch.tensor(out.shape[1] - 3))
+            torch.distributed.all_gather(lengths, torch.tensor(out.response_ids.shape[1]))
             record["generated_lengths"] = [int(n) for n in lengths]
             record["fsdp_managed"] = bool(getattr(module.policy, "_is_fsdp_managed_module", False))
         if trainer.is_global_zero:
