@@ -10,7 +10,7 @@ ranks by the strategy (DDP all-reduce, FSDP2 reduce-scatter, DeepSpeed ZeRO).
   reference and reward models (sharding a frozen model only saves memory: its forward all-gathers like
   the policy's).
   Generation runs on the sharded policy: every rank must run the same number of forward passes, so
-  the policy is marked for transformers' ``synced_gpus`` (ranks that finished keep stepping).
+  the policy is marked FSDP-managed and ``HFRollout`` keeps ranks that finished stepping until all have.
 * DDP: critic pretraining runs no policy forward; ``touch`` gives the policy zero gradients so DDP's
   reducer sees every parameter without ``find_unused_parameters`` (the module then drops them).
 * DeepSpeed: one optimizer (actor and critic are parameter groups); gradient clipping belongs to
@@ -82,7 +82,7 @@ def shard_models(module) -> None:
         )
     mesh = fsdp_mesh(module.device_mesh)
     shard(module.policy, mesh)
-    # transformers enables synced_gpus in generate() for modules carrying this flag (its own FSDP2 helper sets it)
+    # HFRollout (and transformers' generate, as synced_gpus) keeps ranks stepping together for modules with this flag
     module.policy._is_fsdp_managed_module = True
     if module.reference is not None:
         shard(module.reference, mesh)
@@ -212,7 +212,7 @@ def hf_zero3_config(trainer):
     """Under DeepSpeed ZeRO-3, the transformers-side config (the caller keeps it alive), else None.
 
     While it lives, ``from_pretrained`` loads weights into ZeRO-3's partitioned parameters and
-    ``generate`` keeps ranks in step (``synced_gpus``), as for FSDP2.
+    ``HFRollout`` keeps ranks in step (``is_deepspeed_zero3_enabled``), as for FSDP2.
     """
     if not uses_deepspeed(trainer) or not trainer.strategy.zero_stage_3:
         return None

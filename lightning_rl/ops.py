@@ -113,22 +113,26 @@ def reverse_scan(x: Tensor, decay: Tensor, chunk: int = 64) -> Tensor:
     """
     x, decay = torch.broadcast_tensors(x.float(), decay.float())
     t_len = x.shape[-1]
-    size = min(chunk, max(t_len, 1))
+    if t_len == 0:
+        return x.clone()
+    size = min(chunk, t_len)
     n = -(-t_len // size)
     pad = n * size - t_len  # zero input and zero decay past the end: nothing flows back from there
-    xs = torch.nn.functional.pad(x, (0, pad)).unflatten(-1, (n, size))  # (..., n, L)
-    ds = torch.nn.functional.pad(decay, (0, pad)).unflatten(-1, (n, size))  # (..., n, L)
+
+    def steps_first(v: Tensor) -> Tensor:  # (..., T) -> (L, ..., n): each step of the sweep reads contiguous memory
+        return torch.nn.functional.pad(v, (0, pad)).unflatten(-1, (n, size)).movedim(-1, 0).contiguous()
+
+    xs, ds = steps_first(x), steps_first(decay)
     local, through = torch.empty_like(xs), torch.empty_like(xs)
-    run, prod = torch.zeros_like(xs[..., 0]), torch.ones_like(xs[..., 0])  # (..., n)
-    for j in reversed(range(size)):  # every chunk at once, zero carry-in
-        run = xs[..., j] + ds[..., j] * run
-        prod = ds[..., j] * prod
-        local[..., j], through[..., j] = run, prod
-    starts = torch.empty_like(xs[..., 0])  # (..., n): y at each chunk's first position
-    carry = torch.zeros_like(xs[..., 0, 0])
-    for i in reversed(range(n)):
-        carry = local[..., i, 0] + through[..., i, 0] * carry
-        starts[..., i] = carry
-    following = torch.nn.functional.pad(starts[..., 1:], (0, 1))  # (..., n): y at the next chunk's start
-    y = local + through * following.unsqueeze(-1)
-    return y.flatten(-2)[..., :t_len]
+    local[-1], through[-1] = xs[-1], ds[-1]
+    for j in range(size - 2, -1, -1):  # every chunk at once, zero carry-in; written in place, no temporaries
+        torch.mul(ds[j], local[j + 1], out=local[j]).add_(xs[j])
+        torch.mul(ds[j], through[j + 1], out=through[j])
+    head_local, head_through = local[0].movedim(-1, 0).contiguous(), through[0].movedim(-1, 0).contiguous()  # (n, ...)
+    starts = torch.empty_like(head_local)  # (n, ...): y at each chunk's first position
+    starts[-1] = head_local[-1]
+    for i in range(n - 2, -1, -1):
+        torch.mul(head_through[i], starts[i + 1], out=starts[i]).add_(head_local[i])
+    following = torch.cat([starts[1:], torch.zeros_like(starts[:1])]).movedim(0, -1)  # (..., n): y at the next chunk's start
+    y = (through * following).add_(local)  # (L, ..., n)
+    return y.movedim(0, -1).flatten(-2)[..., :t_len]

@@ -50,3 +50,17 @@ def test_trailing_padding_changes_no_bit():
 def test_chunk_size_only_regroups_rounding():
     x, decay = torch.randn(6, 777), torch.rand(6, 777)
     torch.testing.assert_close(reverse_scan(x, decay, chunk=5), reverse_scan(x, decay, chunk=200), rtol=1e-5, atol=1e-5)
+
+
+def test_within_one_chunk_the_arithmetic_is_the_fp32_loops_bit_for_bit():
+    x, decay = torch.randn(3, 40), torch.rand(3, 40)
+    out, running = torch.zeros_like(x), torch.zeros_like(x[:, 0])
+    for t in reversed(range(40)):
+        running = x[:, t] + decay[:, t] * running
+        out[:, t] = running
+    assert torch.equal(reverse_scan(x, decay, chunk=64), out)
+
+
+def test_empty_time_or_batch_axes():
+    assert reverse_scan(torch.zeros(3, 0), torch.zeros(3, 0)).shape == (3, 0)
+    assert reverse_scan(torch.zeros(0, 5), torch.zeros(0, 5)).shape == (0, 5)
