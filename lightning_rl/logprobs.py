@@ -10,6 +10,7 @@ under the distribution that actually sampled the tokens (N+ implementation detai
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -95,11 +96,18 @@ def sequence_inputs(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tenso
     return input_ids, attention_mask, position_ids
 
 
-def _accepts(model, name: str) -> bool:
+def forward_accepts(model, name: str) -> bool:
+    """Whether ``model.forward`` takes the keyword ``name`` (e.g. ``logits_to_keep``, ``cache``); read once per forward function."""
+    fn = model.forward
+    return name in _forward_parameters(getattr(fn, "__func__", fn))
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_parameters(fn) -> frozenset[str]:
     try:
-        return name in inspect.signature(model.forward).parameters
+        return frozenset(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return False
+        return frozenset()
 
 
 def _activation_checkpointing(model) -> bool:
@@ -134,11 +142,11 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     r, b = response_ids.shape[1], response_ids.shape[0]
     # transformers drops the cache under activation checkpointing while gradients flow: no sharing then
     checkpointing = torch.is_grad_enabled() and model.training and _activation_checkpointing(model)
-    runs = shared_prompts(prompt_ids, prompt_mask) if _accepts(model, "logits_to_keep") and not checkpointing else None
+    runs = shared_prompts(prompt_ids, prompt_mask) if forward_accepts(model, "logits_to_keep") and not checkpointing else None
     if runs is None:
         input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        if _accepts(model, "logits_to_keep"):
+        if forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = r + 1
         logits = model(**kwargs).logits
         return logits[:, -(r + 1) : -1]  # (B, R, V)
@@ -146,7 +154,7 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     p = prompt_ids.shape[1]
     first = torch.tensor([0] + runs[:-1], device=prompt_ids.device).cumsum(0)  # (U,): the first row of each run
     head = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :p], use_cache=True, logits_to_keep=1)
-    cache_kw = "cache" if _accepts(model, "cache") else "past_key_values"
+    cache_kw = "cache" if forward_accepts(model, "cache") else "past_key_values"
     cache = getattr(head, cache_kw)
     if len(set(runs)) == 1:  # every prompt repeated G times: repeat_interleave, whose backward is a reshape and a sum
         first_logits = head.logits.repeat_interleave(runs[0], dim=0)  # (B, 1, V): predicts response token 0

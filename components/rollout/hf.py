@@ -12,12 +12,11 @@ The weights are the trainer's own, so ``sync_weights`` has nothing to copy.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import RolloutBatch
+from lightning_rl.logprobs import forward_accepts
 
 from .base import Rollout, response_mask_from_eos
 
@@ -90,21 +89,23 @@ class HFRollout(Rollout):
         scores = self._truncation(None, logits / temperature)  # the warpers read only the scores
         return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
 
-    @torch.no_grad()
     def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float, repeats: int = 1):
         """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups.
         Returns response ids (rows, R) right-padded with pad, and the sampler's log-probs (rows, R) or None."""
         per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per chunk
         forward = _Forward(policy)
-        parts = [
-            self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], temperature, repeats)
-            for i in range(0, prompt_ids.shape[0], per_call)
-        ]
-        width = max(ids.shape[1] for ids, _ in parts)
-        response_ids = torch.cat([nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_token_id) for ids, _ in parts])
-        if not self.return_logprobs:
-            return response_ids, None
-        return response_ids, torch.cat([nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in parts])
+        # inference mode skips autograd's version and view bookkeeping on every op; sharded weights keep no_grad, their
+        # all-gathered parameters must stay ordinary tensors
+        with torch.no_grad() if forward.synced else torch.inference_mode():
+            parts = [
+                self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], temperature, repeats)
+                for i in range(0, prompt_ids.shape[0], per_call)
+            ]
+            width = max(ids.shape[1] for ids, _ in parts)
+            response_ids = torch.cat([nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_token_id) for ids, _ in parts])
+            logprobs = torch.cat([nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in parts]) if self.return_logprobs else None
+        # ordinary tensors again: the trainer's forward and loss save these for backward
+        return response_ids.clone(), None if logprobs is None else logprobs.clone()
 
     def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, temperature: float, repeats: int):
         # positions from the mask: with left padding, arange positions would shift each prompt by its padding
@@ -178,10 +179,9 @@ class _Forward:
     """
 
     def __init__(self, policy: nn.Module):
-        params = inspect.signature(policy.forward).parameters
         self.policy = policy
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers 5 renamed the argument
-        self.keep_last = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.cache_kw = "cache" if forward_accepts(policy, "cache") else "past_key_values"  # transformers 5 renamed it
+        self.keep_last = {"logits_to_keep": 1} if forward_accepts(policy, "logits_to_keep") else {}
         self.synced = _sharded(policy)
 
     def prefill(self, ids: Tensor, mask: Tensor, positions: Tensor) -> tuple[Tensor, object]:
