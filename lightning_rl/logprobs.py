@@ -127,6 +127,9 @@ def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> list[int] | None:
     return [b - a for a, b in zip(starts[:-1], starts[1:])]
 
 
+PACKED_ROW_MAX_TOKENS = 1024  # prompt + G responses per packed row; beyond, its dense (P + G R)^2 attention costs more than a call
+
+
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
     """Logits predicting each response token. Shape: (B, R, V).
 
@@ -134,15 +137,21 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     the LM head when the model supports ``logits_to_keep``.
 
     Shared prefix: the samples of a group repeat one prompt, so when consecutive rows share a prompt
-    the prompt runs through the model once per distinct prompt (U rows instead of B), its KV cache is
-    repeated to the B rows, and only the responses run at full batch. Same function, same gradients
-    (the repeat's backward sums each prompt's share over its rows); with G samples per prompt the
-    prompt's forward and backward cost drops G times.
+    the prompt runs through the model once per distinct prompt (U rows instead of B), not G times.
+    Same function, same gradients (each prompt's share is summed over its rows); two layouts:
+
+    * packed (short rows, equal groups, SDPA or eager attention): one row per group holding the prompt
+      and its G responses, with a block mask (each response sees the prompt and itself) and each
+      response's own positions: one model call;
+    * KV cache (otherwise): the prompts' forward, its cache repeated to the B rows, then the responses.
     """
     r, b = response_ids.shape[1], response_ids.shape[0]
-    # transformers drops the cache under activation checkpointing while gradients flow: no sharing then
-    checkpointing = torch.is_grad_enabled() and model.training and _activation_checkpointing(model)
-    runs = shared_prompts(prompt_ids, prompt_mask) if forward_accepts(model, "logits_to_keep") and not checkpointing else None
+    runs = shared_prompts(prompt_ids, prompt_mask) if forward_accepts(model, "logits_to_keep") else None
+    if runs is not None and len(set(runs)) == 1 and _packable(model, prompt_ids.shape[1], r, runs[0]):
+        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0])
+    # transformers drops the cache under activation checkpointing while gradients flow: no cache sharing then
+    if runs is not None and torch.is_grad_enabled() and model.training and _activation_checkpointing(model):
+        runs = None
     if runs is None:
         input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -170,6 +179,48 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
         use_cache=True, **{cache_kw: cache},
     ).logits  # (B, R - 1, V): predicts response tokens 1..R-1
     return torch.cat([first_logits, rest], dim=1)  # (B, R, V)
+
+
+def _packable(model, p: int, r: int, g: int) -> bool:
+    """The packed layout needs a custom 4D mask (SDPA / eager attention take one as is), no sliding window shorter
+    than a response's real context, and a short row (the per-call cost it saves matters most there)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    window = getattr(config, "sliding_window", None)
+    return p + g * r <= PACKED_ROW_MAX_TOKENS and (window is None or window >= p + r)
+
+
+def _packed_group_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, g: int) -> Tensor:
+    """Each group in one row: [prompt | response 1 | ... | response G], one model call. Shapes: (B, P), (B, R) -> (B, R, V).
+
+    Column j attends to column k when k <= j and k is a real prompt token or lies in j's own response
+    (and always to itself, so no row of the mask is empty); response tokens take positions
+    n_prompt + t, as in their own sequence. Padding inside a response is only seen by later padding.
+    """
+    b, p = prompt_ids.shape
+    r, u, device = response_ids.shape[1], b // g, prompt_ids.device
+    length = p + g * r
+    input_ids = torch.cat([prompt_ids[::g], response_ids.reshape(u, g * r)], dim=1)  # (U, L)
+    prompt_valid = prompt_mask[::g].bool()  # (U, P)
+    positions = torch.cat(
+        [(prompt_valid.cumsum(-1) - 1).clamp_min(0), prompt_valid.sum(-1, keepdim=True) + torch.arange(r, device=device).repeat(g)], dim=1
+    )  # (U, L)
+    block = torch.cat([torch.full((p,), -1, device=device), torch.arange(g, device=device).repeat_interleave(r)])  # (L,): -1 = prompt
+    column = torch.arange(length, device=device)
+    causal = column[None, :] <= column[:, None]  # (L, L): key <= query
+    same_response = (block[:, None] == block[None, :]) & (block[:, None] >= 0)  # (L, L)
+    prompt_key = torch.cat([prompt_valid, prompt_valid.new_zeros(u, g * r)], dim=1)  # (U, L)
+    allowed = ((prompt_key[:, None, :] | same_response) & causal) | torch.eye(length, dtype=torch.bool, device=device)  # (U, L, L)
+    if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
+        mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    else:
+        mask = allowed
+    logits = model(input_ids=input_ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False, logits_to_keep=g * r + 1).logits
+    vocab = logits.shape[-1]  # logits: (U, 1 + G R, V), the last prompt column then every response column
+    first = logits[:, :1].expand(u, g, vocab).reshape(b, 1, vocab)  # predicts response token 0 of each of the G rows
+    rest = logits[:, 1:].reshape(u, g, r, vocab)[:, :, : r - 1].reshape(b, r - 1, vocab)  # token t + 1 from column t
+    return torch.cat([first, rest], dim=1)
 
 
 def policy_logprobs(

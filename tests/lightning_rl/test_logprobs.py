@@ -79,13 +79,26 @@ def _full_logits(model, batch):
     return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, -(r + 1) : -1]
 
 
-@pytest.mark.parametrize("runs", [[3, 3], [2, 4]], ids=["equal-groups", "unequal-runs"])
-def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tiny_model_path, runs):
-    """Runs of 2 left-padded prompts, responses right-padded: same log-probs, same parameter gradients."""
-    from lightning_rl.logprobs import response_logits
+LAYOUTS = {  # (runs of identical prompts, attention implementation, longest packed row allowed)
+    "packed-sdpa": ([3, 3], "sdpa", 1024),
+    "packed-eager": ([3, 3], "eager", 1024),
+    "kv-cache": ([3, 3], "sdpa", 0),
+    "kv-cache-unequal-runs": ([2, 4], "sdpa", 1024),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tiny_model_path, layout, monkeypatch):
+    """Runs of 2 left-padded prompts, responses right-padded: same log-probs, same parameter gradients, whichever
+    layout shares the prompt (one packed call per group, or the prompts' KV cache repeated to their rows)."""
+    from lightning_rl import logprobs
     from lightning_rl.models import ModelSpec, load_causal_lm
 
-    model = load_causal_lm(ModelSpec(path=tiny_model_path)).train()
+    runs, attention, max_tokens = LAYOUTS[layout]
+    monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)
+    model = load_causal_lm(ModelSpec(path=tiny_model_path, attn_implementation=attention)).train()
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
     prompts = torch.tensor([[0, 5, 6, 7], [9, 8, 7, 6]]).repeat_interleave(torch.tensor(runs), 0)  # (6, 4)
     torch.manual_seed(0)
     response = torch.randint(3, 15, (6, 5))
@@ -93,13 +106,30 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
     batch = RolloutBatch(prompt_ids=prompts, prompt_mask=(prompts > 0).long(), response_ids=response * response_mask, response_mask=response_mask)
     weights = torch.randn(6, 5) * response_mask
     grads = []
-    for logits_fn in (_full_logits, lambda m, b: response_logits(m, b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)):
+    for logits_fn in (_full_logits, lambda m, b: logprobs.response_logits(m, b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)):
         model.zero_grad()
-        logprobs = sampled_logprobs(logits_fn(model, batch), batch.response_ids) * response_mask
-        (logprobs * weights).sum().backward()
-        grads.append((logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        calls.clear()
+        values = sampled_logprobs(logits_fn(model, batch), batch.response_ids) * response_mask
+        (values * weights).sum().backward()
+        grads.append((values.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert len(calls) == (1 if layout.startswith("packed") else 2)  # the layout under test ran
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-5)
+
+
+def test_packing_needs_a_mask_taking_attention_a_short_row_and_no_shorter_sliding_window(tiny_model_path, monkeypatch):
+    from lightning_rl import logprobs
+    from lightning_rl.models import ModelSpec, load_causal_lm
+
+    model = load_causal_lm(ModelSpec(path=tiny_model_path))
+    assert logprobs._packable(model, p=10, r=20, g=8)  # 170 tokens
+    assert not logprobs._packable(model, p=24, r=126, g=8)  # 24 + 8 x 126 = 1,032 tokens
+    model.config.sliding_window = 16
+    assert not logprobs._packable(model, p=10, r=20, g=8)  # a response's real context (30) exceeds the window
+    model.config.sliding_window = 4096
+    assert logprobs._packable(model, p=10, r=20, g=8)
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")  # varlen kernels take no custom mask
+    assert not logprobs._packable(model, p=10, r=20, g=8)
 
 
 def test_shared_prefix_with_one_response_token(tiny_model_path):
@@ -114,13 +144,17 @@ def test_shared_prefix_with_one_response_token(tiny_model_path):
         torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
 
 
-def test_shared_prefix_is_skipped_under_activation_checkpointing(tiny_model_path):
-    """transformers drops the KV cache in checkpointed layers while training: the full forward must run instead."""
-    from lightning_rl.logprobs import response_logits
+@pytest.mark.parametrize("max_tokens", [1024, 0], ids=["packed", "no-packing"])
+def test_shared_prefix_under_activation_checkpointing(tiny_model_path, max_tokens, monkeypatch):
+    """transformers drops the KV cache in checkpointed layers while training: the packed layout (no cache) still
+    shares the prompt; without it the full forward runs instead."""
+    from lightning_rl import logprobs
     from lightning_rl.models import ModelSpec, load_causal_lm
 
+    monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)
     model = load_causal_lm(ModelSpec(path=tiny_model_path, gradient_checkpointing=True)).train()
     prompts = torch.tensor([[5, 6, 7]]).repeat(3, 1)
     batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), response_ids=torch.tensor([[8, 9], [9, 1], [1, 0]]), response_mask=torch.tensor([[1, 1], [1, 1], [1, 0]]))
-    shared = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    shared = logprobs.response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
+    shared.sum().backward()  # the checkpointed layers recompute and backpropagate
