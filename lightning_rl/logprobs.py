@@ -84,16 +84,20 @@ def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_rows: int | No
     return out.reshape(logits.shape[:-1])
 
 
-def sequence_inputs(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor):
-    """Concatenate left-padded prompts and right-padded responses for one causal forward pass.
+def mask_positions(attention_mask: Tensor) -> Tensor:
+    """Position ids from the attention mask (the running count of real tokens). Shape: (B, T) -> (B, T).
 
-    Position ids come from the attention mask: with left padding, ``arange`` positions would
-    shift every prompt by its padding and the trainer's log-probs would not match the sampler's.
+    With left padding, ``arange`` positions would shift every prompt by its padding and the trainer's
+    log-probs would not match the sampler's.
     """
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def sequence_inputs(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor):
+    """Concatenate left-padded prompts and right-padded responses for one causal forward pass (positions: `mask_positions`)."""
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, P + R)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-    return input_ids, attention_mask, position_ids
+    return input_ids, attention_mask, mask_positions(attention_mask)
 
 
 def forward_accepts(model, name: str) -> bool:
@@ -204,7 +208,7 @@ def _packed_group_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respons
     input_ids = torch.cat([prompt_ids[::g], response_ids.reshape(u, g * r)], dim=1)  # (U, L)
     prompt_valid = prompt_mask[::g].bool()  # (U, P)
     positions = torch.cat(
-        [(prompt_valid.cumsum(-1) - 1).clamp_min(0), prompt_valid.sum(-1, keepdim=True) + torch.arange(r, device=device).repeat(g)], dim=1
+        [mask_positions(prompt_valid), prompt_valid.sum(-1, keepdim=True) + torch.arange(r, device=device).repeat(g)], dim=1
     )  # (U, L)
     block = torch.cat([torch.full((p,), -1, device=device), torch.arange(g, device=device).repeat_interleave(r)])  # (L,): -1 = prompt
     column = torch.arange(length, device=device)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import sequence_inputs
+from lightning_rl.logprobs import mask_positions, sequence_inputs
 from lightning_rl.models import _DTYPES, _load, disable_dropout
 from lightning_rl.ops import all_reduce_sum
 
@@ -46,7 +46,7 @@ def last_token_scores(scorer: nn.Module, input_ids: Tensor, attention_mask: Tens
     """
     backbone, head = scalar_head(scorer)
     if position_ids is None:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+        position_ids = mask_positions(attention_mask)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
     positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last = (positions * attention_mask.long()).argmax(-1)  # (B,)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import forward_accepts
+from lightning_rl.logprobs import forward_accepts, mask_positions
 
 from .base import Rollout, response_mask_from_eos
 
@@ -108,8 +108,7 @@ class HFRollout(Rollout):
         return response_ids.clone(), None if logprobs is None else logprobs.clone()
 
     def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, temperature: float, repeats: int):
-        # positions from the mask: with left padding, arange positions would shift each prompt by its padding
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # (n, P)
+        positions = mask_positions(mask)  # (n, P)
         logits, cache = forward.prefill(ids, mask, positions)  # (n, V)
         if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
             logits = logits.repeat_interleave(repeats, dim=0)  # (b, V)
