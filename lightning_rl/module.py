@@ -32,20 +32,22 @@ from components.surrogate import ClippedSurrogate, Surrogate
 
 from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
-from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models, touch, uses_ddp, uses_deepspeed
+from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
 from .logprobs import policy_logprobs
 from .metrics import PhaseTimer, WeightedMeans
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
-from .ops import all_reduce_sum, explained_variance, group_view, masked_mean, world_size
+from .ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
+from .reporting import IterationReporting
 from .requirements import check_requirements
+from .update import UpdatePhase
 
 FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
 """Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored in checkpoints."""
 
 
-class RLModule(LightningModule):
-    """Reinforcement learning on a causal LM, composed from components (see DESIGN.md)."""
+class RLModule(UpdatePhase, IterationReporting, LightningModule):
+    """Reinforcement learning on a causal LM, composed from components: the phases are listed in this module's docstring."""
 
     def __init__(
         self,
@@ -172,7 +174,7 @@ class RLModule(LightningModule):
             if self.sampling is None:
                 return batch, meta
             keep = self.sampling.keep(batch)
-            metrics.add("sampling/zero_var_groups", _zero_variance_fraction(batch))
+            metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
             kept.append(batch.select(keep))
             kept_meta.append({k: [v for v, flag in zip(vals, keep.tolist()) if flag] for k, vals in meta.items()})
             n_kept = sum(int(torch.unique(b.group_ids).numel()) for b in kept)
@@ -240,7 +242,7 @@ class RLModule(LightningModule):
         if batch.values is not None and returns is not None:
             metrics.add("critic/explained_var", explained_variance(batch.values, returns, mask))
         if batch.old_logprobs is not None and batch.ref_logprobs is not None:
-            metrics.add("kl/ref", _sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask).mean(), batch.batch_size)
+            metrics.add("kl/ref", sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask).mean(), batch.batch_size)
         return batch
 
     def _worth_optimizing(self, batch: RolloutBatch) -> bool:
@@ -252,152 +254,6 @@ class RLModule(LightningModule):
             return True
         warnings.warn(f"iteration {self.global_step}: every advantage is zero (all groups degenerate); skipping the update")
         return False
-
-    def _optimize(self, batch: RolloutBatch, metrics: WeightedMeans) -> int:
-        opt, loop = self.optimizers(), self.loop
-        train_policy = not self.critic_pretraining
-        needs_entropy = any(term.needs_entropy for term in self.loss_terms)
-        t = self.rollout.temperature or 1.0
-        steps, ddp = 0, uses_ddp(self._trainer)
-        for _ in range(loop.ppo_epochs):
-            order = torch.randperm(batch.batch_size, generator=self._shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
-            for index in order.chunk(loop.num_mini_batches):
-                mini = batch.select(index.to(self.device))
-                # the normaliser of the whole mini-batch over all ranks, shared by every micro-batch; DDP then
-                # averages gradients over ranks, hence the division by the world size
-                total = all_reduce_sum(self.aggregator.denominator(mini.loss_mask)) / world_size()
-                policy_loss = critic_loss = torch.zeros((), device=self.device)
-                for micro in mini.split(loop.micro_batch_size):
-                    tokens = micro.loss_mask.sum()
-                    loss = torch.zeros((), device=self.device)
-                    if train_policy:
-                        loss = loss + self._policy_loss(micro, total, tokens, t, needs_entropy, metrics)
-                        policy_loss = policy_loss + loss.detach()
-                    elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
-                        loss = loss + touch(self.policy)
-                    if self.critic is not None:
-                        value_loss, value_metrics = self.critic.loss(self.critic(micro), micro)
-                        value_loss = self.aggregator(value_loss, micro.loss_mask, total)
-                        critic_loss = critic_loss + value_loss.detach()
-                        loss = loss + value_loss
-                        metrics.add_all(value_metrics, tokens)
-                    self.manual_backward(loss)
-                # each rank holds its share of the mini-batch loss; the mean over ranks is the loss itself
-                metrics.add("policy/loss", policy_loss)
-                if self.critic is not None:
-                    metrics.add("critic/loss", critic_loss)
-                self._step(opt, train_policy, metrics)
-                steps += 1
-        return steps
-
-    def _policy_loss(self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans) -> Tensor:
-        logprobs, entropy = policy_logprobs(self.policy, micro, t, with_entropy=True, entropy_grad=needs_entropy, chunk_rows=self.loop.logprob_chunk_rows)
-        if micro.old_logprobs is None:  # on-policy: pi_old is the current policy
-            micro = micro.replace(old_logprobs=logprobs.detach())
-            if micro.ref_logprobs is not None:
-                metrics.add("kl/ref", _sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask).mean(), micro.batch_size)
-        if micro.rollout_logprobs is not None:
-            # over the tokens that count: greedy baseline rows carry untempered sampler log-probs
-            diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.loss_mask
-            metrics.add("rollout/logprob_diff_mean", masked_mean(diff, micro.loss_mask), tokens)
-            metrics.add("rollout/logprob_diff_max", diff.max())
-        per_token, surrogate_metrics = self.surrogate(logprobs, micro)
-        if self.kl is not None:
-            per_token = per_token + self.kl.loss_term(logprobs, micro)
-        for term in self.loss_terms:
-            per_token = per_token + term(logprobs, entropy, micro)
-        metrics.add("policy/entropy", masked_mean(entropy.detach(), micro.loss_mask), tokens)
-        metrics.add_all(surrogate_metrics, tokens)
-        return self.aggregator(per_token, micro.loss_mask, total)
-
-    def _step(self, opt, train_policy: bool, metrics: WeightedMeans) -> None:
-        """Clip each group's gradients on its own, set its scheduled LR, step.
-
-        Under DeepSpeed the engine clips (one global norm, ``gradient_clipping`` in its config)."""
-        deepspeed = uses_deepspeed(self._trainer)
-        for group in opt.param_groups:
-            name = group["name"]
-            cfg = self.optimizer_cfg if name == "policy" else self.critic.optimizer
-            if name == "policy" and not train_policy:
-                for p in group["params"]:
-                    p.grad = None  # no gradients (or DDP's zeros): AdamW skips these parameters, which stay bit-identical
-                continue
-            if cfg.max_grad_norm is not None and not deepspeed:
-                norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.max_grad_norm)
-                metrics.add(f"{name}/grad_norm", norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            group["lr"] = cfg.lr * cfg.lr_factor(self.optimizer_steps[name])
-            self.optimizer_steps[name] += 1
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if deepspeed and self.trainer.strategy.deepspeed_engine.get_global_grad_norm() is not None:
-            metrics.add("policy/grad_norm", torch.as_tensor(float(self.trainer.strategy.deepspeed_engine.get_global_grad_norm())))
-
-    @torch.no_grad()
-    def _update_kl(self, batch: RolloutBatch) -> None:
-        """Adaptive coefficient from the global batch-mean sequence KL (k1 at pi_old), identical on every rank."""
-        seq_kl = _sequence_kl(batch.old_logprobs, batch.ref_logprobs, batch.loss_mask)  # (B,)
-        stats = all_reduce_sum(torch.stack([seq_kl.sum(), torch.tensor(float(batch.batch_size), device=seq_kl.device)]))
-        self.kl.update(stats[0] / stats[1].clamp_min(1), int(stats[1]))
-
-    def _count_iteration(self, optimizer_steps: int) -> None:
-        """Make ``trainer.global_step`` advance by one per RL iteration.
-
-        Lightning counts every ``optimizer.step()``; an iteration takes ppo_epochs x mini-batches of
-        them (and none when skipped), which would make ``max_steps`` and ``every_n_train_steps``
-        jump. The progress counters are saved in checkpoints, so resuming stays consistent.
-        """
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        surplus = optimizer_steps - 1
-        for tracker in (progress.total, progress.current):
-            tracker.ready -= surplus
-            tracker.completed -= surplus
-
-    # ------------------------------------------------------------------ logging
-    def _log_iteration(self, batch: RolloutBatch, meta: dict, metrics: WeightedMeans, timer: PhaseTimer) -> None:
-        sampled = batch.sample_mask if batch.is_greedy is None else (batch.is_greedy == 0).float()
-        lengths = batch.response_lengths.float()
-        metrics.add("reward/mean", masked_mean(batch.scores, sampled), sampled.sum())
-        metrics.add("reward/std", masked_mean((batch.scores - masked_mean(batch.scores, sampled)).square(), sampled).sqrt())
-        metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
-        metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
-        if self.sampling is None and batch.batch_size:  # with dynamic sampling, _collect logs it before filtering
-            metrics.add("sampling/zero_var_groups", _zero_variance_fraction(batch))
-        if self.kl is not None:
-            metrics.add("kl/coef", self.kl.coef.float())
-        values = metrics.compute()
-        values["policy/old_logprobs_recomputed"] = torch.tensor(float(self.recompute_old))
-        seconds = timer.metrics()
-        total = sum(seconds.values())
-        values["throughput/tokens_per_s"] = all_reduce_sum(batch.response_mask.sum().float()) / max(total, 1e-9)
-        values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
-        self._write_metrics({**dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist())), **seconds})
-        if self.trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
-            self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
-        every = self.loop.log_samples_every_n_steps
-        if every and self.global_step % every == 0:
-            self._log_samples(meta, batch)
-
-    def _write_metrics(self, scalars: dict[str, float]) -> None:
-        """Iteration metrics (already reduced over ranks, one host sync for all) straight to the loggers and to
-        ``trainer.callback_metrics`` / ``logged_metrics``. ``self.log`` costs ~1 ms of host time per metric
-        (Lightning's result collection moves and deep-copies each entry), ~20 ms per iteration for these ~25."""
-        trainer = self.trainer
-        tensors = {k: torch.tensor(v) for k, v in scalars.items()}
-        trainer.callback_metrics.update(tensors)
-        trainer.logged_metrics.update(tensors)
-        if trainer.loggers and trainer.log_every_n_steps and self.global_step % trainer.log_every_n_steps == 0:  # Lightning's cadence
-            for logger in trainer.loggers:  # the step Lightning's own logging would use: iterations before this one
-                logger.log_metrics(scalars, step=self.global_step - 1)
-
-    def _log_samples(self, meta: dict, batch: RolloutBatch) -> None:
-        experiment = getattr(self.logger, "experiment", None)
-        if self.global_rank != 0 or not hasattr(experiment, "add_text"):
-            return
-        rows = ["| prompt | completion | score |", "|---|---|---|"]
-        for i in range(min(self.loop.log_samples, batch.batch_size)):
-            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], meta["completions"][i])]
-            rows.append(f"| {cells[0]} | {cells[1]} | {float(batch.scores[i]):.3f} |")
-        experiment.add_text("samples", "\n".join(rows), self.global_step)
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
@@ -436,19 +292,6 @@ class RLModule(LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()
-
-
-def _sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
-    """Per-sample KL(pi || ref) estimate: k1 summed over the sequence (unbiased for the sequence KL). Shape: (B,)."""
-    return ((logprobs - ref_logprobs) * mask).sum(-1)
-
-
-def _zero_variance_fraction(batch: RolloutBatch) -> Tensor:
-    """Fraction of groups whose sampled responses all scored the same (they teach nothing)."""
-    scores = batch.scores if batch.is_greedy is None else batch.scores[batch.is_greedy == 0]
-    groups = batch.group_ids if batch.is_greedy is None else batch.group_ids[batch.is_greedy == 0]
-    grouped = group_view(scores, groups)  # (n_groups, G)
-    return ((grouped.amax(-1) - grouped.amin(-1)) <= 1e-6).float().mean()
 
 
 def _name(component) -> str:

@@ -136,3 +136,16 @@ def reverse_scan(x: Tensor, decay: Tensor, chunk: int = 64) -> Tensor:
     following = torch.cat([starts[1:], torch.zeros_like(starts[:1])]).movedim(0, -1)  # (..., n): y at the next chunk's start
     y = (through * following).add_(local)  # (L, ..., n)
     return y.movedim(0, -1).flatten(-2)[..., :t_len]
+
+
+def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-sample KL(pi || ref) estimate: k1 summed over the sequence (unbiased for the sequence KL). Shape: (B,)."""
+    return ((logprobs - ref_logprobs) * mask).sum(-1)
+
+
+def zero_variance_fraction(scores: Tensor, group_ids: Tensor, is_greedy: Tensor | None) -> Tensor:
+    """Fraction of groups whose sampled responses all scored the same (they teach nothing)."""
+    if is_greedy is not None:
+        scores, group_ids = scores[is_greedy == 0], group_ids[is_greedy == 0]
+    grouped = group_view(scores, group_ids)  # (n_groups, G)
+    return ((grouped.amax(-1) - grouped.amin(-1)) <= 1e-6).float().mean()

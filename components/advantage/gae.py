@@ -6,7 +6,7 @@ Conventions and departures:
 * Terminal state: V(s_{L}) = 0 after the last valid token L - 1, and the recursion stops there.
   ``response_mask`` is a prefix mask (valid tokens, then padding), as every rollout writes it;
   rewards and values at padding are ignored, so padding after the last valid token changes
-  nothing. (The seeds' ch. 6.9 loop masks the bootstrap with the *current* token's mask, which
+  nothing. (A loop that masks the bootstrap with the *current* token's mask, as some textbook versions do,
   lets a nonzero value or reward in the padding leak into the last valid token.)
 * VAPO's lambda = 1 - 1/(alpha * l) is negative for l < 1/alpha (20 tokens at alpha = 0.05); it
   is clamped to [0, 1] (the paper's responses are thousands of tokens long and never reach it).

@@ -25,7 +25,7 @@ class GroupNormalized(AdvantageEstimator):
         A_i =  R_i - mean_g(R)                   scale="none"   (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783)
 
     broadcast to every token of sample i. ``std`` is the population std (divisor G) by default, as
-    in the seeds' worked numbers; ``bessel=True`` takes the sample std (divisor G - 1, torch's
+    in GRPO's worked examples; ``bessel=True`` takes the sample std (divisor G - 1, torch's
     default), which makes |A| smaller by sqrt((G - 1) / G). A group with identical rewards gets
     A = 0 exactly (never 0/0). R_i is the sequence return: the score minus any KL-in-reward.
     """

@@ -23,7 +23,7 @@ class LeaveOneOut(AdvantageEstimator):
     def __init__(self, whiten: Whiten = "none", shift_mean: bool = True):
         """
         Args:
-            whiten: see `AdvantageEstimator` (the seeds advise against a second mean shift here).
+            whiten: see `AdvantageEstimator` (the leave-one-out baseline already centres the returns: a second mean shift is not advised).
             shift_mean: see `AdvantageEstimator`.
         """
         super().__init__(whiten, shift_mean)

@@ -1,0 +1,60 @@
+"""Iteration logging for `RLModule`: metrics reduced over ranks in one host sync, straight to the loggers,
+and a table of sampled completions as TensorBoard text."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import RolloutBatch
+from .metrics import PhaseTimer, WeightedMeans
+from .ops import all_reduce_sum, masked_mean, zero_variance_fraction
+
+
+class IterationReporting:
+    """Logging of one RL iteration, for `RLModule`."""
+
+    def _log_iteration(self, batch: RolloutBatch, meta: dict, metrics: WeightedMeans, timer: PhaseTimer) -> None:
+        sampled = batch.sample_mask if batch.is_greedy is None else (batch.is_greedy == 0).float()
+        lengths = batch.response_lengths.float()
+        metrics.add("reward/mean", masked_mean(batch.scores, sampled), sampled.sum())
+        metrics.add("reward/std", masked_mean((batch.scores - masked_mean(batch.scores, sampled)).square(), sampled).sqrt())
+        metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
+        metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
+        if self.sampling is None and batch.batch_size:  # with dynamic sampling, _collect logs it before filtering
+            metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
+        if self.kl is not None:
+            metrics.add("kl/coef", self.kl.coef.float())
+        values = metrics.compute()
+        values["policy/old_logprobs_recomputed"] = torch.tensor(float(self.recompute_old))
+        seconds = timer.metrics()
+        total = sum(seconds.values())
+        values["throughput/tokens_per_s"] = all_reduce_sum(batch.response_mask.sum().float()) / max(total, 1e-9)
+        values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
+        self._write_metrics({**dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist())), **seconds})
+        if self.trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
+            self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
+        every = self.loop.log_samples_every_n_steps
+        if every and self.global_step % every == 0:
+            self._log_samples(meta, batch)
+
+    def _write_metrics(self, scalars: dict[str, float]) -> None:
+        """Iteration metrics (already reduced over ranks, one host sync for all) straight to the loggers and to
+        ``trainer.callback_metrics`` / ``logged_metrics``. ``self.log`` costs ~1 ms of host time per metric
+        (Lightning's result collection moves and deep-copies each entry), ~20 ms per iteration for these ~25."""
+        trainer = self.trainer
+        tensors = {k: torch.tensor(v) for k, v in scalars.items()}
+        trainer.callback_metrics.update(tensors)
+        trainer.logged_metrics.update(tensors)
+        if trainer.loggers and trainer.log_every_n_steps and self.global_step % trainer.log_every_n_steps == 0:  # Lightning's cadence
+            for logger in trainer.loggers:  # the step Lightning's own logging would use: iterations before this one
+                logger.log_metrics(scalars, step=self.global_step - 1)
+
+    def _log_samples(self, meta: dict, batch: RolloutBatch) -> None:
+        experiment = getattr(self.logger, "experiment", None)
+        if self.global_rank != 0 or not hasattr(experiment, "add_text"):
+            return
+        rows = ["| prompt | completion | score |", "|---|---|---|"]
+        for i in range(min(self.loop.log_samples, batch.batch_size)):
+            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], meta["completions"][i])]
+            rows.append(f"| {cells[0]} | {cells[1]} | {float(batch.scores[i]):.3f} |")
+        experiment.add_text("samples", "\n".join(rows), self.global_step)
