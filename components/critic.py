@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from lightning_rl.batch import RolloutBatch
 from lightning_rl.config import OptimizerConfig
 from lightning_rl.logprobs import sequence_inputs
+from lightning_rl.packing import attention_backend, pack, packable, packed_outputs
 from lightning_rl.models import _DTYPES, _load, disable_dropout
 from lightning_rl.ops import masked_mean
 
@@ -79,10 +80,13 @@ class ValueCritic(nn.Module):
             nn.init.zeros_(self.head.bias)
         disable_dropout(self.backbone)
 
-    def forward(self, batch: RolloutBatch) -> Tensor:
-        """V(s_t) for every response position, fp32. Shape: (B, R)."""
+    def forward(self, batch: RolloutBatch, packed: bool = False) -> Tensor:
+        """V(s_t) for every response position, fp32; ``packed``: padding-free, as one packed row. Shape: (B, R)."""
         if self.backbone is None:
             raise RuntimeError("ValueCritic.build() must run before the critic is used (RLModule.configure_model does it)")
+        if packed and packable(self.backbone, batch.prompt_mask, batch.response_mask):
+            row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(self.backbone))
+            return row.scatter(self.head(packed_outputs(self.backbone, row, hidden=True).float()).squeeze(-1))  # (B, R)
         input_ids, attention_mask, position_ids = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
         r = batch.response_ids.shape[1]

@@ -49,6 +49,9 @@ class LoopConfig:
     """Samples per forward/backward; gradients accumulate over a mini-batch (the loss is exact either way)."""
     forward_batch_size: int = 128
     """Samples per no-grad forward pass (old / reference log-probs, values)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget per micro-batch (prompt + response tokens) for every trainer forward and the update, run
+    padding-free (packed); replaces micro_batch_size and forward_batch_size. None = fixed-size micro-batches."""
     mask_truncated: bool = False
     """Leave responses that hit max_new_tokens without EOS out of the loss (DAPO overlong filtering)."""
     skip_degenerate_batches: bool = True

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .packing import attention_backend, pack, packable, packed_outputs
+
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
 
@@ -234,13 +236,24 @@ def policy_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_rows: int | None = None,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R).
+    """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R), zero on padding.
 
     ``entropy_grad=False`` computes the entropy as a detached metric (no checkpointing cost).
+    ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.packing) when the model
+    allows it; log-probs and entropy are then chunked over the real tokens only.
     """
-    logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
-    logprobs = sampled_logprobs(logits, batch.response_ids, temperature, chunk_rows)
+    if packed and packable(model, batch.prompt_mask, batch.response_mask):
+        row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model))
+        logits = packed_outputs(model, row)  # (N, V)
+        targets = batch.response_ids[row.token_mask]  # (N,)
+        scatter = row.scatter
+    else:
+        logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        targets = batch.response_ids
+        scatter = None
+    logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows)
     entropy = None
     if with_entropy:
         if entropy_grad:
@@ -248,4 +261,6 @@ def policy_logprobs(
         else:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach(), temperature, chunk_rows)
+    if scatter is not None:
+        return scatter(logprobs), None if entropy is None else scatter(entropy)
     return logprobs, entropy

@@ -36,6 +36,7 @@ from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, resto
 from .export import export_info
 from .logprobs import policy_logprobs
 from .metrics import PhaseTimer, WeightedMeans
+from .microbatch import micro_batches, pad_to
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
 from .ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
 from .reporting import IterationReporting
@@ -219,15 +220,16 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         update is on-policy and nothing reads them before the optimize phase: the ratio is 1 there by construction."""
         fields: dict[str, list[Tensor]] = {}
         t = self.rollout.temperature or 1.0
-        for chunk in batch.split(self.loop.forward_batch_size):
+        packed, width = self.loop.max_tokens_per_micro_batch is not None, batch.response_ids.shape[1]
+        for chunk in micro_batches(batch, self.loop.forward_batch_size, self.loop.max_tokens_per_micro_batch):
             if self.recompute_old:
-                fields.setdefault("old_logprobs", []).append(policy_logprobs(self.policy, chunk, t, chunk_rows=self.loop.logprob_chunk_rows)[0])
+                fields.setdefault("old_logprobs", []).append(policy_logprobs(self.policy, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
             if self.reference is not None:
-                fields.setdefault("ref_logprobs", []).append(policy_logprobs(self.reference, chunk, t, chunk_rows=self.loop.logprob_chunk_rows)[0])
+                fields.setdefault("ref_logprobs", []).append(policy_logprobs(self.reference, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
             if self.critic is not None:
-                fields.setdefault("values", []).append(self.critic(chunk).float())
+                fields.setdefault("values", []).append(self.critic(chunk, packed=packed).float())
         mask = batch.response_mask.float()
-        return batch.replace(**{k: torch.cat(v) * mask for k, v in fields.items()})
+        return batch.replace(**{k: torch.cat([pad_to(x, width) for x in v]) * mask for k, v in fields.items()})
 
     def _estimate(self, batch: RolloutBatch, metrics: WeightedMeans) -> RolloutBatch:
         rewards = terminal_rewards(batch.scores, batch.response_mask)

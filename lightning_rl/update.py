@@ -13,6 +13,7 @@ from .batch import RolloutBatch
 from .distributed import touch, uses_ddp, uses_deepspeed
 from .logprobs import policy_logprobs
 from .metrics import WeightedMeans
+from .microbatch import micro_batches
 from .ops import all_reduce_sum, masked_mean, sequence_kl, world_size
 
 
@@ -25,6 +26,7 @@ class UpdatePhase:
         needs_entropy = any(term.needs_entropy for term in self.loss_terms)
         t = self.rollout.temperature or 1.0
         steps, ddp = 0, uses_ddp(self._trainer)
+        packed = loop.max_tokens_per_micro_batch is not None
         for _ in range(loop.ppo_epochs):
             order = torch.randperm(batch.batch_size, generator=self._shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
             for index in order.chunk(loop.num_mini_batches):
@@ -33,7 +35,7 @@ class UpdatePhase:
                 # averages gradients over ranks, hence the division by the world size
                 total = all_reduce_sum(self.aggregator.denominator(mini.loss_mask)) / world_size()
                 policy_loss = critic_loss = torch.zeros((), device=self.device)
-                for micro in mini.split(loop.micro_batch_size):
+                for micro in micro_batches(mini, loop.micro_batch_size, loop.max_tokens_per_micro_batch):
                     tokens = micro.loss_mask.sum()
                     loss = torch.zeros((), device=self.device)
                     if train_policy:
@@ -42,7 +44,7 @@ class UpdatePhase:
                     elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
                         loss = loss + touch(self.policy)
                     if self.critic is not None:
-                        value_loss, value_metrics = self.critic.loss(self.critic(micro), micro)
+                        value_loss, value_metrics = self.critic.loss(self.critic(micro, packed=packed), micro)
                         value_loss = self.aggregator(value_loss, micro.loss_mask, total)
                         critic_loss = critic_loss + value_loss.detach()
                         loss = loss + value_loss
@@ -57,7 +59,10 @@ class UpdatePhase:
         return steps
 
     def _policy_loss(self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans) -> Tensor:
-        logprobs, entropy = policy_logprobs(self.policy, micro, t, with_entropy=True, entropy_grad=needs_entropy, chunk_rows=self.loop.logprob_chunk_rows)
+        logprobs, entropy = policy_logprobs(
+            self.policy, micro, t, with_entropy=True, entropy_grad=needs_entropy, chunk_rows=self.loop.logprob_chunk_rows,
+            packed=self.loop.max_tokens_per_micro_batch is not None,
+        )
         if micro.old_logprobs is None:  # on-policy: pi_old is the current policy
             micro = micro.replace(old_logprobs=logprobs.detach())
             if micro.ref_logprobs is not None:
