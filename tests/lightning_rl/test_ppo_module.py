@@ -122,3 +122,19 @@ def test_vapo_runs_with_its_package(tmp_path, tiny_model_path):
     logged = scalars(tmp_path)
     assert all(m in logged for m in CRITIC_METRICS)
     assert [s for s, _ in logged["critic/loss"]] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_token_budget_packed_iterations_train_like_fixed_micro_batches(tmp_path, tiny_model_path):
+    """Old log-probs, values and the update (2 epochs x 2 mini-batches) in packed token-budget micro-batches:
+    the same losses and the same weights as fixed-size micro-batches."""
+    common = ("--model.critic.init_args.pretrain_steps=0", "--model.rollout.init_args.temperature=3.0", "--seed_everything=3", "--trainer.limit_val_batches=0", *DENSE_REWARD)
+    runs = []
+    for i, extra in enumerate([(), ("--model.loop.max_tokens_per_micro_batch=40",)]):
+        cli, _, snapshots = _fit(tmp_path / str(i), tiny_model_path, "configs/vc_ppo.yaml", 2, *common, *extra)
+        runs.append((scalars(tmp_path / str(i)), snapshots))
+    (fixed, fixed_snaps), (packed, packed_snaps) = runs
+    for tag in ("policy/loss", "critic/loss", "policy/grad_norm"):
+        assert [v for _, v in packed[tag]] == pytest.approx([v for _, v in fixed[tag]], rel=1e-4, abs=1e-6), tag
+    for name, value in fixed_snaps.policy[-1].items():
+        torch.testing.assert_close(packed_snaps.policy[-1][name], value, rtol=0, atol=1e-6)
