@@ -1,7 +1,8 @@
 """`HFRollout`: sampling on the policy itself, a transformers causal LM with its KV cache (the embedded default).
 
 Left-padded prompts; ``group_size`` samples per prompt laid out contiguously. Each prompt is
-prefilled once and its KV cache repeated to its samples; then one token per step for all rows.
+prefilled once and its KV cache repeated to its samples; then one token per step for the rows still
+running (finished rows leave the cache), drawn so that dropping rows does not change the tokens.
 The loop is ours rather than ``model.generate``: it samples exactly what the config says
 (temperature, top-k, top-p through transformers' own warpers; no hidden ``generation_config``
 defaults such as a repetition penalty the trainer would not mirror), and on a small model it
@@ -39,6 +40,7 @@ class HFRollout(Rollout):
         greedy_baseline: bool = False,
         return_logprobs: bool = False,
         generation_batch_size: int | None = None,
+        drop_finished_rows: bool = True,
     ):
         """
         Args:
@@ -54,6 +56,8 @@ class HFRollout(Rollout):
                 sampled token (before top-k/top-p, as SGLang reports them).
             generation_batch_size: sequences sampled together, in whole groups (at least one prompt's
                 group_size samples; None = all at once).
+            drop_finished_rows: stop computing rows whose response has ended (they leave the KV cache once a
+                quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
         """
         if group_size < 1 or max_new_tokens < 1:
             raise ValueError(f"HFRollout: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
@@ -68,6 +72,7 @@ class HFRollout(Rollout):
         self.greedy_baseline = greedy_baseline
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
+        self.drop_finished_rows = drop_finished_rows
         self.provides = Rollout.provides | ({"rollout_logprobs"} if return_logprobs else set()) | (
             {"is_greedy", "sample_mask"} if greedy_baseline else set()
         )
@@ -82,12 +87,20 @@ class HFRollout(Rollout):
     def eos_ids(self) -> list[int]:
         return [self.eos_token_id, *self.stop_token_ids]
 
-    def _pick(self, logits: Tensor, temperature: float) -> Tensor:
-        """Next tokens from fp32 logits. Shape: (b, V) -> (b,)."""
+    def _pick(self, logits: Tensor, temperature: float, rows: Tensor, batch: int) -> Tensor:
+        """Next tokens of the ``rows`` still computed, from their fp32 logits (b, V); pad for the others. Shape: -> (batch,).
+
+        The draw is made for all ``batch`` rows (finished ones on a point mass), so the random numbers each row
+        consumes do not depend on which rows are still computed: dropping finished rows leaves the tokens as they were.
+        """
+        token = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=logits.device)
         if temperature == 0:
-            return logits.argmax(-1)
+            return token.index_put_((rows,), logits.argmax(-1))
         scores = self._truncation(None, logits / temperature)  # the warpers read only the scores
-        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        probs = torch.zeros(batch, logits.shape[-1], device=logits.device)
+        probs[:, self.pad_token_id] = 1.0
+        probs[rows] = torch.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
 
     def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float, repeats: int = 1):
         """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups.
@@ -116,26 +129,35 @@ class HFRollout(Rollout):
         attention = mask.repeat_interleave(repeats, dim=0)  # (b, P + t)
         position = positions[:, -1:].repeat_interleave(repeats, dim=0)  # (b, 1)
         eos = torch.tensor(self.eos_ids, device=ids.device)
-        running = torch.ones(attention.shape[0], dtype=torch.bool, device=ids.device)  # (b,)
+        batch = attention.shape[0]
+        running = torch.ones(batch, dtype=torch.bool, device=ids.device)  # (batch,)
+        rows = torch.arange(batch, device=ids.device)  # (b,): the rows still in the cache (and in logits)
         tokens, logprobs = [], []
         t_logprob = temperature if temperature > 0 else 1.0
         step, done = 0, False
         while True:
             if not done:
-                z = logits.float()
-                token = torch.where(running, self._pick(z, temperature), self.pad_token_id)  # finished rows take pad
+                z = logits.float()  # (b, V)
+                token = torch.where(running, self._pick(z, temperature, rows, batch), self.pad_token_id)  # finished rows take pad
                 tokens.append(token)
                 if self.return_logprobs:
-                    logprobs.append(torch.log_softmax(z / t_logprob, dim=-1).gather(-1, token[:, None]).squeeze(-1))
+                    picked = torch.log_softmax(z / t_logprob, dim=-1).gather(-1, token[rows, None]).squeeze(-1)
+                    logprobs.append(z.new_zeros(batch).index_put_((rows,), picked))
                 running &= ~torch.isin(token, eos)
                 step += 1
-                done = step == self.max_new_tokens or not bool(running.any())  # one host sync per step, as generate's
+                left = int(running.sum())  # one host sync per step, as generate's
+                done = step == self.max_new_tokens or left == 0
+                if not done and self.drop_finished_rows and not forward.synced and left <= 0.75 * rows.shape[0]:
+                    # a quarter of the computed rows has finished: copy the cache once without them
+                    keep = running[rows].nonzero().squeeze(1)  # (b',) positions in the cache
+                    cache.reorder_cache(keep)
+                    rows, attention, position = rows[keep], attention[keep], position[keep]
             if not forward.any_rank_running(not done):
                 break
             attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
             position = position + 1
-            logits = forward.step(token, attention, position, cache)
-        response_ids = torch.stack(tokens, dim=1)  # (b, R)
+            logits = forward.step(token[rows], attention, position, cache)
+        response_ids = torch.stack(tokens, dim=1)  # (batch, R)
         return response_ids, (torch.stack(logprobs, dim=1) if self.return_logprobs else None)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:

@@ -129,3 +129,24 @@ def test_top_k_restricts_every_draw_to_the_k_most_likely_tokens(tiny_model_path,
     top2 = logits.topk(2, dim=-1).indices  # (P, 2)
     assert bool((first[..., None] == top2[:, None, :]).any(-1).all())
     assert len(set(first.flatten().tolist())) > 1  # at temperature 5 both of a prompt's two tokens are drawn
+
+
+def test_dropping_finished_rows_keeps_the_tokens_and_computes_fewer_rows(tiny_model_path, tokenizer):
+    """Same seed with and without dropping finished rows: same tokens and sampler log-probs; fewer rows computed."""
+    results = []
+    for drop in (False, True):
+        model, rollout, ids, mask = _setup(
+            tiny_model_path, tokenizer, group_size=6, max_new_tokens=40, temperature=1.5, return_logprobs=True, drop_finished_rows=drop,
+        )  # fmt: skip
+        rows = []
+        model.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        torch.manual_seed(0)
+        batch = rollout.generate(ids, mask, model)
+        results.append((batch, sum(rows[1:])))  # the decoding steps after the prefill
+    (kept, kept_rows), (dropped, dropped_rows) = results
+    lengths = kept.response_lengths
+    assert lengths.max() >= 4 * lengths.min()  # ragged enough for dropping to matter
+    assert torch.equal(dropped.response_ids, kept.response_ids) and torch.equal(dropped.response_mask, kept.response_mask)
+    torch.testing.assert_close(dropped.rollout_logprobs, kept.rollout_logprobs, rtol=1e-5, atol=1e-6)
+    assert dropped_rows < 0.8 * kept_rows
+    assert dropped_rows >= int(lengths.sum()) - lengths.numel()  # every running row was computed at every step
