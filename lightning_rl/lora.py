@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
+_PEFT_PREFIX = "base_model.model."  # where PeftModel keeps the wrapped model: its adapter files name weights from there
 
 
 @dataclass
@@ -150,7 +151,7 @@ def frozen_base_names(module) -> set[str]:
 
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter weights in peft's file layout (``adapter_model.safetensors`` keys)."""
+    """The adapter weights, named from ``model`` without the adapter name (``...q_proj.lora_A.weight``)."""
     from peft import get_peft_model_state_dict
 
     return get_peft_model_state_dict(model, adapter_name=ADAPTER)
@@ -169,4 +170,4 @@ def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | N
         config.base_model_name_or_path = base_path
     config.save_pretrained(directory)
     state = adapter_state(model) if state is None else state
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors")
+    save_file({_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors")
