@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .lora import LoraSpec, is_lora
+from .lora import LoraSpec, is_lora, merged_state_dict
 
 POLICY, CRITIC = "policy.", "critic."
 
@@ -155,26 +155,15 @@ def _load_adapters(model: torch.nn.Module, trained: dict[str, Tensor], what: str
         raise ValueError(f"{what}: the checkpoint's adapters do not fit the LoRA spec recorded with them: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-def _merged(model: torch.nn.Module) -> dict[str, Tensor]:
-    """``W + (alpha / r) B A`` folded into every adapted layer (peft's ``merge``); the plain transformers state dict."""
-    from peft.tuners.lora import LoraLayer
-
-    with torch.no_grad():
-        for layer in model.modules():
-            if isinstance(layer, LoraLayer):
-                layer.merge()
-    return {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items() if ".lora_" not in k}
-
-
 def merge_adapters(state: dict[str, Tensor], info: dict[str, Any]) -> dict[str, Tensor]:
     """An ``RLModule`` state dict with full weights: LoRA models' adapters merged into their reloaded bases."""
     state = dict(state)
     if info["policy"].get("lora") is not None:
         policy = _lora_policy(info["policy"], _strip(state, POLICY))
-        state = {k: v for k, v in state.items() if not k.startswith(POLICY)} | {POLICY + k: v for k, v in _merged(policy).items()}
+        state = {k: v for k, v in state.items() if not k.startswith(POLICY)} | {POLICY + k: v for k, v in merged_state_dict(policy).items()}
     if "lora" in info.get("critic", {}):
         critic = _lora_critic(info["critic"], info["policy"]["path"], _strip(state, CRITIC))
-        state = {k: v for k, v in state.items() if not k.startswith(CRITIC)} | {CRITIC + k: v for k, v in _merged(critic).items()}
+        state = {k: v for k, v in state.items() if not k.startswith(CRITIC)} | {CRITIC + k: v for k, v in merged_state_dict(critic).items()}
     return state
 
 

@@ -171,3 +171,24 @@ def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | N
     config.save_pretrained(directory)
     state = adapter_state(model) if state is None else state
     save_file({_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors")
+
+
+def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The plain transformers state dict of a LoRA ``model``: ``W + (alpha / rank) B A`` for every adapted layer.
+
+    ``state``: ``model``'s state dict already gathered (unsharded) by the caller; default ``model.state_dict()``.
+    The model itself is left untouched (its adapters keep training).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    state = model.state_dict() if state is None else state
+    merged = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    with torch.no_grad():
+        for name, layer in model.named_modules():
+            if not isinstance(layer, LoraLayer) or ADAPTER not in layer.lora_A:
+                continue
+            a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]  # (r, in), (out, r)
+            delta = (b.float() @ a.float()) * layer.scaling[ADAPTER]  # (out, in)
+            weight = merged[f"{name}.weight"]
+            merged[f"{name}.weight"] = (weight.float() + (delta.T if layer.fan_in_fan_out else delta)).to(weight.dtype)
+    return merged
