@@ -40,6 +40,8 @@ class LoraSpec:
     """Dropout on the adapter's input; above 0 the same policy gives two different log-probs (ratio != 1 before an update)."""
     target_modules: list[str] | str = "all-linear"
     """Module names (suffixes, e.g. ``[q_proj, v_proj]``), a regex, or ``all-linear`` (every linear layer but the output head)."""
+    init_seed: int = 0
+    """Seed of A's random initialisation, drawn apart from the global random state: every rank and every run starts from the same adapters."""
 
 
 def apply_lora(model: nn.Module, spec: LoraSpec, what: str) -> nn.Module:
@@ -51,7 +53,9 @@ def apply_lora(model: nn.Module, spec: LoraSpec, what: str) -> nn.Module:
         raise ValueError(f"{what}.lora.rank must be >= 1, got {spec.rank}")
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.target_modules, bias="none")
     try:
-        get_peft_model(model, config, adapter_name=ADAPTER)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.init_seed)
+            get_peft_model(model, config, adapter_name=ADAPTER)
     except (ValueError, TypeError) as err:
         linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(

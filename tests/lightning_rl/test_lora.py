@@ -177,3 +177,15 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
     with torch.no_grad():
         values = exported(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -5:-1, 0] * batch.response_mask
         torch.testing.assert_close(values, module.critic(batch), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(tmp_path, tiny_model_path):
+    from .test_distributed import SEEDED, assert_same_training, launch, no_checkpoints, one_process, probe_args
+
+    extra = [*SEEDED, *LORA, *WITH_KL, *no_checkpoints()]
+    one = one_process("configs/grpo.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
+    two = launch("configs/grpo.yaml", [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/ddp.yaml"])
+    assert_same_training(one, two)
+    assert any(".lora_B" in k for k in two["state"]) and any(abs(loss) > 1e-4 for loss in two["losses"])
+    assert not any(".base_layer." in k for k in two["state"])  # trainable state only: the adapters
