@@ -179,13 +179,22 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
         torch.testing.assert_close(values, module.critic(batch), rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow
-def test_ddp_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(tmp_path, tiny_model_path):
-    from .test_distributed import SEEDED, assert_same_training, launch, no_checkpoints, one_process, probe_args
+@pytest.fixture(scope="module")
+def one_process_lora(tmp_path_factory, tiny_model_path) -> dict:
+    from .test_distributed import SEEDED, no_checkpoints, one_process, probe_args
 
-    extra = [*SEEDED, *LORA, *WITH_KL, *no_checkpoints()]
-    one = one_process("configs/grpo.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
-    two = launch("configs/grpo.yaml", [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/ddp.yaml"])
-    assert_same_training(one, two)
+    return one_process("configs/grpo.yaml", [*probe_args(tmp_path_factory.mktemp("lora-1"), tiny_model_path, 1, 4), *SEEDED, *LORA, *WITH_KL, *no_checkpoints()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(tmp_path, tiny_model_path, one_process_lora, strategy):
+    """DDP, and FSDP2 (adapters and frozen base sharded alike; the reference is the sharded policy with adapters off)."""
+    from .test_distributed import SEEDED, assert_same_training, launch, no_checkpoints, probe_args
+
+    extra = [*SEEDED, *LORA, *WITH_KL, *no_checkpoints(), "--config", f"configs/strategy/{strategy}.yaml"]
+    two = launch("configs/grpo.yaml", [*probe_args(tmp_path, tiny_model_path, 2, 2), *extra])
+    assert_same_training(one_process_lora, two)
+    assert two["sharded"] == (["policy"] if strategy == "fsdp" else [])
     assert any(".lora_B" in k for k in two["state"]) and any(abs(loss) > 1e-4 for loss in two["losses"])
     assert not any(".base_layer." in k for k in two["state"])  # trainable state only: the adapters
