@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from lightning_rl.batch import RolloutBatch
 from lightning_rl.config import OptimizerConfig
 from lightning_rl.logprobs import sequence_inputs
-from lightning_rl.packing import attention_backend, pack, packable, packed_outputs
+from lightning_rl.lora import LoraSpec, apply_lora, is_lora
 from lightning_rl.models import _DTYPES, _load, disable_dropout
 from lightning_rl.ops import masked_mean
+from lightning_rl.packing import attention_backend, pack, packable, packed_outputs
 
 
 class ValueCritic(nn.Module):
@@ -35,6 +36,7 @@ class ValueCritic(nn.Module):
         value_clip: float | None = None,
         pretrain_steps: int = 0,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5),
+        lora: LoraSpec | None = None,
     ):
         """
         Args:
@@ -46,18 +48,28 @@ class ValueCritic(nn.Module):
             pretrain_steps: RL iterations at the start during which only the critic learns and the
                 policy is left untouched (value pretraining, VC-PPO, Yuan et al. 2025, arXiv:2503.01491).
             optimizer: the critic's own AdamW settings (LR, schedule, gradient clipping).
+            lora: train low-rank adapters on a frozen backbone (the value head always trains). Initialised
+                from a LoRA policy in the same dtype, the backbone's frozen weights are the policy's own
+                tensors (no copy); otherwise the backbone is loaded on its own.
         """
         super().__init__()
         if init_from == "path" and not path:
             raise ValueError("ValueCritic: init_from='path' needs model.critic.init_args.path")
         self.init_from, self.path, self.dtype = init_from, path, dtype
-        self.value_clip, self.pretrain_steps, self.optimizer = value_clip, pretrain_steps, optimizer
+        self.value_clip, self.pretrain_steps, self.optimizer, self.lora = value_clip, pretrain_steps, optimizer, lora
         self.backbone: nn.Module | None = None
         self.head: nn.Linear | None = None
 
-    def build(self, policy_path: str, reward_model_path: str | None = None) -> None:
-        """Load the backbone and create the head once (idempotent)."""
+    def build(self, policy_path: str, reward_model_path: str | None = None, policy: nn.Module | None = None) -> None:
+        """Load the backbone and create the head once (idempotent). ``policy``: the live policy, whose frozen
+        base a LoRA critic shares when that is exact."""
         if self.backbone is not None:
+            return
+        if self.lora is not None and self.init_from == "policy" and is_lora(policy) and policy.dtype == _DTYPES[self.dtype]:
+            self.backbone = apply_lora(shared_backbone(policy), self.lora, "model.critic.init_args")
+            self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=torch.float32)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
             return
         from transformers import AutoModel, AutoModelForSequenceClassification
 
@@ -79,6 +91,8 @@ class ValueCritic(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         disable_dropout(self.backbone)
+        if self.lora is not None:
+            apply_lora(self.backbone, self.lora, "model.critic.init_args")
 
     def forward(self, batch: RolloutBatch, packed: bool = False) -> Tensor:
         """V(s_t) for every response position, fp32; ``packed``: padding-free, as one packed row. Shape: (B, R)."""
@@ -108,3 +122,18 @@ class ValueCritic(nn.Module):
         else:
             metrics["critic/clipfrac"] = torch.zeros((), device=values.device)
         return 0.5 * loss, metrics
+
+
+def shared_backbone(policy: nn.Module) -> nn.Module:
+    """A fresh transformer body (the policy's architecture without its LM head) whose weights and buffers are the
+    LoRA policy's frozen base tensors themselves: one copy in memory, exact since neither side changes them."""
+    inner = getattr(policy, policy.base_model_prefix)  # e.g. LlamaModel inside LlamaForCausalLM, adapters injected
+    base_params = {n.replace(".base_layer.", "."): p for n, p in inner.named_parameters() if ".lora_" not in n}
+    with torch.device("meta"):
+        backbone = type(inner)(inner.config)
+    backbone.load_state_dict(base_params, strict=True, assign=True)
+    for name, buffer in inner.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        module = backbone.get_submodule(owner)
+        module.register_buffer(leaf, buffer, persistent=leaf not in module._non_persistent_buffers_set)
+    return disable_dropout(backbone.eval())

@@ -9,6 +9,11 @@ Output folders (each loads with ``from_pretrained``):
 * ``critic/`` (presets with a ``ValueCritic``): ``AutoModelForTokenClassification`` with one label; its
   logit at position ``t`` is V(s) read from that position's hidden state (the critic's backbone
   becomes the base model, its value head the ``score`` layer, in the backbone's dtype).
+* LoRA runs: the checkpoint holds the adapters only; the base is reloaded from its recorded path
+  (checked against the weight fingerprint stored with the adapters) and the adapters are merged into
+  it, so ``policy/`` and ``critic/`` are full models as above. ``--adapter_only`` writes the adapters
+  instead: ``policy/`` loads with ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "policy")``;
+  ``critic/`` holds the backbone's adapter and ``value_head.safetensors``.
 * ``reward_model/`` (checkpoints of the reward-model trainer, ``lightning_rl.reward_model``):
   ``AutoModelForSequenceClassification`` + tokenizer.
 
@@ -30,6 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .lora import LoraSpec, is_lora, merged_state_dict
+
 POLICY, CRITIC = "policy.", "critic."
 
 
@@ -38,8 +45,15 @@ def export_info(module) -> dict[str, Any]:
     info: dict[str, Any] = {
         "policy": {"config": module.policy.config.to_dict(), "tokenizer": module.policy_spec.path, **dataclasses.asdict(module.policy_spec)},
     }
-    if module.critic is not None and module.critic.backbone is not None:
-        info["critic"] = {"config": module.critic.backbone.config.to_dict()}
+    if is_lora(module.policy):
+        info["policy"]["base_fingerprint"] = module.policy.lora_base_fingerprint
+    critic = module.critic
+    if critic is not None and critic.backbone is not None:
+        info["critic"] = {"config": critic.backbone.config.to_dict()}
+        if is_lora(critic.backbone):
+            reward_path = getattr(module.reward, "path", None)
+            info["critic"].update(init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora))
+            info["critic"].update(reward_path=reward_path, base_fingerprint=critic.backbone.lora_base_fingerprint)
     return info
 
 
@@ -85,6 +99,7 @@ def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | 
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     policy_info = info["policy"]
+    state = merge_adapters(state, info)
     policy = _build(AutoModelForCausalLM, _config(policy_info["config"]), _cast(_strip(state, POLICY), dtype), "policy")
     written["policy"] = out_dir / "policy"
     policy.save_pretrained(written["policy"])
@@ -103,6 +118,74 @@ def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | 
         written["critic"] = out_dir / "critic"
         critic.save_pretrained(written["critic"])
         tok.save_pretrained(written["critic"])
+    return written
+
+
+def _lora_policy(policy_info: dict[str, Any], adapters: dict[str, Tensor]):
+    """The policy's base, reloaded from its recorded path and checked, with the trained adapters loaded into it."""
+    from .lora import check_base
+    from .models import ModelSpec, load_causal_lm
+
+    fields = {f.name for f in dataclasses.fields(ModelSpec)}
+    spec = ModelSpec(**{**{k: v for k, v in policy_info.items() if k in fields}, "lora": LoraSpec(**policy_info["lora"])})
+    model = load_causal_lm(spec, "policy (the adapters' base, recorded in the checkpoint)")
+    check_base(policy_info.get("base_fingerprint"), model, "the checkpoint's policy", spec.path)
+    _load_adapters(model, adapters, "policy")
+    return model
+
+
+def _lora_critic(critic_info: dict[str, Any], policy_path: str, trained: dict[str, Tensor]):
+    """The critic's backbone reloaded (as ``ValueCritic.build`` does) with its adapters and value head loaded."""
+    from components.critic import ValueCritic
+
+    from .lora import check_base
+
+    critic = ValueCritic(init_from=critic_info["init_from"], path=critic_info["path"], dtype=critic_info["dtype"], lora=LoraSpec(**critic_info["lora"]))
+    critic.build(policy_path, critic_info.get("reward_path"))
+    check_base(critic_info.get("base_fingerprint"), critic.backbone, "the checkpoint's critic", str(critic_info["path"] or critic_info["init_from"]))
+    _load_adapters(critic, trained, "critic")
+    return critic
+
+
+def _load_adapters(model: torch.nn.Module, trained: dict[str, Tensor], what: str) -> None:
+    missing, unexpected = model.load_state_dict(trained, strict=False)
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    missing = [k for k in missing if k not in frozen]
+    if missing or unexpected:
+        raise ValueError(f"{what}: the checkpoint's adapters do not fit the LoRA spec recorded with them: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def merge_adapters(state: dict[str, Tensor], info: dict[str, Any]) -> dict[str, Tensor]:
+    """An ``RLModule`` state dict with full weights: LoRA models' adapters merged into their reloaded bases."""
+    state = dict(state)
+    if info["policy"].get("lora") is not None:
+        policy = _lora_policy(info["policy"], _strip(state, POLICY))
+        state = {k: v for k, v in state.items() if not k.startswith(POLICY)} | {POLICY + k: v for k, v in merged_state_dict(policy).items()}
+    if "lora" in info.get("critic", {}):
+        critic = _lora_critic(info["critic"], info["policy"]["path"], _strip(state, CRITIC))
+        state = {k: v for k, v in state.items() if not k.startswith(CRITIC)} | {CRITIC + k: v for k, v in merged_state_dict(critic).items()}
+    return state
+
+
+def export_adapters(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, tokenizer: str | None = None) -> dict[str, Path]:
+    """Write the LoRA adapters alone: ``policy/`` (peft adapter + tokenizer) and, for a LoRA critic, ``critic/``."""
+    from safetensors.torch import save_file
+
+    from .lora import save_adapter
+    from .models import load_tokenizer
+
+    if info["policy"].get("lora") is None:
+        raise ValueError("--adapter_only: this checkpoint's policy was trained without LoRA (model.policy.lora is null); export it without --adapter_only")
+    out_dir = Path(out_dir)
+    policy_info = info["policy"]
+    written = {"policy": out_dir / "policy"}
+    save_adapter(_lora_policy(policy_info, _strip(state, POLICY)), written["policy"], base_path=policy_info["path"])
+    load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)").save_pretrained(written["policy"])
+    if "lora" in info.get("critic", {}):
+        critic = _lora_critic(info["critic"], policy_info["path"], _strip(state, CRITIC))
+        written["critic"] = out_dir / "critic"
+        save_adapter(critic.backbone, written["critic"])
+        save_file({k: v.detach().contiguous() for k, v in critic.head.state_dict().items()}, written["critic"] / "value_head.safetensors")
     return written
 
 
@@ -147,12 +230,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     raise ValueError(f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)")
 
 
-def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None = None, tokenizer: str | None = None) -> dict[str, Path]:
-    """Export every trained model in a checkpoint; returns {name: folder}."""
+def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None = None, tokenizer: str | None = None, adapter_only: bool = False) -> dict[str, Path]:
+    """Export every trained model in a checkpoint (or, with ``adapter_only``, its LoRA adapters); returns {name: folder}."""
     from .models import _DTYPES
 
     torch_dtype = _DTYPES[dtype] if dtype else None
     checkpoint = load_checkpoint(path)
+    if "hf_export" in checkpoint and adapter_only:
+        return export_adapters(checkpoint["state_dict"], checkpoint["hf_export"], out_dir, tokenizer)
     if "hf_export" in checkpoint:
         return export_state(checkpoint["state_dict"], checkpoint["hf_export"], out_dir, torch_dtype, tokenizer)
     if "path" in (checkpoint.get("hyper_parameters") or {}) and any(k.startswith("model.") for k in checkpoint["state_dict"]):
@@ -166,8 +251,9 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     parser.add_argument("out_dir", help="writes policy/ (and critic/, or reward_model/) here")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights (default: as trained)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: the policy's path recorded in the checkpoint)")
+    parser.add_argument("--adapter_only", action="store_true", help="LoRA runs: write the adapters (peft format) instead of merged full models")
     args = parser.parse_args(argv)
-    written = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer)
+    written = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer, args.adapter_only)
     for name, folder in written.items():
         print(f"{name}: {folder}")
     return written

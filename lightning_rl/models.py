@@ -10,6 +10,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .lora import LoraSpec, apply_lora
+
 TINY_MODEL_PATH = str(Path(__file__).parent / "assets" / "tiny-arith")
 """The embedded default policy: a small causal LM trained on the built-in arithmetic task (scripts/make_tiny_model.py)."""
 
@@ -28,6 +30,9 @@ class ModelSpec:
     attn_implementation: str | None = None
     """e.g. ``sdpa``, ``eager``, ``flash_attention_2``; None lets transformers choose."""
     gradient_checkpointing: bool = False
+    lora: LoraSpec | None = None
+    """Train low-rank adapters instead of every weight (None = full fine-tuning); a LoRA policy without a
+    ``reference`` scores reference log-probs with its adapters switched off (no second model)."""
 
 
 def check_model_path(path: str, what: str) -> None:
@@ -87,4 +92,7 @@ def load_causal_lm(spec: ModelSpec, what: str = "model.policy"):
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True  # generation needs the KV cache; trainer passes use_cache=False itself
-    return disable_dropout(model)
+    disable_dropout(model)
+    if spec.lora is not None:  # after disable_dropout: the adapters' own dropout is the spec's choice
+        apply_lora(model, spec.lora, what)
+    return model

@@ -35,6 +35,7 @@ from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
 from .logprobs import policy_logprobs
+from .lora import base_fingerprints, check_bases, frozen_base_names, reference_is_base, reference_model
 from .metrics import PhaseTimer, WeightedMeans
 from .microbatch import micro_batches, pad_to
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
@@ -95,6 +96,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
         self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize
+        self.reference_is_base = reference_is_base(policy, reference, self.needs)  # LoRA: adapters off, no second model
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
         self.tokenizer = None
@@ -110,10 +112,10 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.tokenizer = load_tokenizer(self.policy_spec.path)
         self._hf_zero3 = hf_zero3_config(self._trainer)  # DeepSpeed ZeRO-3: models load into partitioned parameters
         self.policy = load_causal_lm(self.policy_spec)
-        if "ref_logprobs" in self.needs:
+        if "ref_logprobs" in self.needs and not self.reference_is_base:
             self.reference = freeze(load_causal_lm(self.reference_spec or self.policy_spec, "model.reference"))
         if self.critic is not None:
-            self.critic.build(self.policy_spec.path, getattr(self.reward, "path", None))
+            self.critic.build(self.policy_spec.path, getattr(self.reward, "path", None), policy=self.policy)
         for component in {id(c): c for c in (self.rollout, self.reward, self.val_reward)}.values():
             component.setup(self.tokenizer)
         if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh (lightning_rl.distributed)
@@ -224,8 +226,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         for chunk in micro_batches(batch, self.loop.forward_batch_size, self.loop.max_tokens_per_micro_batch):
             if self.recompute_old:
                 fields.setdefault("old_logprobs", []).append(policy_logprobs(self.policy, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
-            if self.reference is not None:
-                fields.setdefault("ref_logprobs", []).append(policy_logprobs(self.reference, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
+            if self.reference is not None or self.reference_is_base:
+                with reference_model(self) as reference:
+                    fields.setdefault("ref_logprobs", []).append(policy_logprobs(reference, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
             if self.critic is not None:
                 fields.setdefault("values", []).append(self.critic(chunk, packed=packed).float())
         mask = batch.response_mask.float()
@@ -276,17 +279,21 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         state = checkpoint.get("state_dict", {})
         # frozen parameters only: buffers under these prefixes are state (RewardModel's running score statistics)
         frozen = {name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad}
-        for key in [k for k in state if k.startswith(FROZEN_PREFIXES) and k in frozen]:
+        lora_base = frozen_base_names(self)  # LoRA: the frozen base is reloaded from its path too
+        for key in [k for k in state if (k.startswith(FROZEN_PREFIXES) and k in frozen) or k in lora_base]:
             del state[key]
         checkpoint["rng"] = gather_rng_states(self._rng, {"shuffle": self._shuffle})
         checkpoint["optimizer_steps"] = dict(self.optimizer_steps)
         checkpoint["hf_export"] = export_info(self)  # architecture + tokenizer for `lightning-rl export`
+        checkpoint["lora_base"] = base_fingerprints(self)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict")
+        check_bases(checkpoint.get("lora_base"), self)
         if state is not None:
+            lora_base = frozen_base_names(self)
             for key, value in self.state_dict().items():
-                if key.startswith(FROZEN_PREFIXES):
+                if key.startswith(FROZEN_PREFIXES) or key in lora_base:
                     state.setdefault(key, value)
         self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
         if checkpoint.get("rng"):

@@ -76,6 +76,7 @@ def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
     from lightning_rl.cli import main
+    from lightning_rl.lora import is_lora, merged_state_dict
     from lightning_rl.models import ModelSpec, load_causal_lm
 
     cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path))])
@@ -88,7 +89,8 @@ def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
         assert "critic/loss" in logged
     else:
         initial = load_causal_lm(ModelSpec(path=tiny_model_path)).state_dict()
-        assert any(not torch.equal(v, initial[k]) for k, v in module.policy.state_dict().items())
+        current = merged_state_dict(module.policy) if is_lora(module.policy) else module.policy.state_dict()  # LoRA: adapters folded in
+        assert any(not torch.equal(v, initial[k]) for k, v in current.items())
         assert "policy/loss" in logged
     bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
     assert not bad, bad

@@ -41,10 +41,11 @@ def sampling_params(n: int, temperature: float, top_p: float, top_k: int, max_ne
     }
 
 
-def generate(client: SGLangClient, url: str, input_ids: list[int], params: dict, weight_version: int) -> list[Sample]:
+def generate(client: SGLangClient, url: str, input_ids: list[int], params: dict, weight_version: int, lora_name: str | None = None) -> list[Sample]:
     """The ``params["n"]`` samples of one prompt; aborted requests are sent again (they count as retries).
 
     ``weight_version > 0``: every answer must come from that version (a server that missed an update fails loudly).
+    ``lora_name``: the LoRA adapter to sample with (a server that does not hold it refuses the request).
     """
     n = params["n"]
 
@@ -56,7 +57,10 @@ def generate(client: SGLangClient, url: str, input_ids: list[int], params: dict,
         if aborted:
             raise Retry(f"request aborted by the server ({aborted[0].get('message')})")
 
-    answer = client.request(url, "/generate", {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}, check=check)
+    body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+    if lora_name is not None:  # sample with this loaded adapter (its name carries the version)
+        body["lora_path"] = lora_name
+    answer = client.request(url, "/generate", body, check=check)
     return [_parse(url, item, weight_version) for item in (answer if isinstance(answer, list) else [answer])]
 
 

@@ -22,12 +22,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_rl.batch import RolloutBatch
+from lightning_rl.lora import is_lora
 
 from ..base import Rollout
 from .client import SGLangClient
 from .generation import Sample, generate, sampling_params, to_batch
 from .server import LaunchedServer
-from .weights import flush_caches, push_from_disk, push_tensors, rank, save_checkpoint
+from .weights import flush_caches, push_adapter, push_from_disk, push_tensors, rank, save_adapter_version, save_checkpoint
 
 
 class SGLangRollout(Rollout):
@@ -61,6 +62,7 @@ class SGLangRollout(Rollout):
         release_memory: bool = False,
         sync_before_first_rollout: bool = True,
         launch_timeout_s: float = 900.0,
+        lora_sync: Literal["adapter", "merged"] = "adapter",
     ):
         """
         Args:
@@ -92,6 +94,9 @@ class SGLangRollout(Rollout):
             sync_before_first_rollout: push the policy's weights before the first rollout, so a server
                 started from another checkpoint (or a resumed run) samples from the trained policy.
             launch_timeout_s: seconds to wait for a launched server to answer ``/health_generate``.
+            lora_sync: for a LoRA policy, push the adapter alone (``adapter``: written to ``weight_dir`` and
+                loaded with ``/load_lora_adapter``; the server needs ``enable_lora``, ``max_lora_rank`` and
+                ``lora_target_modules``) or the base with the adapters merged in (``merged``: as ``weight_sync``).
         """
         if (base_url is None) == (launch is None):
             raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
@@ -101,6 +106,8 @@ class SGLangRollout(Rollout):
             raise ValueError(f"SGLangRollout: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
         if weight_sync not in ("disk", "tensor"):
             raise ValueError(f"SGLangRollout: weight_sync must be 'disk' or 'tensor', got {weight_sync!r}")
+        if lora_sync not in ("adapter", "merged"):
+            raise ValueError(f"SGLangRollout: lora_sync must be 'adapter' or 'merged', got {lora_sync!r}")
         if max_retries < 0 or max_concurrency < 1:
             raise ValueError(f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1")
         self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else list(base_url or []))]
@@ -114,6 +121,8 @@ class SGLangRollout(Rollout):
         self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
         self.tensor_bucket_mb, self.flush_cache, self.release_memory = tensor_bucket_mb, flush_cache, release_memory
         self.sync_before_first_rollout = sync_before_first_rollout
+        self.lora_sync = lora_sync
+        self.adapter_name: str | None = None  # the loaded LoRA adapter that samples (adapter sync)
         self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
         self.server: LaunchedServer | None = None
@@ -148,6 +157,7 @@ class SGLangRollout(Rollout):
         if self.launch is not None:
             self.urls = [self._broadcast_url()]
             self._needs_sync = True  # a fresh server holds the launch checkpoint
+            self.adapter_name = None  # and no adapter
         self.client = SGLangClient(self.timeout_s, self.max_retries, self.backoff, death_note=self._death_note)
         self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="sglang-rollout")
         for url in self.urls:
@@ -204,7 +214,10 @@ class SGLangRollout(Rollout):
         futures = []
         for i, (input_ids, n, temperature) in enumerate(jobs):
             params = sampling_params(n, temperature, self.top_p, self.top_k, self.max_new_tokens, self.stop_token_ids)
-            futures.append(self._pool.submit(generate, self.client, self.urls[i % len(self.urls)], input_ids, params, self.weight_version))
+            # an adapter's name carries its version: the server's own weight_version does not change on adapter loads
+            check_version = 0 if self.adapter_name else self.weight_version
+            url = self.urls[i % len(self.urls)]
+            futures.append(self._pool.submit(generate, self.client, url, input_ids, params, check_version, self.adapter_name))
         try:
             return [f.result() for f in futures]
         except BaseException:  # never a partial batch: the first failure fails the rollout
@@ -219,7 +232,15 @@ class SGLangRollout(Rollout):
         version = str(self.weight_version + 1)
         urls = self.weight_update_urls or self.urls
         self._resume_memory()
-        if self.weight_sync == "disk":
+        if is_lora(policy) and self.lora_sync == "adapter":
+            directory = self._checkpoint_dir(version)
+            save_adapter_version(policy, str(directory))  # a collective under torch.distributed
+            name = f"policy-v{version}"
+            if rank() == 0:
+                push_adapter(client, urls, str(directory), name, self.adapter_name)
+                shutil.rmtree(directory.parent / f"v{self.weight_version}", ignore_errors=True)
+            self.adapter_name = name
+        elif self.weight_sync == "disk":
             directory = self._checkpoint_dir(version)
             save_checkpoint(policy, str(directory))  # a collective under torch.distributed
             if rank() == 0:

@@ -11,6 +11,13 @@ Tensor (the server shares this host and GPU). ``POST /update_weights_from_tensor
 tensors the pickle holds CUDA IPC handles, not data, so the server maps the trainer's memory: same host
 only. SGLang's scheduler asserts an open ``/begin_weight_update`` ... ``/end_weight_update`` session
 around tensor (and distributed) updates (``SchedulerWeightUpdaterManager``); disk updates need none.
+
+LoRA policies. ``lora_sync="adapter"``: the adapter alone is written in peft's format and loaded under a
+new name per version with ``POST /load_lora_adapter {lora_name, lora_path}``; ``/generate`` names it in
+``lora_path``, and the previous version is dropped with ``POST /unload_lora_adapter {lora_name}``
+(answers ``{success, error_message, loaded_adapters}``). The server must run with ``--enable-lora`` and
+a ``--max-lora-rank`` / ``--lora-target-modules`` that cover the adapter. ``lora_sync="merged"``: the
+adapters are folded into the base (W + alpha/r B A) and the full weights go out as without LoRA.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from lightning_rl.lora import adapter_state, is_lora, merged_state_dict, save_adapter
+
 from .client import RETRY_STATUSES, SGLangClient, SGLangError
 
 
@@ -32,12 +41,15 @@ def rank() -> int:
 
 
 def full_state_dict(policy: nn.Module) -> dict[str, Tensor]:
-    """Unsharded weights; under torch.distributed a collective (every rank calls it), gathered to CPU."""
+    """Unsharded weights as the server names them (LoRA adapters merged); under torch.distributed a collective
+    (every rank calls it), gathered to CPU."""
     if not (dist.is_available() and dist.is_initialized()):
-        return policy.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        state = policy.state_dict()
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return merged_state_dict(policy, state) if is_lora(policy) else state
 
 
 def save_checkpoint(policy: nn.Module, directory: str) -> None:
@@ -66,7 +78,7 @@ def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[
     """The policy's weights as ``(name, tensor)`` lists of about ``bucket_bytes`` each (one request per bucket)."""
     bucket: list[tuple[str, Tensor]] = []
     size = 0
-    for name, tensor in policy.state_dict().items():
+    for name, tensor in (merged_state_dict(policy) if is_lora(policy) else policy.state_dict()).items():
         if type(tensor) is not Tensor:
             raise ValueError(
                 f"SGLangRollout weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
@@ -112,6 +124,29 @@ def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str
             client.request(url, "/update_weights_from_tensor", body, check=succeeded(url))
     finally:
         client.request(url, "/end_weight_update", {}, check=succeeded(url))
+
+
+def save_adapter_version(policy: nn.Module, directory: str) -> None:
+    """Write the policy's adapter (peft format) to ``directory``; rank 0 writes, every rank gathers (FSDP2 shards)."""
+    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in adapter_state(policy).items()}
+    if rank() == 0:
+        save_adapter(policy, directory, state)
+
+
+def push_adapter(client: SGLangClient, urls: list[str], directory: str, name: str, previous: str | None) -> None:
+    """Load the adapter at ``directory`` as ``name`` on every server, then unload ``previous``."""
+    for url in urls:
+
+        def check(answer, url=url) -> None:
+            if isinstance(answer, dict) and answer.get("success") is False:
+                raise SGLangError(
+                    f"SGLang server at {url} refused LoRA adapter {name!r}: {answer.get('error_message')}. It must run with --enable-lora "
+                    "and --max-lora-rank / --lora-target-modules covering the policy's lora spec, or set lora_sync: merged"
+                )
+
+        client.request(url, "/load_lora_adapter", {"lora_name": name, "lora_path": directory}, check=check)
+        if previous is not None:
+            client.request(url, "/unload_lora_adapter", {"lora_name": previous}, check=check)
 
 
 def flush_caches(client: SGLangClient, urls: list[str]) -> None:

@@ -1,0 +1,198 @@
+"""LoRA adapters on the policy and the critic (Hu et al. 2021, arXiv:2106.09685), built with ``peft``.
+
+    W x  ->  W x + (alpha / rank) B A x,    A: (rank, in), B: (out, rank), B = 0 at the start
+
+The frozen base weights ``W`` stay in the model, in place (peft wraps each targeted ``nn.Linear`` as
+``<name>.base_layer`` next to ``<name>.lora_A`` / ``lora_B``); only ``A`` and ``B`` train, so only they
+have gradients and optimizer state. What this buys the RL loop:
+
+* reference = the same model with its adapters switched off (``adapters_disabled``): with a LoRA
+  policy and no explicit ``reference``, no second model is loaded;
+* a LoRA critic initialised from the policy reuses the policy's frozen base tensors (same storage),
+  exact because neither changes; it is a separate copy when the critic's dtype differs from the
+  policy's, when it starts from a reward model or a path, or when the policy trains in full;
+* checkpoints hold the adapters, the value head and the optimizer state; the base is reloaded from
+  its path and checked against a fingerprint stored with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+ADAPTER = "default"  # peft's adapter name; one adapter per model
+_PEFT_PREFIX = "base_model.model."  # where PeftModel keeps the wrapped model: its adapter files name weights from there
+
+
+@dataclass
+class LoraSpec:
+    """Low-rank adapters for a model (``peft.LoraConfig``)."""
+
+    rank: int = 16
+    """r, the inner dimension of B A."""
+    alpha: float = 32.0
+    """The update is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input; above 0 the same policy gives two different log-probs (ratio != 1 before an update)."""
+    target_modules: list[str] | str = "all-linear"
+    """Module names (suffixes, e.g. ``[q_proj, v_proj]``), a regex, or ``all-linear`` (every linear layer but the output head)."""
+    init_seed: int = 0
+    """Seed of A's random initialisation, drawn apart from the global random state: every rank and every run starts from the same adapters."""
+
+
+def apply_lora(model: nn.Module, spec: LoraSpec, what: str) -> nn.Module:
+    """Inject adapters into ``model`` in place and freeze everything else; returns ``model`` (not a peft wrapper),
+    so its forward keeps the transformers signature. ``what`` names the config key in errors."""
+    from peft import LoraConfig, get_peft_model
+
+    if spec.rank < 1:
+        raise ValueError(f"{what}.lora.rank must be >= 1, got {spec.rank}")
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.target_modules, bias="none")
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.init_seed)
+            get_peft_model(model, config, adapter_name=ADAPTER)
+    except (ValueError, TypeError) as err:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"{what}.lora: peft cannot put adapters on {type(model).__name__} with target_modules={spec.target_modules!r} "
+            f"({str(err).splitlines()[0]}). Its linear layers are named {linear}: set {what}.lora.target_modules to some of them"
+        ) from err
+    model.lora_base_fingerprint = base_fingerprint(model)
+    return model
+
+
+def is_lora(model: nn.Module | None) -> bool:
+    return model is not None and bool(getattr(model, "peft_config", None))
+
+
+def _tuner_layers(model: nn.Module) -> list[nn.Module]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` computing with its base weights only (peft's per-layer switch; what ``PeftModel.disable_adapter`` does)."""
+    layers = _tuner_layers(model)
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)  # also makes the adapter weights trainable again
+
+
+def reference_model(module):
+    """Context giving the model that scores ``ref_logprobs``: the loaded reference, or the LoRA policy with adapters off."""
+    if module.reference is not None:
+        return nullcontext(module.reference)
+    return adapters_disabled(module.policy)
+
+
+def reference_is_base(policy_spec, reference_spec, needs) -> bool:
+    """A LoRA policy without an explicit reference takes its reference log-probs from its own base weights."""
+    return getattr(policy_spec, "lora", None) is not None and reference_spec is None and "ref_logprobs" in needs
+
+
+@torch.no_grad()
+def base_fingerprint(model: nn.Module) -> list[float]:
+    """Sum and sum of squares (float64) over the frozen weights: tells an adapter checkpoint which base it was trained on."""
+    total = torch.zeros(2, dtype=torch.float64)
+    for _, p in sorted((n, p) for n, p in model.named_parameters() if not p.requires_grad):
+        x = p.detach().double()
+        total += torch.stack([x.sum(), x.square().sum()]).cpu()
+    return total.tolist()
+
+
+def check_base(stored: list[float] | None, model: nn.Module, what: str, path: str) -> None:
+    """Raise when ``model``'s frozen base is not the one an adapter checkpoint was trained on."""
+    current = getattr(model, "lora_base_fingerprint", None)
+    if stored is None or current is None:
+        return
+    if not torch.allclose(torch.tensor(stored, dtype=torch.float64), torch.tensor(current, dtype=torch.float64), rtol=1e-9, atol=0):
+        raise ValueError(
+            f"{what}: the checkpoint holds LoRA adapters trained on a different base model than '{path}' "
+            f"(weight fingerprint {stored} != {current}); set {what}.path (and dtype) to the base the run started from"
+        )
+
+
+def _lora_roots(module) -> dict[str, tuple[nn.Module | None, str, str]]:
+    """{checkpoint key prefix: (model, config key, base path)} of an ``RLModule``'s models that may carry adapters."""
+    critic = module.critic
+    critic_path = None if critic is None else (critic.path if critic.init_from == "path" else critic.init_from)
+    return {
+        "policy.": (module.policy, "model.policy", module.policy_spec.path),
+        "critic.backbone.": (getattr(critic, "backbone", None), "model.critic", critic_path),
+    }
+
+
+def base_fingerprints(module) -> dict[str, list[float]]:
+    """{prefix: fingerprint} of the LoRA models' bases, stored in checkpoints (``lora_base``)."""
+    return {prefix: model.lora_base_fingerprint for prefix, (model, _, _) in _lora_roots(module).items() if is_lora(model)}
+
+
+def check_bases(stored: dict[str, list[float]] | None, module) -> None:
+    """Raise, naming the config key, when a checkpoint's adapters were trained on another base than the one loaded."""
+    for prefix, (model, what, path) in _lora_roots(module).items():
+        if is_lora(model):
+            check_base((stored or {}).get(prefix), model, what, str(path))
+
+
+def frozen_base_names(module) -> set[str]:
+    """Names (as in ``module.state_dict()``) of the frozen base parameters of LoRA models: left out of checkpoints."""
+    names: set[str] = set()
+    for prefix, (model, _, _) in _lora_roots(module).items():
+        if is_lora(model):
+            names |= {prefix + n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return names
+
+
+def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights, named from ``model`` without the adapter name (``...q_proj.lora_A.weight``)."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model, adapter_name=ADAPTER)
+
+
+def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | None = None, base_path: str | None = None) -> None:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (loads with ``PeftModel.from_pretrained``)."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = model.peft_config[ADAPTER]
+    if base_path is not None:
+        config.base_model_name_or_path = base_path
+    config.save_pretrained(directory)
+    state = adapter_state(model) if state is None else state
+    save_file({_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors")
+
+
+def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The plain transformers state dict of a LoRA ``model``: ``W + (alpha / rank) B A`` for every adapted layer.
+
+    ``state``: ``model``'s state dict already gathered (unsharded) by the caller; default ``model.state_dict()``.
+    The model itself is left untouched (its adapters keep training).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    state = model.state_dict() if state is None else state
+    merged = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    with torch.no_grad():
+        for name, layer in model.named_modules():
+            if not isinstance(layer, LoraLayer) or ADAPTER not in layer.lora_A:
+                continue
+            a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]  # (r, in), (out, r)
+            delta = (b.float() @ a.float()) * layer.scaling[ADAPTER]  # (out, in)
+            weight = merged[f"{name}.weight"]
+            merged[f"{name}.weight"] = (weight.float() + (delta.T if layer.fan_in_fan_out else delta)).to(weight.dtype)
+    return merged
