@@ -23,24 +23,25 @@ class OffPolicyCorrection:
     framework secretly brings you off-policy RL training").
 
     w = pi_old(trainer) / pi_rollout(sampler), from ``old_logprobs`` and ``rollout_logprobs``.
-    ``mode="tis"``: multiply the per-token loss by min(w, cap) (truncated importance sampling).
-    ``mode="mis"``: drop tokens (or whole sequences) whose w is above ``cap`` or below ``lower``
-    (masked importance sampling). ``level="sequence"`` uses the sequence weight exp(sum log w).
-    The weight carries no gradient.
+    ``mode="tis"``: weight min(w, cap) (truncated importance sampling).
+    ``mode="mis"``: weight w * 1[lower <= w <= cap] (masked importance sampling): the kept tokens keep
+    their importance weight, tokens (or whole sequences) outside the bounds get 0.
+    ``mode="reject"``: weight 1[lower <= w <= cap], pure rejection: outliers dropped, the kept tokens
+    uncorrected. ``level="sequence"`` uses the sequence weight exp(sum log w). The weight carries no gradient.
     """
 
     requires = frozenset({"old_logprobs", "rollout_logprobs"})
 
-    def __init__(self, mode: Literal["tis", "mis"] = "tis", cap: float = 2.0, lower: float | None = None, level: Literal["token", "sequence"] = "token"):
+    def __init__(self, mode: Literal["tis", "mis", "reject"] = "tis", cap: float = 2.0, lower: float | None = None, level: Literal["token", "sequence"] = "token"):
         """
         Args:
-            mode: tis (truncate the weight at ``cap``) or mis (mask samples outside [lower, cap]).
+            mode: tis (truncate w at ``cap``), mis (w, zeroed outside [lower, cap]) or reject (1, zeroed outside).
             cap: upper bound on w.
-            lower: MIS only: also mask w below this (None = no lower bound).
+            lower: mis / reject: also zero w below this (None = no lower bound).
             level: token (per-token w) or sequence (product over the sequence's valid tokens).
         """
-        if mode not in ("tis", "mis") or level not in ("token", "sequence"):
-            raise ValueError(f"OffPolicyCorrection: mode must be tis|mis and level token|sequence, got {mode!r}, {level!r}")
+        if mode not in ("tis", "mis", "reject") or level not in ("token", "sequence"):
+            raise ValueError(f"OffPolicyCorrection: mode must be tis|mis|reject and level token|sequence, got {mode!r}, {level!r}")
         if cap <= 0:
             raise ValueError(f"OffPolicyCorrection: cap must be > 0, got {cap}")
         self.mode, self.cap, self.lower, self.level = mode, cap, lower, level
@@ -56,9 +57,9 @@ class OffPolicyCorrection:
             weight = w.clamp(max=self.cap)
             affected = (w > self.cap).float()
         else:
-            keep = (w <= self.cap) & (w >= (self.lower if self.lower is not None else 0.0))
-            weight = keep.float()
-            affected = 1.0 - weight
+            keep = ((w <= self.cap) & (w >= (self.lower if self.lower is not None else 0.0))).float()
+            weight = w * keep if self.mode == "mis" else keep
+            affected = 1.0 - keep
         metrics = {"offpolicy/weight_mean": masked_mean(w, mask), "offpolicy/affected_frac": masked_mean(affected, mask)}
         return weight.detach(), {k: v.detach() for k, v in metrics.items()}
 

@@ -29,21 +29,36 @@ def _batch(advantages=None):
     [
         # token TIS: min(w, 2)
         (OffPolicyCorrection("tis", cap=2.0), [[2.0, 0.5, 1.5], [1.2, 0.25, 1.0]]),
-        # token MIS: drop tokens with w > 2 (and, with lower=0.6, w < 0.6)
-        (OffPolicyCorrection("mis", cap=2.0), [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]),
-        (OffPolicyCorrection("mis", cap=2.0, lower=0.6), [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
+        # token MIS: w * 1[w <= 2] (and, with lower=0.6, 1[w >= 0.6]): the kept tokens keep their weight
+        (OffPolicyCorrection("mis", cap=2.0), [[0.0, 0.5, 1.5], [1.2, 0.25, 1.0]]),
+        (OffPolicyCorrection("mis", cap=2.0, lower=0.6), [[0.0, 0.0, 1.5], [1.2, 0.0, 1.0]]),
+        # pure rejection: the same tokens dropped, the kept ones weighted 1
+        (OffPolicyCorrection("reject", cap=2.0), [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]),
+        (OffPolicyCorrection("reject", cap=2.0, lower=0.6), [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
         # sequence level: w_seq = 3 * 0.5 * 1.5 = 2.25 and 1.2 * 0.25 = 0.3 (padding excluded)
         (OffPolicyCorrection("tis", cap=2.0, level="sequence"), [[2.0, 2.0, 2.0], [0.3, 0.3, 0.3]]),
-        (OffPolicyCorrection("mis", cap=2.0, level="sequence"), [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]),
-        (OffPolicyCorrection("mis", cap=3.0, lower=0.5, level="sequence"), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+        (OffPolicyCorrection("mis", cap=2.0, level="sequence"), [[0.0, 0.0, 0.0], [0.3, 0.3, 0.3]]),
+        (OffPolicyCorrection("mis", cap=3.0, lower=0.5, level="sequence"), [[2.25, 2.25, 2.25], [0.0, 0.0, 0.0]]),
+        (OffPolicyCorrection("reject", cap=3.0, lower=0.5, level="sequence"), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
     ],
-    ids=["tis-token", "mis-token", "mis-token-lower", "tis-seq", "mis-seq", "mis-seq-lower"],
+    ids=["tis-token", "mis-token", "mis-token-lower", "reject-token", "reject-token-lower", "tis-seq", "mis-seq", "mis-seq-lower", "reject-seq-lower"],
 )
 def test_weights_by_hand(correction, expected):
     weight, _ = correction(_batch())
     valid = MASK.bool()
     torch.testing.assert_close(weight[valid], torch.tensor(expected)[valid], atol=1e-5, rtol=0)
     assert not weight.requires_grad
+
+
+def test_mis_keeps_the_importance_weight_of_kept_tokens():
+    # masked importance sampling is w * 1[w <= C]: with C = 2 none of these is masked, so the weights are w itself
+    w = torch.tensor([[0.832, 0.731, 0.685, 1.308]])
+    old = torch.tensor([[-0.4, -1.1, -2.0, -0.3]])
+    batch = RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=old, rollout_logprobs=old - w.log())
+    weight, _ = OffPolicyCorrection("mis", cap=2.0)(batch)
+    torch.testing.assert_close(weight, w, atol=1e-6, rtol=0)
+    weight, _ = OffPolicyCorrection("reject", cap=2.0)(batch)
+    torch.testing.assert_close(weight, torch.ones(1, 4))
 
 
 def test_metrics_by_hand():
