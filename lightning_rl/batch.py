@@ -69,6 +69,15 @@ class RolloutBatch:
         return mask
 
     @property
+    def counted(self) -> Tensor:
+        """(B,) float: 1 for samples that count (sample_mask, and not a greedy baseline row), else 0.
+        Per-sample means (sequence KL, the KL controller's input) divide by its sum, not by B."""
+        counted = torch.ones(self.batch_size, device=self.response_ids.device) if self.sample_mask is None else self.sample_mask.float()
+        if self.is_greedy is not None:
+            counted = counted * (self.is_greedy == 0).float()
+        return counted
+
+    @property
     def response_lengths(self) -> Tensor:
         return self.response_mask.sum(-1)  # (B,)
 

@@ -247,7 +247,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         if batch.values is not None and returns is not None:
             metrics.add("critic/explained_var", explained_variance(batch.values, returns, mask))
         if batch.old_logprobs is not None and batch.ref_logprobs is not None:
-            metrics.add("kl/ref", sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask).mean(), batch.batch_size)
+            counted = batch.counted
+            metrics.add("kl/ref", masked_mean(sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask), counted), counted.sum())
         return batch
 
     def _worth_optimizing(self, batch: RolloutBatch) -> bool:

@@ -66,7 +66,8 @@ class UpdatePhase:
         if micro.old_logprobs is None:  # on-policy: pi_old is the current policy
             micro = micro.replace(old_logprobs=logprobs.detach())
             if micro.ref_logprobs is not None:
-                metrics.add("kl/ref", sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask).mean(), micro.batch_size)
+                counted = micro.counted
+                metrics.add("kl/ref", masked_mean(sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask), counted), counted.sum())
         if micro.rollout_logprobs is not None:
             # over the tokens that count: greedy baseline rows carry untempered sampler log-probs
             diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.loss_mask
@@ -106,8 +107,9 @@ class UpdatePhase:
     @torch.no_grad()
     def _update_kl(self, batch: RolloutBatch) -> None:
         """Adaptive coefficient from the global batch-mean sequence KL (k1 at pi_old), identical on every rank."""
+        counted = batch.counted  # (B,): greedy baseline rows and masked samples are not in the mean, nor in n
         seq_kl = sequence_kl(batch.old_logprobs, batch.ref_logprobs, batch.loss_mask)  # (B,)
-        stats = all_reduce_sum(torch.stack([seq_kl.sum(), torch.tensor(float(batch.batch_size), device=seq_kl.device)]))
+        stats = all_reduce_sum(torch.stack([(seq_kl * counted).sum(), counted.sum()]))
         self.kl.update(stats[0] / stats[1].clamp_min(1), int(stats[1]))
 
     def _count_iteration(self, optimizer_steps: int) -> None:
