@@ -19,6 +19,11 @@ class LossTerm(ABC):
     def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
         """Shape: (B, R)."""
 
+    def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
+        """How many tokens that count this term puts a gradient on (0 = none: a batch whose advantages are all
+        zero may then skip its update). Default: every token, unless the coefficient is 0. Shape: ()."""
+        return batch.loss_mask.sum() * float(getattr(self, "coef", 1.0) != 0)
+
 
 class EntropyBonus(LossTerm):
     """-alpha * H(pi_theta(. | s_t)): rewards high entropy (Schulman et al. 2017, eq. 9).
@@ -62,3 +67,7 @@ class PositiveNLL(LossTerm):
     def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
         positive = (batch.scores > self.threshold).float().unsqueeze(-1)  # (B, 1)
         return -self.coef * logprobs.float() * positive
+
+    def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
+        positive = (batch.scores > self.threshold).float().unsqueeze(-1)  # (B, 1): only positive samples have a gradient
+        return (positive * batch.loss_mask).sum() * float(self.coef != 0)

@@ -252,13 +252,18 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         return batch
 
     def _worth_optimizing(self, batch: RolloutBatch) -> bool:
-        """False when no rank has a nonzero advantage on a token that counts (every group degenerate)."""
-        if not self.loop.skip_degenerate_batches or self.critic is not None:
+        """False when nothing in the loss has a gradient on any rank: every advantage on a token that counts is
+        zero (every group degenerate), no KL term is in the loss and no loss term touches a counted token.
+        (A step without gradient is not a no-op: AdamW's momentum and weight decay would still move the policy.)"""
+        kl_in_loss = self.kl is not None and self.kl.placement == "loss" and float(self.kl.coef) > 0
+        if not self.loop.skip_degenerate_batches or self.critic is not None or kl_in_loss:
             return True
         informative = ((batch.advantages.abs() > 0).float() * batch.loss_mask).sum()
+        for term in self.loss_terms:
+            informative = informative + term.gradient_tokens(batch)
         if float(all_reduce_sum(informative)) > 0:
             return True
-        warnings.warn(f"iteration {self.global_step}: every advantage is zero (all groups degenerate); skipping the update")
+        warnings.warn(f"iteration {self.global_step}: every advantage is zero (all groups degenerate) and nothing else in the loss has a gradient; skipping the update")
         return False
 
     # ------------------------------------------------------------------ validation

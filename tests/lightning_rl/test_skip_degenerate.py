@@ -1,0 +1,42 @@
+"""skip_degenerate_batches skips an update only when nothing in the loss has a gradient."""
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from components.kl import KLRegularizer
+from components.loss_terms import EntropyBonus, PositiveNLL
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.config import LoopConfig
+from lightning_rl.module import RLModule
+
+
+def _degenerate_batch(scores):
+    return RolloutBatch(
+        response_ids=torch.zeros(2, 3, dtype=torch.long),
+        response_mask=torch.ones(2, 3),
+        advantages=torch.zeros(2, 3),  # every group degenerate
+        scores=torch.tensor(scores),
+    )
+
+
+@pytest.mark.parametrize(
+    "kl, terms, scores, expected",
+    [
+        (None, [], [0.0, 0.0], False),
+        (KLRegularizer(coef=0.04, placement="loss"), [], [0.0, 0.0], True),  # the KL term still pulls toward the reference
+        (KLRegularizer(coef=0.05, placement="reward"), [], [0.0, 0.0], False),  # in the reward it reaches the loss only via A
+        (None, [PositiveNLL(coef=0.1)], [1.0, 1.0], True),  # all-correct group: the NLL on positives has a gradient
+        (None, [PositiveNLL(coef=0.1)], [0.0, 0.0], False),  # all wrong: no positive sample, no gradient
+        (None, [EntropyBonus(coef=0.001)], [0.0, 0.0], True),
+        (None, [EntropyBonus(coef=0.0)], [0.0, 0.0], False),
+    ],
+    ids=["nothing", "kl-in-loss", "kl-in-reward", "positive-nll", "positive-nll-no-positive", "entropy", "entropy-0"],
+)
+def test_skip_only_without_any_gradient(kl, terms, scores, expected):
+    module = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms, global_step=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert RLModule._worth_optimizing(module, _degenerate_batch(scores)) is expected
