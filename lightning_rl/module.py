@@ -176,7 +176,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
             groups_seen += prompts["prompt_ids"].shape[0]
             if self.sampling is None:
                 return batch, meta
-            keep = self.sampling.keep(batch)
+            keep = self.sampling.keep(batch, {k.removeprefix("reward/"): torch.tensor(v) for k, v in meta.items() if k.startswith("reward/")})
             metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
             kept.append(batch.select(keep))
             kept_meta.append({k: [v for v, flag in zip(vals, keep.tolist()) if flag] for k, vals in meta.items()})
@@ -210,6 +210,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         meta["completions"] = self._decode(batch)
         meta["prompts"] = meta["prompt"] if "prompt" in meta else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         scores = as_scores(self.reward(batch, meta), batch.batch_size, _name(self.reward), meta)
+        for name, part in getattr(self.reward, "last_parts", {}).items():  # a Composite's parts, per sample
+            meta[f"reward/{name}"] = part.tolist()
         return batch.replace(scores=scores.to(self.device)), meta
 
     def _decode(self, batch: RolloutBatch) -> list[str]:

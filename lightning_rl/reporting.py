@@ -17,6 +17,8 @@ class IterationReporting:
         sampled = batch.sample_mask if batch.is_greedy is None else (batch.is_greedy == 0).float()
         lengths = batch.response_lengths.float()
         metrics.add("reward/mean", masked_mean(batch.scores, sampled), sampled.sum())
+        for key in [k for k in meta if k.startswith("reward/")]:  # a Composite reward's parts, unweighted
+            metrics.add(key, masked_mean(torch.tensor(meta[key], device=sampled.device), sampled), sampled.sum())
         metrics.add("reward/std", masked_mean((batch.scores - masked_mean(batch.scores, sampled)).square(), sampled).sqrt())
         metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
         metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())

@@ -13,21 +13,30 @@ from .base import Reward, RewardInputs, as_scores
 class Composite(Reward):
     """R = sum_k w_k R_k: e.g. correctness plus a format bonus plus DAPO's overlong penalty.
 
-    Each part is checked like a top-level reward (B finite scores, errors name the part).
+    Each part is checked like a top-level reward (B finite scores, errors name the part). After each call
+    ``last_parts`` holds every part's unweighted scores by name: the trainer logs them as ``reward/<name>``
+    and `DynamicSampling(part=<name>)` filters on one of them (DAPO filters on accuracy, not on the sum).
     """
 
-    def __init__(self, rewards: list[Reward], weights: list[float] | None = None):
+    def __init__(self, rewards: list[Reward], weights: list[float] | None = None, names: list[str] | None = None):
         """
         Args:
             rewards: the reward terms (each a class_path / init_args entry in YAML).
             weights: one weight per term (None = all 1.0).
+            names: one name per term, for logging and `DynamicSampling(part=...)` (None = each reward's class name).
         """
         if not rewards:
             raise ValueError("Composite: give at least one reward in `rewards`")
         weights = [1.0] * len(rewards) if weights is None else list(weights)
         if len(weights) != len(rewards):
             raise ValueError(f"Composite: {len(rewards)} rewards but {len(weights)} weights; give one weight per reward")
-        self.rewards, self.weights = list(rewards), [float(w) for w in weights]
+        if names is None:  # class names, numbered where a class repeats: ExactMatch, ExactMatch_2
+            names = [r.name if [x.name for x in rewards[:i]].count(r.name) == 0 else f"{r.name}_{[x.name for x in rewards[:i]].count(r.name) + 1}" for i, r in enumerate(rewards)]
+        names = list(names)
+        if len(names) != len(rewards) or len(set(names)) != len(names):
+            raise ValueError(f"Composite: names must be one distinct name per reward, got {names}; give `names` explicitly")
+        self.rewards, self.weights, self.names = list(rewards), [float(w) for w in weights], names
+        self.last_parts: dict[str, Tensor] = {}
         self.requires = frozenset().union(*(r.requires for r in self.rewards))
 
     @property
@@ -40,6 +49,9 @@ class Composite(Reward):
 
     def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
         total = torch.zeros(batch.batch_size, dtype=torch.float32)
-        for reward, weight in zip(self.rewards, self.weights):
-            total += weight * as_scores(reward(batch, meta), batch.batch_size, reward.name, meta)
+        self.last_parts = {}
+        for reward, weight, name in zip(self.rewards, self.weights, self.names):
+            part = as_scores(reward(batch, meta), batch.batch_size, name, meta)  # (B,)
+            self.last_parts[name] = part.detach()
+            total += weight * part
         return total.to(batch.response_ids.device)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from components.sampling import DynamicSampling
+from lightning_rl.batch import RolloutBatch
 from tests.helpers import batch_from_scores
 
 
@@ -81,3 +82,27 @@ def test_all_degenerate_batch_is_skipped_with_a_warning_and_parameters_stay(tiny
     assert trainer.global_step == 2  # both iterations ran (and were skipped)
     for name, value in module.policy.state_dict().items():
         assert torch.equal(value, initial[name]), name
+
+
+def test_dynamic_sampling_filters_on_a_named_reward_part():
+    # group 0: all wrong, but the overlong penalty spreads the total: [0, -0.25, -0.5, -1.0]; group 1: one correct
+    accuracy = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    total = accuracy + torch.tensor([0.0, -0.25, -0.5, -1.0, 0.0, 0.0, 0.0, 0.0])
+    batch = RolloutBatch(response_ids=torch.zeros(8, 2, dtype=torch.long), response_mask=torch.ones(8, 2), scores=total, group_ids=torch.arange(2).repeat_interleave(4))
+    assert DynamicSampling(part="accuracy").keep(batch, {"accuracy": accuracy}).tolist() == [False] * 4 + [True] * 4
+    assert DynamicSampling().keep(batch).tolist() == [True] * 8  # the total score keeps the all-wrong group
+    with pytest.raises(ValueError, match="no part named 'accuracy'"):
+        DynamicSampling(part="accuracy").keep(batch, {"ExactMatch": accuracy})
+
+
+def test_composite_exposes_its_unweighted_parts_by_name():
+    from components.reward import Composite, FunctionReward
+
+    batch = RolloutBatch(response_ids=torch.zeros(2, 2, dtype=torch.long), response_mask=torch.ones(2, 2))
+    composite = Composite([FunctionReward(constant_reward), FunctionReward(constant_reward)], weights=[1.0, -0.5], names=["a", "b"])
+    torch.testing.assert_close(composite(batch, {"completions": ["x", "y"]}), torch.tensor([0.35, 0.35]))  # 0.7 - 0.5 * 0.7
+    assert sorted(composite.last_parts) == ["a", "b"]
+    torch.testing.assert_close(composite.last_parts["b"], torch.tensor([0.7, 0.7]))  # unweighted
+    assert len(set(Composite([FunctionReward(constant_reward)] * 2).names)) == 2  # a repeated class is numbered
+    with pytest.raises(ValueError, match="distinct name"):
+        Composite([FunctionReward(constant_reward)] * 2, names=["a", "a"])
