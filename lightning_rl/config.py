@@ -54,6 +54,9 @@ class LoopConfig:
     padding-free (packed); replaces micro_batch_size and forward_batch_size. None = fixed-size micro-batches."""
     mask_truncated: bool = False
     """Leave responses that hit max_new_tokens without EOS out of the loss (DAPO overlong filtering)."""
+    target_kl: float | None = None
+    """Stop this iteration's remaining PPO epochs once an epoch's mean approx-KL(pi_old || pi_theta) (k3, over
+    its tokens and ranks) exceeds this (Schulman et al.'s early stopping, as in CleanRL / SB3); None = never."""
     skip_degenerate_batches: bool = True
     """Skip the optimize phase (with a warning) when every advantage is zero: nothing to learn, only noise."""
     log_samples_every_n_steps: int = 20

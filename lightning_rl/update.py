@@ -27,7 +27,8 @@ class UpdatePhase:
         t = self.rollout.temperature or 1.0
         steps, ddp = 0, uses_ddp(self._trainer)
         packed = loop.max_tokens_per_micro_batch is not None
-        for _ in range(loop.ppo_epochs):
+        for epoch in range(loop.ppo_epochs):
+            kl_before = metrics.running("policy/approx_kl")
             order = torch.randperm(batch.batch_size, generator=self._shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
             for index in order.chunk(loop.num_mini_batches):
                 mini = batch.select(index.to(self.device))
@@ -56,7 +57,15 @@ class UpdatePhase:
                     metrics.add("critic/loss", critic_loss)
                 self._step(opt, train_policy, metrics)
                 steps += 1
+            if loop.target_kl is not None and train_policy and self._epoch_kl(metrics, kl_before) > loop.target_kl:
+                break  # every rank sees the same all-reduced KL: all stop together
+        metrics.add("policy/epochs_run", torch.tensor(float(epoch + 1), device=self.device))
         return steps
+
+    def _epoch_kl(self, metrics: WeightedMeans, before: Tensor) -> float:
+        """The token-mean approx-KL of the epoch just finished, over all ranks (a host sync, once per epoch)."""
+        total = all_reduce_sum((metrics.running("policy/approx_kl") - before).to(self.device))
+        return float(total[0] / total[1].clamp_min(1e-12))
 
     def _policy_loss(self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans) -> Tensor:
         logprobs, entropy = policy_logprobs(
