@@ -23,17 +23,23 @@ class AdvantageEstimator(ABC):
 
     Whitening (z-scoring over the tokens that count in the loss, fp32) is applied after
     ``estimate``: ``batch`` uses this rank's tokens, ``global`` all data-parallel ranks' tokens.
-    Returns are computed before whitening, so value targets never see it.
+    Returns are computed before whitening, so value targets never see it. ``clip`` then bounds every
+    advantage to [-clip, clip] (after whitening, so the bound is in the units the surrogate sees): one
+    outlier reward or value error cannot dominate a mini-batch's gradient.
     """
 
     requires: frozenset[str] = frozenset({"token_rewards"})
 
-    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True):
+    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):
         """
         Args:
             whiten: none / batch / global (across data-parallel ranks) z-scoring of the advantages.
             shift_mean: with whitening, also remove the mean (False rescales only, keeping any baseline).
+            clip: bound |A| by this after whitening (None = no bound).
         """
+        if clip is not None and not clip > 0:
+            raise ValueError(f"{type(self).__name__}: clip must be > 0 (or None), got {clip}")
+        self.clip = clip
         if whiten not in ("none", "batch", "global"):
             raise ValueError(f"{type(self).__name__}: whiten must be none, batch or global, got {whiten!r}")
         self.whiten = whiten
@@ -48,4 +54,6 @@ class AdvantageEstimator(ABC):
         advantages, returns = self.estimate(batch)
         if self.whiten != "none":
             advantages = masked_whiten(advantages, batch.loss_mask, self.shift_mean, global_stats=self.whiten == "global")
+        if self.clip is not None:
+            advantages = advantages.clamp(-self.clip, self.clip)
         return Advantages(advantages, returns)

@@ -48,6 +48,7 @@ class GAE(AdvantageEstimator):
         alpha: float = 0.05,
         whiten: Whiten = "none",
         shift_mean: bool = True,
+        clip: float | None = None,
     ):
         """
         Args:
@@ -59,8 +60,9 @@ class GAE(AdvantageEstimator):
             alpha: VAPO's length scale, used only with ``lam_actor="adaptive"``.
             whiten: see `AdvantageEstimator` (PPO-RLHF whitens per batch).
             shift_mean: see `AdvantageEstimator`.
+            clip: see `AdvantageEstimator`.
         """
-        super().__init__(whiten, shift_mean)
+        super().__init__(whiten, shift_mean, clip)
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"GAE: gamma must be in [0, 1], got {gamma}")
         if lam_actor != "adaptive" and not (isinstance(lam_actor, (int, float)) and 0.0 <= lam_actor <= 1.0):

@@ -37,6 +37,7 @@ class GroupNormalized(AdvantageEstimator):
         eps: float = 1e-6,
         whiten: Whiten = "none",
         shift_mean: bool = True,
+        clip: float | None = None,
     ):
         """
         Args:
@@ -45,8 +46,9 @@ class GroupNormalized(AdvantageEstimator):
             eps: added to the std.
             whiten: see `AdvantageEstimator`.
             shift_mean: see `AdvantageEstimator`.
+            clip: see `AdvantageEstimator`.
         """
-        super().__init__(whiten, shift_mean)
+        super().__init__(whiten, shift_mean, clip)
         if scale not in ("group", "batch", "none"):
             raise ValueError(f"GroupNormalized: scale must be group, batch or none, got {scale!r}")
         self.scale, self.bessel, self.eps = scale, bessel, eps

@@ -20,13 +20,14 @@ class LeaveOneOut(AdvantageEstimator):
     the score minus any KL-in-reward. Needs at least two samples per prompt.
     """
 
-    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True):
+    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):
         """
         Args:
             whiten: see `AdvantageEstimator` (the leave-one-out baseline already centres the returns: a second mean shift is not advised).
             shift_mean: see `AdvantageEstimator`.
+            clip: see `AdvantageEstimator`.
         """
-        super().__init__(whiten, shift_mean)
+        super().__init__(whiten, shift_mean, clip)
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
         batch.require(["group_ids"], "LeaveOneOut")

@@ -28,16 +28,17 @@ class ReinforceBaseline(AdvantageEstimator, nn.Module):
     each call is one step of it (the module calls the estimator once per iteration).
     """
 
-    def __init__(self, baseline: Literal["batch", "ema"] = "ema", decay: float = 0.9, whiten: Whiten = "none", shift_mean: bool = True):
+    def __init__(self, baseline: Literal["batch", "ema"] = "ema", decay: float = 0.9, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):
         """
         Args:
             baseline: batch (this batch's mean reward) or ema (moving average of earlier batches' means).
             decay: ema only: weight of the old average per batch, in [0, 1) (0 = the previous batch's mean).
             whiten: see `AdvantageEstimator`.
             shift_mean: see `AdvantageEstimator`.
+            clip: see `AdvantageEstimator`.
         """
         nn.Module.__init__(self)
-        AdvantageEstimator.__init__(self, whiten, shift_mean)
+        AdvantageEstimator.__init__(self, whiten, shift_mean, clip)
         if baseline not in ("batch", "ema"):
             raise ValueError(f"ReinforceBaseline: baseline must be batch or ema, got {baseline!r}")
         if not 0.0 <= decay < 1.0:

@@ -40,15 +40,16 @@ class ReinforcePlusPlus(AdvantageEstimator):
     group mean is taken over the returns, so KL placement stays the config's choice.
     """
 
-    def __init__(self, gamma: float = 1.0, group_baseline: bool = False, whiten: Whiten = "global", shift_mean: bool = True):
+    def __init__(self, gamma: float = 1.0, group_baseline: bool = False, whiten: Whiten = "global", shift_mean: bool = True, clip: float | None = None):
         """
         Args:
             gamma: discount of the reward-to-go (1 in the paper and in LLM practice).
             group_baseline: subtract the group mean of the sequence returns (REINFORCE++ w/ baseline).
             whiten: see `AdvantageEstimator`; global (all data-parallel ranks) in the paper.
             shift_mean: see `AdvantageEstimator`.
+            clip: see `AdvantageEstimator`.
         """
-        super().__init__(whiten, shift_mean)
+        super().__init__(whiten, shift_mean, clip)
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"ReinforcePlusPlus: gamma must be in (0, 1], got {gamma}")
         self.gamma, self.group_baseline = gamma, group_baseline

@@ -21,13 +21,14 @@ class ReMax(AdvantageEstimator):
 
     requires = AdvantageEstimator.requires | frozenset({"group_ids", "is_greedy", "scores"})
 
-    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True):
+    def __init__(self, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):
         """
         Args:
             whiten: see `AdvantageEstimator`.
             shift_mean: see `AdvantageEstimator`.
+            clip: see `AdvantageEstimator`.
         """
-        super().__init__(whiten, shift_mean)
+        super().__init__(whiten, shift_mean, clip)
 
     def __call__(self, batch: RolloutBatch) -> Advantages:
         if batch.batch_size and (batch.is_greedy is None or not bool(batch.is_greedy.any())):  # empty: nothing kept
