@@ -9,4 +9,5 @@ from .verifier import MathVerify
 
 __all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty"]
 from .model import RewardModel  # noqa: E402
-__all__ += ["RewardModel"]
+from .shaping import Shaped  # noqa: E402
+__all__ += ["RewardModel", "Shaped"]

@@ -20,9 +20,9 @@ from torch import Tensor, nn
 from lightning_rl.batch import RolloutBatch
 from lightning_rl.logprobs import mask_positions, sequence_inputs
 from lightning_rl.models import _DTYPES, _load, disable_dropout
-from lightning_rl.ops import all_reduce_sum
 
 from .base import Reward, RewardInputs
+from .shaping import ScoreNormalizer
 
 TINY_REWARD_MODEL_PATH = str(Path(__file__).resolve().parents[2] / "lightning_rl" / "assets" / "tiny-arith-rm")
 """Reward model for the built-in arithmetic task (scripts/make_reward_model.py writes it)."""
@@ -54,14 +54,10 @@ def last_token_scores(scorer: nn.Module, input_ids: Tensor, attention_mask: Tens
     return head(states).squeeze(-1).float()
 
 
-class RewardModel(nn.Module, Reward):
+class RewardModel(ScoreNormalizer, Reward):
     """r(x, y): a learned scalar reward read at the last valid token (InstructGPT, Ouyang et al. 2022,
-    arXiv:2203.02155), then optionally normalised and clipped (Zheng et al. 2023, "Secrets of RLHF"):
-
-        static:   r' = (r - mean) / std
-        running:  r' = (r - mu) / sigma, with mu, sigma the running statistics of every score seen
-                  in training (this batch included; all data-parallel ranks)
-        clip:     r' <- clamp(r', -clip, clip)
+    arXiv:2203.02155), then optionally normalised and clipped: static (r - mean) / std, or running
+    statistics, then clamp to [-clip, clip] (`components.reward.shaping`, which applies to any reward).
 
     Frozen: no gradients, no optimizer state, the transformer always in eval mode. Like batch norm,
     the running statistics update only while the module is in train mode (not during validation);
@@ -93,18 +89,12 @@ class RewardModel(nn.Module, Reward):
             clip: clamp the (normalised) score to [-clip, clip]; None = no clipping.
             trust_remote_code: passed to transformers when loading.
         """
-        super().__init__()
-        if normalize not in ("none", "static", "running"):
-            raise ValueError(f"RewardModel: normalize must be none, static or running, got {normalize!r}")
-        if std <= 0 or batch_size < 1 or (clip is not None and clip <= 0):
-            raise ValueError(f"RewardModel: need std > 0, batch_size >= 1 and clip > 0 (or null); got {std}, {batch_size}, {clip}")
+        super().__init__(normalize, mean, std, clip)
+        if batch_size < 1:
+            raise ValueError(f"RewardModel: need batch_size >= 1, got {batch_size}")
         self.path, self.dtype, self.batch_size = path, dtype, batch_size
-        self.normalize, self.mean, self.std, self.clip = normalize, mean, std, clip
         self.trust_remote_code = trust_remote_code
         self.model: nn.Module | None = None
-        self.register_buffer("running_count", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("running_mean", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("running_m2", torch.zeros((), dtype=torch.float64))
 
     def setup(self, tokenizer) -> None:
         """Load the frozen classifier once (the module calls this in ``configure_model``)."""
@@ -159,28 +149,3 @@ class RewardModel(nn.Module, Reward):
             input_ids, attention_mask, position_ids = sequence_inputs(chunk.prompt_ids, chunk.prompt_mask, chunk.response_ids, chunk.response_mask)
             parts.append(last_token_scores(self.model, input_ids, attention_mask, position_ids))
         return self.normalized(torch.cat(parts))
-
-    def normalized(self, scores: Tensor) -> Tensor:
-        """Apply the configured normalisation and clipping to raw scores (B,)."""
-        if self.normalize == "static":
-            scores = (scores - self.mean) / self.std
-        elif self.normalize == "running":
-            if self.training:
-                self._update_running(scores)
-            std = (self.running_m2 / self.running_count.clamp_min(1.0)).sqrt().float()
-            scores = (scores - self.running_mean.float()) / std.clamp_min(1e-6)
-        if self.clip is not None:
-            scores = scores.clamp(-self.clip, self.clip)
-        return scores
-
-    def _update_running(self, scores: Tensor) -> None:
-        """Merge this batch's (n, mean, M2) into the running ones (Chan et al.), over all ranks."""
-        x = scores.double()
-        n_b, total, squares = all_reduce_sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), x.square().sum()]))
-        mean_b = total / n_b.clamp_min(1.0)
-        m2_b = (squares - n_b * mean_b.square()).clamp_min(0.0)
-        n = self.running_count + n_b
-        delta = mean_b - self.running_mean
-        self.running_mean += delta * n_b / n.clamp_min(1.0)
-        self.running_m2 += m2_b + delta.square() * self.running_count * n_b / n.clamp_min(1.0)
-        self.running_count.copy_(n)

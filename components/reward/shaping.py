@@ -1,0 +1,101 @@
+"""Score normalisation and clipping (Zheng et al. 2023, "Secrets of RLHF"), for a reward model or any reward.
+
+    static:   r' = (r - mean) / std
+    running:  r' = (r - mu) / sigma, with mu, sigma the running statistics of every score seen in
+              training (this batch included; all data-parallel ranks; Chan et al.'s parallel merge)
+    clip:     r' <- clamp(r', -clip, clip)
+
+Like batch norm, the running statistics update only in train mode (not during validation); they are
+buffers (``running_count``, ``running_mean``, ``running_m2``), so checkpoints carry them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import all_reduce_sum
+
+from .base import Reward, RewardInputs, as_scores
+
+Normalize = Literal["none", "static", "running"]
+
+
+class ScoreNormalizer(nn.Module):
+    """The normalisation and clipping above, as a module with running-statistics buffers."""
+
+    def __init__(self, normalize: Normalize = "none", mean: float = 0.0, std: float = 1.0, clip: float | None = None):
+        super().__init__()
+        who = type(self).__name__
+        if normalize not in ("none", "static", "running"):
+            raise ValueError(f"{who}: normalize must be none, static or running, got {normalize!r}")
+        if std <= 0 or (clip is not None and clip <= 0):
+            raise ValueError(f"{who}: need std > 0 and clip > 0 (or null); got std={std}, clip={clip}")
+        self.normalize, self.mean, self.std, self.clip = normalize, mean, std, clip
+        self.register_buffer("running_count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("running_mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("running_m2", torch.zeros((), dtype=torch.float64))
+
+    def normalized(self, scores: Tensor) -> Tensor:
+        """Apply the configured normalisation and clipping to raw scores (B,)."""
+        if self.normalize == "static":
+            scores = (scores - self.mean) / self.std
+        elif self.normalize == "running":
+            if self.training:
+                self._update_running(scores)
+            std = (self.running_m2 / self.running_count.clamp_min(1.0)).sqrt().float()
+            scores = (scores - self.running_mean.float()) / std.clamp_min(1e-6)
+        if self.clip is not None:
+            scores = scores.clamp(-self.clip, self.clip)
+        return scores
+
+    def _update_running(self, scores: Tensor) -> None:
+        """Merge this batch's (n, mean, M2) into the running ones (Chan et al.), over all ranks."""
+        x = scores.double()
+        if self.running_count.device != x.device:
+            self.to(x.device)
+        n_b, total, squares = all_reduce_sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), x.square().sum()]))
+        mean_b = total / n_b.clamp_min(1.0)
+        m2_b = (squares - n_b * mean_b.square()).clamp_min(0.0)
+        n = self.running_count + n_b
+        delta = mean_b - self.running_mean
+        self.running_mean += delta * n_b / n.clamp_min(1.0)
+        self.running_m2 += m2_b + delta.square() * self.running_count * n_b / n.clamp_min(1.0)
+        self.running_count.copy_(n)
+
+
+class Shaped(ScoreNormalizer, Reward):
+    """Any reward, normalised and clipped as in the module docstring (e.g. a verifier's or an LLM judge's
+    scores on an arbitrary scale, or a Composite whose parts add up past the range the advantages expect)."""
+
+    def __init__(self, reward: Reward, normalize: Normalize = "none", mean: float = 0.0, std: float = 1.0, clip: float | None = None):
+        """
+        Args:
+            reward: the reward to shape (a class_path / init_args entry in YAML).
+            normalize: none, static (``mean``, ``std``) or running statistics.
+            mean: static normalisation: subtracted from every score.
+            std: static normalisation: every score is divided by it.
+            clip: clamp the (normalised) score to [-clip, clip]; None = no clipping.
+        """
+        super().__init__(normalize, mean, std, clip)
+        self.reward = reward
+        self.requires = reward.requires
+
+    @property
+    def name(self) -> str:
+        return f"Shaped({self.reward.name})"
+
+    @property
+    def last_parts(self) -> dict[str, Tensor]:  # a shaped Composite still exposes its parts
+        return getattr(self.reward, "last_parts", {})
+
+    def setup(self, tokenizer) -> None:
+        self.reward.setup(tokenizer)
+
+    @torch.no_grad()
+    def forward(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+        scores = as_scores(self.reward(batch, meta), batch.batch_size, self.reward.name, meta)  # (B,)
+        return self.normalized(scores.to(batch.response_ids.device))

@@ -1,0 +1,43 @@
+"""Shaped: static / running normalisation and clipping of any reward's scores, by hand."""
+
+import math
+
+import pytest
+import torch
+
+from components.reward import FunctionReward, Shaped
+from lightning_rl.batch import RolloutBatch
+
+
+def lengths_as_scores(completions, **_):
+    return [float(len(c)) for c in completions]
+
+
+def _call(reward, completions):
+    batch = RolloutBatch(response_ids=torch.zeros(len(completions), 2, dtype=torch.long), response_mask=torch.ones(len(completions), 2))
+    return reward(batch, {"completions": completions})
+
+
+def test_static_normalisation_then_clip():
+    # scores 1, 2, 6: (r - 2) / 2 = -0.5, 0, 2 -> clipped at 1.5
+    shaped = Shaped(FunctionReward(lengths_as_scores), normalize="static", mean=2.0, std=2.0, clip=1.5)
+    torch.testing.assert_close(_call(shaped, ["a", "ab", "abcdef"]), torch.tensor([-0.5, 0.0, 1.5]))
+
+
+def test_running_statistics_over_batches_and_frozen_in_eval():
+    shaped = Shaped(FunctionReward(lengths_as_scores), normalize="running")
+    first = _call(shaped, ["a", "abc"])  # scores 1, 3: mu 2, sigma 1 -> -1, 1
+    torch.testing.assert_close(first, torch.tensor([-1.0, 1.0]))
+    second = _call(shaped, ["abcdef"])  # all seen: 1, 3, 6: mu 10/3, sigma^2 = (1 + 9 + 36) / 3 - (10/3)^2 = 38/9
+    torch.testing.assert_close(second, torch.tensor([(6 - 10 / 3) / math.sqrt(38 / 9)]))
+    shaped.eval()
+    _call(shaped, ["abcdefghij"])
+    assert float(shaped.running_count) == 3  # validation does not move the statistics
+    assert sorted(n for n, _ in shaped.named_buffers()) == ["running_count", "running_m2", "running_mean"]
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="Shaped: normalize must be"):
+        Shaped(FunctionReward(lengths_as_scores), normalize="zscore")
+    with pytest.raises(ValueError, match="clip > 0"):
+        Shaped(FunctionReward(lengths_as_scores), clip=-1.0)
