@@ -43,6 +43,10 @@ class KLRegularizer(nn.Module):
         e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n / horizon)
     with KL the batch-mean sequence KL (sum of k1 over tokens, at pi_old) and n the samples seen.
     A coefficient of 0 with no target needs no reference model, and none is loaded.
+
+    ``refresh_every``: reset the reference to the current policy every N iterations (DeepSeekMath's
+    iterative GRPO; a moving anchor lets long runs leave the initial policy's neighbourhood). The
+    reference's weights are then state, and checkpoints carry them.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class KLRegularizer(nn.Module):
         target: float | None = None,
         horizon: int = 10000,
         importance_weighted: bool = False,
+        refresh_every: int | None = None,
     ):
         """
         Args:
@@ -62,6 +67,7 @@ class KLRegularizer(nn.Module):
             target: target sequence KL in nats for the adaptive controller; None keeps beta fixed.
             horizon: controller horizon (larger adapts more slowly).
             importance_weighted: loss placement only: weight the term by pi / pi_old (DeepSeek-V3.2).
+            refresh_every: copy the policy into the reference every this many iterations (None = never).
         """
         super().__init__()
         if estimator not in ("k1", "k2", "k3") or placement not in ("loss", "reward"):
@@ -70,13 +76,20 @@ class KLRegularizer(nn.Module):
             raise ValueError(f"KLRegularizer: need coef >= 0, target > 0, horizon > 0; got {coef}, {target}, {horizon}")
         if importance_weighted and placement != "loss":
             raise ValueError("KLRegularizer: importance_weighted applies to placement='loss' only")
+        if refresh_every is not None and refresh_every < 1:
+            raise ValueError(f"KLRegularizer: refresh_every must be >= 1 (or null), got {refresh_every}")
         self.estimator, self.placement, self.target, self.horizon = estimator, placement, target, horizon
+        self.refresh_every = refresh_every
         self.importance_weighted = importance_weighted
         self.register_buffer("coef", torch.tensor(float(coef), dtype=torch.float64))
 
     @property
     def active(self) -> bool:
         return self.target is not None or float(self.coef) > 0
+
+    def refresh_due(self, iterations_done: int) -> bool:
+        """True after the iteration that completes a multiple of ``refresh_every``."""
+        return self.active and self.refresh_every is not None and iterations_done % self.refresh_every == 0
 
     @property
     def requires(self) -> frozenset[str]:

@@ -97,6 +97,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
         self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize
         self.reference_is_base = reference_is_base(policy, reference, self.needs)  # LoRA: adapters off, no second model
+        if self.reference_is_base and kl is not None and kl.refresh_every is not None:
+            raise ValueError("model.kl.init_args.refresh_every needs a reference model of its own, but with a LoRA policy and no "
+                             "`model.reference` the reference is the base model (adapters off); set model.reference, or refresh_every: null")
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
         self.tokenizer = None
@@ -160,6 +163,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         with timer("sync"):
             if steps:
                 self.rollout.sync_weights(self.policy)
+            if self.kl is not None and self.kl.refresh_due(self.global_step + 1):
+                self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self._update_kl(batch)
         self._count_iteration(steps)
@@ -288,7 +293,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         # frozen parameters only: buffers under these prefixes are state (RewardModel's running score statistics)
         frozen = {name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad}
         lora_base = frozen_base_names(self)  # LoRA: the frozen base is reloaded from its path too
-        for key in [k for k in state if (k.startswith(FROZEN_PREFIXES) and k in frozen) or k in lora_base]:
+        reloaded = FROZEN_PREFIXES if self.kl is None or self.kl.refresh_every is None else tuple(p for p in FROZEN_PREFIXES if p != "reference.")
+        for key in [k for k in state if (k.startswith(reloaded) and k in frozen) or k in lora_base]:
             del state[key]
         checkpoint["rng"] = gather_rng_states(self._rng, {"shuffle": self._shuffle})
         checkpoint["optimizer_steps"] = dict(self.optimizer_steps)
