@@ -34,6 +34,7 @@ from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
+from .fault import ResumableCheckpoints
 from .logprobs import policy_logprobs
 from .metrics import PhaseTimer, WeightedMeans
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
@@ -289,6 +290,10 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
         if checkpoint.get("rng"):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
+
+    def configure_callbacks(self) -> list:
+        """last.ckpt at the final / last completed iteration (lightning_rl.fault)."""
+        return [ResumableCheckpoints()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()

@@ -20,3 +20,21 @@ def returns_none(completions, **_):
 
 def wrong_length(completions, **_):
     return [1.0]
+
+
+CALLS: dict[str, int] = {}
+
+
+def digit_count_then_fault(completions, fault_at: int, key: str, fault: str = "error", **_):
+    """digit_count, except that call number ``fault_at`` (counted per ``key``) raises, is interrupted or gets a SIGTERM."""
+    import os
+    import signal
+
+    CALLS[key] = CALLS.get(key, 0) + 1
+    if CALLS[key] == fault_at:
+        if fault == "error":
+            raise ValueError("the reward server went away")
+        if fault == "interrupt":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler flags it; the iteration finishes
+    return digit_count(completions)
