@@ -58,3 +58,9 @@ class LoopConfig:
     log_samples: int = 4
     logprob_chunk_rows: int | None = None
     """Rows per chunk of the fp32 log-softmax (None = ~16 MB chunks)."""
+    max_nonfinite_steps: int = 3
+    """Optimizer steps in a row skipped for a NaN/inf loss or gradient norm before the run stops (0 = never stop)."""
+    degenerate_patience: int = 10
+    """Warn (once) when every group is degenerate for this many iterations in a row (0 = never)."""
+    min_entropy: float = 1e-3
+    """Warn (once) when the policy's mean token entropy falls below this (0 = never)."""

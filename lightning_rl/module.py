@@ -35,6 +35,7 @@ from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
 from .fault import ResumableCheckpoints
+from .health import FiniteCheckpoints, TrainingHealth
 from .logprobs import policy_logprobs
 from .metrics import PhaseTimer, WeightedMeans
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
@@ -101,6 +102,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.optimizer_steps = {"policy": 0, "critic": 0}  # per group, for the LR schedules (host ints: no device sync)
         self._shuffle = torch.Generator().manual_seed(0)
         self._rng = IterationRNG()  # torch's global random state inside iterations (lightning_rl.distributed)
+        self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)  # lightning_rl.health
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -292,8 +294,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
 
     def configure_callbacks(self) -> list:
-        """last.ckpt at the final / last completed iteration (lightning_rl.fault)."""
-        return [ResumableCheckpoints()]
+        """last.ckpt at the final / last completed iteration (lightning_rl.fault); no checkpoint of non-finite weights (lightning_rl.health)."""
+        return [ResumableCheckpoints(), FiniteCheckpoints()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()
