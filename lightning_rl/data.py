@@ -142,6 +142,10 @@ class PromptDataModule(LightningDataModule):
             shuffle: shuffle the training prompts every pass.
         """
         super().__init__()
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_prompt_length": max_prompt_length, "val_size": val_size}
+        for key, value in sizes.items():
+            if value is not None and value < 1:
+                raise ValueError(f"data.{key}={value} must be >= 1 (data.batch_size is prompts per iteration per rank)")
         self.save_hyperparameters()
         self.train_rows = self.val_rows = None
         self._stream: PromptStream | None = None

@@ -58,6 +58,13 @@ def check_requirements(module) -> Needs:
             hints = "; ".join(f"{field}: {HOW_TO_PROVIDE.get(field, 'no configured component produces it')}" for field in missing)
             raise ValueError(f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}")
     rollout = module.rollout
+    group_size = getattr(rollout, "group_size", None)
+    if getattr(module.advantage, "group_relative", False) and group_size is not None and group_size < 2:
+        raise ValueError(
+            f"model.advantage ({type(module.advantage).__name__}) compares each response with the others sampled for the same "
+            f"prompt, but model.rollout.init_args.group_size={group_size}: every advantage would be 0 and nothing would train. "
+            "Set group_size >= 2 (GRPO uses 8 to 64), or use an estimator without groups (ReinforceBaseline, ReMax, GAE)"
+        )
     if getattr(rollout, "top_p", 1.0) < 1.0 or getattr(rollout, "top_k", 0) not in (0, None):
         warnings.warn(
             "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
