@@ -172,6 +172,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         for round_ in range(rounds):
             prompts, _, _ = next(dataloader_iter)
             batch, meta = self._rollout_and_score(prompts, group_offset=groups_seen)
+            metrics.add_all({k: v.to(self.device) for k, v in self.reward.last_metrics.items()})  # e.g. reward/timeout_frac
             target = target or prompts["prompt_ids"].shape[0]
             groups_seen += prompts["prompt_ids"].shape[0]
             if self.sampling is None:

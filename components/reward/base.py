@@ -19,6 +19,8 @@ class Reward(ABC):
     """Scores whole responses. ``requires`` names the `RolloutBatch` fields read (checked at setup)."""
 
     requires: frozenset[str] = frozenset()
+    last_metrics: dict[str, Tensor] = {}
+    """Detached metrics of the last call (e.g. ``reward/timeout_frac``), logged with the iteration; replaced, never mutated."""
 
     def setup(self, tokenizer) -> None:
         """Called once the tokenizer exists."""
