@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from lightning_rl.batch import RolloutBatch
 
 from ..base import Rollout
-from .client import SGLangClient
+from .client import SGLangClient, wait_for_answers
 from .generation import Sample, generate, sampling_params, to_batch
 from .server import LaunchedServer
 from .weights import flush_caches, push_from_disk, push_tensors, rank, save_checkpoint
@@ -61,6 +61,8 @@ class SGLangRollout(Rollout):
         release_memory: bool = False,
         sync_before_first_rollout: bool = True,
         launch_timeout_s: float = 900.0,
+        deadline_s: float = 1800.0,
+        progress_every_s: float = 60.0,
     ):
         """
         Args:
@@ -92,6 +94,8 @@ class SGLangRollout(Rollout):
             sync_before_first_rollout: push the policy's weights before the first rollout, so a server
                 started from another checkpoint (or a resumed run) samples from the trained policy.
             launch_timeout_s: seconds to wait for a launched server to answer ``/health_generate``.
+            deadline_s: seconds one rollout (every request of a batch, retries included) may take before it fails.
+            progress_every_s: while a rollout is slower than this, log its progress (answered / pending) this often.
         """
         if (base_url is None) == (launch is None):
             raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
@@ -101,6 +105,8 @@ class SGLangRollout(Rollout):
             raise ValueError(f"SGLangRollout: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
         if weight_sync not in ("disk", "tensor"):
             raise ValueError(f"SGLangRollout: weight_sync must be 'disk' or 'tensor', got {weight_sync!r}")
+        if deadline_s <= 0 or progress_every_s <= 0:
+            raise ValueError(f"SGLangRollout: deadline_s ({deadline_s}) and progress_every_s ({progress_every_s}) must be > 0")
         if max_retries < 0 or max_concurrency < 1:
             raise ValueError(f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1")
         self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else list(base_url or []))]
@@ -114,6 +120,7 @@ class SGLangRollout(Rollout):
         self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
         self.tensor_bucket_mb, self.flush_cache, self.release_memory = tensor_bucket_mb, flush_cache, release_memory
         self.sync_before_first_rollout = sync_before_first_rollout
+        self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
         self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
         self.server: LaunchedServer | None = None
@@ -205,9 +212,9 @@ class SGLangRollout(Rollout):
         for i, (input_ids, n, temperature) in enumerate(jobs):
             params = sampling_params(n, temperature, self.top_p, self.top_k, self.max_new_tokens, self.stop_token_ids)
             futures.append(self._pool.submit(generate, self.client, self.urls[i % len(self.urls)], input_ids, params, self.weight_version))
-        try:
-            return [f.result() for f in futures]
-        except BaseException:  # never a partial batch: the first failure fails the rollout
+        try:  # never a partial batch: the first failure fails the rollout
+            return wait_for_answers(futures, self.deadline_s, self.progress_every_s, self.urls)
+        except BaseException:
             for f in futures:
                 f.cancel()
             raise
