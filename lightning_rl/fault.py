@@ -97,3 +97,11 @@ class ResumableCheckpoints(Callback):
                     warnings.warn(f"{what}: last.ckpt not updated ({err})")
                     return
                 rank_zero_info(f"{what}: saved the last completed iteration ({trainer.global_step}) to {path}; resume with --ckpt_path {path}")
+
+
+class TeardownOnException(Callback):
+    """Lightning skips ``LightningModule.teardown`` when ``fit`` fails: run it there too, so the rollout closes
+    (a launched SGLang server stops, its temporary weights folder is removed) before the error reaches the user."""
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        pl_module.teardown("fit")

@@ -34,7 +34,7 @@ from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
-from .fault import ResumableCheckpoints
+from .fault import ResumableCheckpoints, TeardownOnException
 from .health import FiniteCheckpoints, TrainingHealth
 from .logprobs import policy_logprobs
 from .metrics import PhaseTimer, WeightedMeans
@@ -296,7 +296,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
 
     def configure_callbacks(self) -> list:
         """last.ckpt at the final / last completed iteration (lightning_rl.fault); no checkpoint of non-finite weights (lightning_rl.health)."""
-        return [ResumableCheckpoints(), FiniteCheckpoints()]
+        return [ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()

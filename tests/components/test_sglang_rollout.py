@@ -431,3 +431,18 @@ def test_a_stalled_server_logs_progress_and_fails_at_the_deadline(server, policy
     assert time.monotonic() - start < 3.0
     progress = [r.getMessage() for r in caplog.records if "SGLang rollout: waiting" in r.getMessage()]
     assert len(progress) >= 2 and "0/3 requests answered, 3 pending" in progress[0]
+
+
+def test_the_temporary_weights_folder_is_removed_even_when_the_rollout_is_never_closed(server, policy, tokenizer):
+    """A failed run never reaches close(): the policy-sized copy pushed to the server must not outlive the rollout."""
+    import gc
+
+    rollout = SGLangRollout(base_url=server.url, group_size=1, max_new_tokens=2, backoff=0.01)
+    rollout.setup(tokenizer)
+    rollout.sync_weights(policy)
+    folder = Path(rollout._own_dir)
+    assert any(folder.rglob("*.safetensors"))
+    rollout._pool.shutdown(wait=False)
+    del rollout
+    gc.collect()
+    assert not folder.exists()

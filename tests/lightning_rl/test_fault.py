@@ -8,6 +8,8 @@ import signal
 import pytest
 import torch
 
+from lightning_rl.module import RLModule
+
 from .cli_runs import cli_args, run_cli
 from .test_resume import assert_same
 
@@ -34,14 +36,19 @@ def training_state(checkpoint: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_is_exact(tmp_path, tiny_model_path):
+def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_is_exact(tmp_path, tiny_model_path, monkeypatch):
     """The reward fails in iteration 3 of 4 with no cadence save so far: last.ckpt holds iteration 2, and resuming from it
     (to the end of fit, which saves iteration 4 though 4 is not a multiple of every_n_train_steps=5) equals a straight run."""
     fit(tmp_path / "straight", tiny_model_path, 4, [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count"])
     assert last(tmp_path / "straight")["global_step"] == 4  # end of fit, off the cadence
 
+    closed = []  # the module's teardown closes the rollout (an SGLang server, its weights folder); Lightning skips it on errors
+    teardown = RLModule.teardown
+    monkeypatch.setattr(RLModule, "teardown", lambda self, stage: (closed.append(stage), teardown(self, stage)))
     with pytest.raises(RuntimeError, match="reward server went away"):
         fit(tmp_path / "failed", tiny_model_path, 4, faulty("component", "error", 3))
+    assert closed == ["fit"]
+    monkeypatch.undo()
     saved = last(tmp_path / "failed")
     assert saved["global_step"] == 2 and saved["PromptDataModule"]["position"]["batch"] == 2
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
@@ -246,6 +247,8 @@ class SGLangRollout(Rollout):
     def _checkpoint_dir(self, version: str) -> Path:
         if self.weight_dir is None and self._own_dir is None:
             self._own_dir = tempfile.mkdtemp(prefix="lightning_rl_sglang_weights_")
+            # a policy-sized copy: removed on close, and at exit when a failed run never closes the rollout
+            weakref.finalize(self, shutil.rmtree, self._own_dir, ignore_errors=True)
         return Path(self.weight_dir or self._own_dir) / f"v{version}"
 
     def _resume_memory(self) -> None:
