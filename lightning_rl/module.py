@@ -41,7 +41,7 @@ from .metrics import PhaseTimer, WeightedMeans
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
 from .ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
 from .reporting import IterationReporting
-from .requirements import check_requirements
+from .requirements import ContextLengthCheck, check_requirements
 from .update import UpdatePhase
 
 FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
@@ -295,8 +295,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
 
     def configure_callbacks(self) -> list:
-        """last.ckpt at the final / last completed iteration (lightning_rl.fault); no checkpoint of non-finite weights (lightning_rl.health)."""
-        return [ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException()]
+        """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.fault); no checkpoint of
+        non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements)."""
+        return [ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()
