@@ -31,7 +31,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     and then ``os.replace``d over it (atomic on POSIX). Lightning's default buffers the whole checkpoint
     in memory and, when the system temp folder is on another filesystem than the checkpoint (usual on
     clusters), copies it into place: a crash during that copy leaves a truncated ``last.ckpt``.
-    Remote paths (``s3://`` ...) are left to Lightning's default.
+    Remote paths (``s3://`` ...) are left to Lightning's default. Temporary files of this naming left by
+    a process that was killed mid-save are removed at the next save into the same folder.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
@@ -39,6 +40,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale_temporaries(path.parent)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             with open(tmp, "wb") as f:
@@ -53,6 +55,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)
+
+
+def sweep_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove ``.<name>.tmp-<pid>`` files (our naming) whose writer is no longer running; returns them."""
+    removed = []
+    for tmp in folder.glob(".*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if tmp.is_file() and pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -24,6 +24,18 @@ class OptimizerConfig:
     max_grad_norm: float | None = 1.0
     """Clip this group's gradients to this global norm (None = no clipping)."""
 
+    def __post_init__(self) -> None:
+        # jsonargparse builds this from YAML for model.optimizer and for a critic's optimizer
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"optimizer lr={self.lr} (model.optimizer.lr, or the critic's optimizer.lr) must be a finite number >= 0, e.g. 1e-5")
+        if self.weight_decay < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(
+                f"optimizer: weight_decay ({self.weight_decay}) and warmup_steps ({self.warmup_steps}) must be >= 0 "
+                f"and min_lr_ratio ({self.min_lr_ratio}) in [0, 1]"
+            )
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"optimizer max_grad_norm={self.max_grad_norm} must be > 0 (or null for no clipping)")
+
     def lr_factor(self, step: int) -> float:
         """Multiplier on ``lr`` after ``step`` optimizer steps."""
         if self.warmup_steps and step < self.warmup_steps:
@@ -64,3 +76,19 @@ class LoopConfig:
     log_samples: int = 4
     logprob_chunk_rows: int | None = None
     """Rows per chunk of the fp32 log-softmax (None = ~16 MB chunks)."""
+    max_nonfinite_steps: int = 3
+    """Optimizer steps in a row skipped for a NaN/inf loss or gradient norm before the run stops (0 = never stop)."""
+    degenerate_patience: int = 10
+    """Warn (once) when every group is degenerate for this many iterations in a row (0 = never)."""
+    min_entropy: float = 1e-3
+    """Warn (once) when the policy's mean token entropy falls below this (0 = never)."""
+
+    def __post_init__(self) -> None:
+        sizes = {"ppo_epochs": self.ppo_epochs, "num_mini_batches": self.num_mini_batches, "micro_batch_size": self.micro_batch_size, "forward_batch_size": self.forward_batch_size}
+        for key, value in sizes.items():
+            if value < 1:
+                raise ValueError(f"model.loop.{key}={value} must be >= 1")
+        if self.logprob_chunk_rows is not None and self.logprob_chunk_rows < 1:
+            raise ValueError(f"model.loop.logprob_chunk_rows={self.logprob_chunk_rows} must be >= 1 (or null)")
+        if self.log_samples_every_n_steps < 0 or self.log_samples < 0 or self.max_nonfinite_steps < 0 or self.degenerate_patience < 0:
+            raise ValueError("model.loop: log_samples_every_n_steps, log_samples, max_nonfinite_steps and degenerate_patience must be >= 0")

@@ -34,7 +34,17 @@ def load_rows(source: str, split: str):
     if ext in suffix:
         if not os.path.exists(path):
             raise FileNotFoundError(f"data file {source!r} does not exist")
-        return datasets.load_dataset(suffix[ext], data_files=path, split="train")
+        try:
+            rows = datasets.load_dataset(suffix[ext], data_files=path, split="train")
+        except Exception as err:
+            if ext == ".jsonl":
+                check_jsonl(path)  # names the file, the line and the fix
+            if os.path.getsize(path) == 0:
+                raise ValueError(f"data file {source!r} is empty; it needs one prompt per row") from None
+            raise ValueError(f"could not read data file {source!r} as {suffix[ext]} ({type(err).__name__}: {err})") from err
+        if len(rows) == 0:
+            raise ValueError(f"data file {source!r} has no rows; it needs one prompt per row")
+        return rows
     if os.path.isdir(path):
         loaded = datasets.load_from_disk(path)
         return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
@@ -44,6 +54,31 @@ def load_rows(source: str, split: str):
         return datasets.load_dataset(source, split=split)
     except Exception as err:  # the hub raises many types; the cause is kept
         raise OSError(f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file") from err
+
+
+def check_jsonl(path: str) -> None:
+    """Fail naming the file, the line and the fix when a .jsonl file is empty or a line is not one JSON object
+    (run when `datasets` cannot read it: its own error names neither)."""
+    import json
+
+    example = '{"prompt": "What is 2+3?", "answer": "5"}'
+    rows = 0
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}): {line.strip()[:80]!r}. "
+                    f"Each line of a .jsonl file must be one complete JSON object, e.g. {example}"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object. Each line must be one JSON object, e.g. {example}")
+            rows += 1
+    if rows == 0:
+        raise ValueError(f"data file {path!r} is empty: a .jsonl file needs one JSON object per line, e.g. {example}")
 
 
 def check_columns(rows, mapping: dict[str, str], source: str) -> None:
@@ -142,9 +177,17 @@ class PromptDataModule(LightningDataModule):
             shuffle: shuffle the training prompts every pass.
         """
         super().__init__()
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_prompt_length": max_prompt_length, "val_size": val_size}
+        for key, value in sizes.items():
+            if value is not None and value < 1:
+                raise ValueError(f"data.{key}={value} must be >= 1 (data.batch_size is prompts per iteration per rank)")
         self.save_hyperparameters()
         self.train_rows = self.val_rows = None
         self._stream: PromptStream | None = None
+        self.overlong_prompts: dict[str, int] = {}
+        """Prompts longer than max_prompt_length per data source (truncated or dropped)."""
+        self.longest_prompt: int | None = None
+        """Tokens in the longest prompt kept, over every source loaded."""
         self._restored_position: dict | None = None
 
     # ---- loading and tokenising -------------------------------------------------------------
@@ -190,9 +233,12 @@ class PromptDataModule(LightningDataModule):
                 warnings.warn(f"dropping {len(too_long)} prompt(s) longer than {hp.max_prompt_length} tokens from {source!r}")
                 rows = rows.select([j for j, n in enumerate(lengths) if n <= hp.max_prompt_length])
             else:
+                warnings.warn(f"truncating {len(too_long)} of {len(lengths)} prompt(s) in {source!r} to their last {hp.max_prompt_length} tokens (data.max_prompt_length)")
                 rows = rows.map(lambda r: {"input_ids": r["input_ids"][-hp.max_prompt_length :]})
+            self.overlong_prompts[source] = len(too_long)
         if len(rows) == 0:
             raise ValueError(f"no prompts left in {source!r} (split {split!r})")
+        self.longest_prompt = max(self.longest_prompt or 0, min(max(lengths), hp.max_prompt_length))
         return rows
 
     def setup(self, stage: str) -> None:

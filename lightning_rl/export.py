@@ -20,14 +20,17 @@ Output folders (each loads with ``from_pretrained``):
 Checkpoints: a Lightning ``.ckpt`` file (single device, DDP), a folder of shards written by
 ``FSDP2Strategy``, or a DeepSpeed folder (consolidated with Lightning's ZeRO converter first).
 The architecture is rebuilt from the config stored in the checkpoint; the tokenizer is read from
-the policy's original path (``--tokenizer`` overrides it). Checkpoints are unpickled
-(``weights_only=False``): export only checkpoints you trust, e.g. your own runs.
+the policy's original path (``--tokenizer`` overrides it). Checkpoints are read with
+``torch.load(weights_only=True)``: tensors, plain containers and the few types in `SAFE_GLOBALS`, never
+arbitrary pickled code, so a crafted ``.ckpt`` cannot run anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import pathlib
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,20 @@ from torch import Tensor
 from .lora import LoraSpec, is_lora, merged_state_dict
 
 POLICY, CRITIC = "policy.", "critic."
+
+SAFE_GLOBALS = [pathlib.PosixPath, pathlib.PurePosixPath]
+"""Types besides tensors and plain containers a checkpoint may hold (a path in a callback's state)."""
+
+
+def _safe_load(path: Path) -> dict[str, Any]:
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"{str(path)!r} holds Python objects that are not plain data, so it is not loaded (unpickling could run code). "
+            f"Checkpoints written by lightning_rl never do; this one came from elsewhere or was altered. Details: {str(err).splitlines()[0]}"
+        ) from None
 
 
 def export_info(module) -> dict[str, Any]:
@@ -210,7 +227,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint as one dict with a full ``state_dict`` (file, FSDP2 shard folder or DeepSpeed folder)."""
     path = Path(path)
     if path.is_file():
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return _safe_load(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     if (path / "meta.pt").is_file() and (path / ".metadata").is_file():  # torch.distributed.checkpoint (FSDP2Strategy)
@@ -220,13 +237,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
         weights: dict[str, Any] = {}
         _load_state_dict(weights, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
-        return {**torch.load(path / "meta.pt", map_location="cpu", weights_only=False), "state_dict": weights["state_dict"]}
+        return {**_safe_load(path / "meta.pt"), "state_dict": weights["state_dict"]}
     if (path / "latest").is_file() or (path / "checkpoint").is_dir():  # DeepSpeed
         from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
         with tempfile.TemporaryDirectory() as tmp:
             convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "consolidated.ckpt")
-            return torch.load(Path(tmp) / "consolidated.ckpt", map_location="cpu", weights_only=False)
+            return _safe_load(Path(tmp) / "consolidated.ckpt")
     raise ValueError(f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)")
 
 

@@ -34,6 +34,8 @@ from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
+from .fault import ResumableCheckpoints, TeardownOnException
+from .health import FiniteCheckpoints, TrainingHealth
 from .logprobs import policy_logprobs
 from .lora import base_fingerprints, check_bases, frozen_base_names, reference_is_base, reference_model
 from .metrics import PhaseTimer, WeightedMeans
@@ -41,7 +43,7 @@ from .microbatch import micro_batches, pad_to
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
 from .ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
 from .reporting import IterationReporting
-from .requirements import check_requirements
+from .requirements import ContextLengthCheck, check_requirements
 from .update import UpdatePhase
 
 FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
@@ -106,6 +108,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.optimizer_steps = {"policy": 0, "critic": 0}  # per group, for the LR schedules (host ints: no device sync)
         self._shuffle = torch.Generator().manual_seed(0)
         self._rng = IterationRNG()  # torch's global random state inside iterations (lightning_rl.distributed)
+        self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)  # lightning_rl.health
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -177,6 +180,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         for round_ in range(rounds):
             prompts, _, _ = next(dataloader_iter)
             batch, meta = self._rollout_and_score(prompts, group_offset=groups_seen)
+            metrics.add_all({k: v.to(self.device) for k, v in self.reward.last_metrics.items()})  # e.g. reward/timeout_frac
             target = target or prompts["prompt_ids"].shape[0]
             groups_seen += prompts["prompt_ids"].shape[0]
             if self.sampling is None:
@@ -312,6 +316,11 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
         if checkpoint.get("rng"):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
+
+    def configure_callbacks(self) -> list:
+        """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.fault); no checkpoint of
+        non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements)."""
+        return [ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()

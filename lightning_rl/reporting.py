@@ -32,7 +32,9 @@ class IterationReporting:
         total = sum(seconds.values())
         values["throughput/tokens_per_s"] = all_reduce_sum(batch.response_mask.sum().float()) / max(total, 1e-9)
         values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
-        self._write_metrics({**dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist())), **seconds})
+        scalars = dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist()))
+        self._write_metrics({**scalars, **seconds})
+        self.health.observe(scalars, self.global_step)  # divergence, said once (lightning_rl.health)
         if self.trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
             self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
         every = self.loop.log_samples_every_n_steps

@@ -9,6 +9,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from lightning import Callback
+
 # always produced by the module itself
 MODULE_FIELDS = frozenset({"scores", "sample_mask", "token_rewards", "advantages", "old_logprobs", "ref_logprobs"})
 
@@ -58,9 +60,42 @@ def check_requirements(module) -> Needs:
             hints = "; ".join(f"{field}: {HOW_TO_PROVIDE.get(field, 'no configured component produces it')}" for field in missing)
             raise ValueError(f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}")
     rollout = module.rollout
+    group_size = getattr(rollout, "group_size", None)
+    if getattr(module.advantage, "group_relative", False) and group_size is not None and group_size < 2:
+        raise ValueError(
+            f"model.advantage ({type(module.advantage).__name__}) compares each response with the others sampled for the same "
+            f"prompt, but model.rollout.init_args.group_size={group_size}: every advantage would be 0 and nothing would train. "
+            "Set group_size >= 2 (GRPO uses 8 to 64), or use an estimator without groups (ReinforceBaseline, ReMax, GAE)"
+        )
     if getattr(rollout, "top_p", 1.0) < 1.0 or getattr(rollout, "top_k", 0) not in (0, None):
         warnings.warn(
             "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
             "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
         )
     return Needs(frozenset(before | during), frozenset(before))
+
+
+def check_context_length(policy_config, longest_prompt: int | None, max_prompt_length: int | None, max_new_tokens: int | None) -> None:
+    """Warn when the longest prompt plus a full response is longer than the positions the policy was built for."""
+    limit = getattr(policy_config, "max_position_embeddings", None)
+    if limit is None or longest_prompt is None or max_new_tokens is None or longest_prompt + max_new_tokens <= limit:
+        return
+    warnings.warn(
+        f"the longest prompt ({longest_prompt} tokens; data.max_prompt_length={max_prompt_length}) + "
+        f"model.rollout.init_args.max_new_tokens ({max_new_tokens}) = {longest_prompt + max_new_tokens} exceeds the policy's "
+        f"max_position_embeddings ({limit}): long responses would run past the positions the model knows (errors or "
+        "garbage). Lower data.max_prompt_length (with data.overlong_prompt: truncate or drop) or max_new_tokens so they fit."
+    )
+
+
+class ContextLengthCheck(Callback):
+    """`check_context_length` once the policy is built and the data module is known."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        data = trainer.datamodule
+        check_context_length(
+            getattr(pl_module.policy, "config", None),
+            getattr(data, "longest_prompt", None),
+            getattr(data, "hparams", {}).get("max_prompt_length"),
+            getattr(pl_module.rollout, "max_new_tokens", None),
+        )

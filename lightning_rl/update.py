@@ -25,7 +25,7 @@ class UpdatePhase:
         train_policy = not self.critic_pretraining
         needs_entropy = any(term.needs_entropy for term in self.loss_terms)
         t = self.rollout.temperature or 1.0
-        steps, ddp = 0, uses_ddp(self._trainer)
+        steps, skipped, ddp = 0, 0, uses_ddp(self._trainer)
         packed = loop.max_tokens_per_micro_batch is not None
         for epoch in range(loop.ppo_epochs):
             kl_before = metrics.running("policy/approx_kl")
@@ -55,11 +55,14 @@ class UpdatePhase:
                 metrics.add("policy/loss", policy_loss)
                 if self.critic is not None:
                     metrics.add("critic/loss", critic_loss)
-                self._step(opt, train_policy, metrics)
-                steps += 1
+                if self._step(opt, train_policy, metrics, [policy_loss, critic_loss]):
+                    steps += 1
+                else:
+                    skipped += 1
             if loop.target_kl is not None and train_policy and self._epoch_kl(metrics, kl_before) > loop.target_kl:
                 break  # every rank sees the same all-reduced KL: all stop together
         metrics.add("policy/epochs_run", torch.tensor(float(epoch + 1), device=self.device))
+        metrics.add("health/skipped_nonfinite", torch.tensor(float(skipped), device=self.device))
         return steps
 
     def _epoch_kl(self, metrics: WeightedMeans, before: Tensor) -> float:
@@ -91,11 +94,13 @@ class UpdatePhase:
         metrics.add_all(surrogate_metrics, tokens)
         return self.aggregator(per_token, micro.loss_mask, total)
 
-    def _step(self, opt, train_policy: bool, metrics: WeightedMeans) -> None:
-        """Clip each group's gradients on its own, set its scheduled LR, step.
+    def _step(self, opt, train_policy: bool, metrics: WeightedMeans, losses: list[Tensor]) -> bool:
+        """Clip each group's gradients on its own, set its scheduled LR, step; False when the step was skipped
+        because a loss or gradient norm is NaN/inf (lightning_rl.health: every rank agrees).
 
         Under DeepSpeed the engine clips (one global norm, ``gradient_clipping`` in its config)."""
         deepspeed = uses_deepspeed(self._trainer)
+        norms, stepping = list(losses), []
         for group in opt.param_groups:
             name = group["name"]
             cfg = self.optimizer_cfg if name == "policy" else self.critic.optimizer
@@ -103,15 +108,25 @@ class UpdatePhase:
                 for p in group["params"]:
                     p.grad = None  # no gradients (or DDP's zeros): AdamW skips these parameters, which stay bit-identical
                 continue
-            if cfg.max_grad_norm is not None and not deepspeed:
-                norm = torch.nn.utils.clip_grad_norm_(group["params"], cfg.max_grad_norm)
-                metrics.add(f"{name}/grad_norm", norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            if not deepspeed:
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")  # inf: measure only
+                norm = torch.nn.utils.clip_grad_norm_(group["params"], max_norm)
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+                norms.append(norm)
+                if cfg.max_grad_norm is not None:
+                    metrics.add(f"{name}/grad_norm", norm)
+            stepping.append((group, name, cfg))
+        if not self.health.finite_step(norms, self.optimizer_cfg.lr):
+            opt.zero_grad(set_to_none=True)
+            return False
+        for group, name, cfg in stepping:
             group["lr"] = cfg.lr * cfg.lr_factor(self.optimizer_steps[name])
             self.optimizer_steps[name] += 1
         opt.step()
         opt.zero_grad(set_to_none=True)
         if deepspeed and self.trainer.strategy.deepspeed_engine.get_global_grad_norm() is not None:
             metrics.add("policy/grad_norm", torch.as_tensor(float(self.trainer.strategy.deepspeed_engine.get_global_grad_norm())))
+        return True
 
     @torch.no_grad()
     def _update_kl(self, batch: RolloutBatch) -> None:

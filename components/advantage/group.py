@@ -30,6 +30,8 @@ class GroupNormalized(AdvantageEstimator):
     A = 0 exactly (never 0/0). R_i is the sequence return: the score minus any KL-in-reward.
     """
 
+    group_relative = True
+
     def __init__(
         self,
         scale: Literal["group", "batch", "none"] = "group",

@@ -20,6 +20,8 @@ class LeaveOneOut(AdvantageEstimator):
     the score minus any KL-in-reward. Needs at least two samples per prompt.
     """
 
+    group_relative = True
+
     def __init__(self, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):
         """
         Args:

@@ -53,6 +53,7 @@ class ReinforcePlusPlus(AdvantageEstimator):
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"ReinforcePlusPlus: gamma must be in (0, 1], got {gamma}")
         self.gamma, self.group_baseline = gamma, group_baseline
+        self.group_relative = group_baseline
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
         _reject_greedy_rows(batch, "ReinforcePlusPlus")

@@ -5,9 +5,10 @@ from .format import Format
 from .function import FunctionReward
 from .match import ExactMatch
 from .overlong import OverlongPenalty
+from .pooled import PooledReward
 from .verifier import MathVerify
 
-__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty"]
+__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty", "PooledReward"]
 from .model import RewardModel  # noqa: E402
 from .shaping import Shaped  # noqa: E402
 __all__ += ["RewardModel", "Shaped"]

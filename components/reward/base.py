@@ -19,6 +19,8 @@ class Reward(ABC):
     """Scores whole responses. ``requires`` names the `RolloutBatch` fields read (checked at setup)."""
 
     requires: frozenset[str] = frozenset()
+    last_metrics: dict[str, Tensor] = {}
+    """Detached metrics of the last call (e.g. ``reward/timeout_frac``), logged with the iteration; replaced, never mutated."""
 
     def setup(self, tokenizer) -> None:
         """Called once the tokenizer exists."""
@@ -33,15 +35,32 @@ class Reward(ABC):
 
 
 def as_scores(values: Any, batch_size: int, who: str, meta: RewardInputs | None = None) -> Tensor:
-    """Turn a reward's output into a finite float tensor (B,), or fail naming the reward and the sample."""
+    """Turn a reward's output into a finite float tensor (B,), or fail naming the reward and the sample.
+
+    Accepted: a list / tuple of numbers (Python, numpy or one-element tensors), a tensor or numpy array
+    with B elements ((B,) or (B, 1))."""
+    if type(values).__module__ == "numpy" and hasattr(values, "shape"):  # an array (or a numpy scalar: rejected below)
+        values = torch.from_numpy(values.reshape(-1) if values.ndim else values.reshape(1)) if values.dtype.kind in "biuf" else values
     if isinstance(values, Tensor):
-        values = values.detach().float().flatten().cpu().tolist() if values.numel() == batch_size else values
-    if not isinstance(values, (list, tuple, Tensor)) or len(values) != batch_size:
+        if values.numel() != batch_size:
+            raise ValueError(f"reward {who} must return {batch_size} scores (one per sample), got a tensor or array of shape {tuple(values.shape)}")
+        values = values.detach().float().flatten().cpu().tolist()
+    if not isinstance(values, (list, tuple)) or len(values) != batch_size:
         got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
         raise ValueError(f"reward {who} must return {batch_size} scores (one per sample), got {got}")
+    values = [_number(v) for v in values]
     for i, v in enumerate(values):
         bad = v is None or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
         if bad:
             completion = f" for completion {meta['completions'][i]!r}" if meta and "completions" in meta else ""
             raise ValueError(f"reward {who} returned {v!r} at sample {i}{completion}; every score must be a finite number")
     return torch.tensor([float(v) for v in values], dtype=torch.float32)
+
+
+def _number(value: Any) -> Any:
+    """A numpy scalar or a one-element tensor as a Python number; anything else unchanged (and judged by the caller)."""
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return value.item()
+    if type(value).__module__ == "numpy" and getattr(value, "size", 0) == 1 and value.dtype.kind in "biuf":
+        return value.item()
+    return value

@@ -102,3 +102,17 @@ def test_missing_eos_penalty_replaces_truncated_scores():
     custom = MissingEOSPenalty(inner, penalty=-3.0)
     torch.testing.assert_close(custom(_batch([1, 2, 3], truncated=[True, True, False]), {"completions": ["a", "b", "c"]}), torch.tensor([-3.0, -3.0, 0.25]))
     assert "truncated" in reward.requires
+
+
+def test_scores_as_numpy_arrays_numpy_scalars_and_0d_tensors_are_accepted():
+    import numpy as np
+
+    from components.reward import as_scores
+
+    expected = torch.tensor([1.0, 0.0, 0.5])
+    for values in (np.array([1.0, 0.0, 0.5]), np.array([[1], [0], [0.5]], dtype=np.float32), [np.float32(1), np.int64(0), torch.tensor(0.5)], torch.tensor([[1.0], [0.0], [0.5]])):
+        torch.testing.assert_close(as_scores(values, 3, "r"), expected)
+    with pytest.raises(ValueError, match=r"must return 3 scores \(one per sample\), got a tensor or array of shape \(2,\)"):
+        as_scores(np.array([1.0, 2.0]), 3, "r")
+    with pytest.raises(ValueError, match="returned nan at sample 1"):
+        as_scores(np.array([1.0, np.nan, 0.0]), 3, "r")

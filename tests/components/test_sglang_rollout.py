@@ -414,3 +414,35 @@ def test_close_then_use_again_reconnects(server, policy, prompts, make_rollout):
     rollout.generate(*prompts, policy)
     rollout.close()
     assert rollout.generate(*prompts, policy).batch_size == 3
+
+
+def test_a_stalled_server_logs_progress_and_fails_at_the_deadline(server, policy, prompts, make_rollout, caplog):
+    """A server that stops answering (as under SIGSTOP) while each request may wait 600 s x 4 attempts: the rollout
+    reports its progress while it waits and fails at deadline_s, naming the setting."""
+    import logging
+    import time
+
+    rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2, deadline_s=1.2, progress_every_s=0.4)
+    rollout.sync_weights(policy)
+    server.delay_s = 30.0
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(SGLangError, match=r"0/3 requests answered within deadline_s=1.2 s \(model.rollout.init_args.deadline_s\)"):
+        rollout.generate(*prompts, policy)
+    assert time.monotonic() - start < 3.0
+    progress = [r.getMessage() for r in caplog.records if "SGLang rollout: waiting" in r.getMessage()]
+    assert len(progress) >= 2 and "0/3 requests answered, 3 pending" in progress[0]
+
+
+def test_the_temporary_weights_folder_is_removed_even_when_the_rollout_is_never_closed(server, policy, tokenizer):
+    """A failed run never reaches close(): the policy-sized copy pushed to the server must not outlive the rollout."""
+    import gc
+
+    rollout = SGLangRollout(base_url=server.url, group_size=1, max_new_tokens=2, backoff=0.01)
+    rollout.setup(tokenizer)
+    rollout.sync_weights(policy)
+    folder = Path(rollout._own_dir)
+    assert any(folder.rglob("*.safetensors"))
+    rollout._pool.shutdown(wait=False)
+    del rollout
+    gc.collect()
+    assert not folder.exists()

@@ -20,3 +20,41 @@ def returns_none(completions, **_):
 
 def wrong_length(completions, **_):
     return [1.0]
+
+
+CALLS: dict[str, int] = {}
+
+
+def digit_count_then_fault(completions, fault_at: int, key: str, fault: str = "error", **_):
+    """digit_count, except that call number ``fault_at`` (counted per ``key``) raises, is interrupted or gets a SIGTERM."""
+    import os
+    import signal
+
+    CALLS[key] = CALLS.get(key, 0) + 1
+    if CALLS[key] == fault_at:
+        if fault == "error":
+            raise ValueError("the reward server went away")
+        if fault == "interrupt":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler flags it; the iteration finishes
+    return digit_count(completions)
+
+
+def sleepy_length(completions, prompts=None, delay: float = 0.05, **_):
+    """len(completion) / 10 after sleeping ``delay`` seconds per sample (a judge or a sandbox would wait like this)."""
+    import time
+
+    time.sleep(delay * len(completions))
+    return [len(c) / 10 for c in completions]
+
+
+def hangs_on_x(completions, **_):
+    """Never returns for a completion containing "x" (an infinite loop in generated code); raises on "e"; else 1."""
+    import time
+
+    if any("x" in c for c in completions):
+        while True:
+            time.sleep(0.01)
+    if any("e" in c for c in completions):
+        raise ValueError("sandbox crashed")
+    return [1.0] * len(completions)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -122,3 +124,20 @@ def test_training_crash_during_a_save_resumes_from_the_previous_checkpoint(tmp_p
     resumed = run_cli("fit", [*args, f"--ckpt_path={last}"])
     assert isinstance(resumed.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     assert resumed.trainer.global_step == 4 and torch.load(last, weights_only=False)["global_step"] == 4
+
+
+def test_temporary_files_of_killed_saves_are_swept_at_the_next_save(tmp_path):
+    """A kill -9 during a save leaves ``.last.ckpt.tmp-<pid>``; the next save removes those whose writer is gone."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    stale = folder / f".last.ckpt.tmp-{dead}"
+    alive = folder / f".step=2.ckpt.tmp-{os.getppid()}"  # a save still being written by a running process
+    foreign = folder / ".notes.tmp-x"  # not our naming
+    for f in (stale, alive, foreign):
+        f.write_bytes(b"partial")
+    AtomicCheckpointIO().save_checkpoint(CHECKPOINT_V1, folder / "last.ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["last.ckpt", alive.name, foreign.name])

@@ -252,3 +252,27 @@ def test_fsdp2_ppo_rlhf_four_models_equal_one_process(tmp_path, tiny_model_path)
     assert two["sharded"] == ["critic", "policy", "reference", "reward"] and one["sharded"] == []
     assert_same_training(one, two)
     assert any(k.startswith("critic.head") for k in two["state"]) and not any(k.startswith(("reference.", "reward.model.")) for k in two["state"])
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_process_on_loopback_equal_one_process(tmp_path, tiny_model_path, one_process_grpo):
+    """A multi-node launch as a cluster does it (torchrun, SLURM): each "node" starts its own process with Lightning's
+    environment variables (MASTER_ADDR / MASTER_PORT / NODE_RANK / LOCAL_RANK / WORLD_SIZE) and --trainer.num_nodes=2;
+    no launcher spawns anything. Two loopback nodes of 1 process each train exactly like 1 process."""
+    args = [*probe_args(tmp_path, tiny_model_path, 1, 2), *SEEDED, *no_checkpoints(), "--config", "configs/strategy/ddp.yaml", "--trainer.num_nodes=2"]
+    port = _free_port()
+    cmd = [sys.executable, "-m", "tests.lightning_rl.dist_probe", "fit", "--config", "configs/grpo.yaml", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    nodes = [
+        subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+        for node in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert_same_training(one_process_grpo, torch.load(tmp_path / "probe.pt", weights_only=False))

@@ -84,3 +84,36 @@ def test_gae_without_critic_fails_before_any_model_loads():
 
     with pytest.raises(ValueError, match=r"needs \['values'\].*components.critic.ValueCritic"):
         RLModule(advantage=NeedsValues())
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", r"empty\.jsonl'? is empty: a \.jsonl file needs one JSON object per line"),
+        ('{"prompt": "1+1="}\n' * 90 + '{"prompt": "2+2=", }\n{"prompt": "3+3="}\n', r"bad\.jsonl, line 91: not valid JSON.*\{\"prompt\": \"2\+2=\", \}.*one complete JSON object"),
+        ('{"prompt": "1+1="}\n["2+2="]\n', r"bad\.jsonl, line 2: a JSON list, not an object"),
+    ],
+)
+def test_unreadable_jsonl_names_the_file_line_and_fix(tmp_path, tiny_model_path, content, message):
+    path = tmp_path / ("empty.jsonl" if not content else "bad.jsonl")
+    path.write_text(content)
+    dm = PromptDataModule(train_data=str(path), val_data=None, tokenizer=tiny_model_path)
+    with pytest.raises(ValueError, match=message):
+        dm.setup("fit")
+
+
+def test_truncated_prompts_are_counted_and_context_overflow_is_warned(tmp_path, tiny_model_path):
+    from transformers import AutoConfig
+
+    from lightning_rl.requirements import check_context_length
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "1+1="}\n{"prompt": "' + "9" * 40 + '="}\n{"prompt": "' + "8" * 50 + '="}\n')
+    dm = PromptDataModule(train_data=str(path), val_data=None, tokenizer=tiny_model_path, max_prompt_length=30, overlong_prompt="truncate", batch_size=1)
+    with pytest.warns(UserWarning, match=r"truncating 2 of 3 prompt\(s\).*to their last 30 tokens"):
+        dm.setup("fit")
+    assert dm.overlong_prompts == {str(path): 2} and dm.longest_prompt == 30
+    config = AutoConfig.from_pretrained(tiny_model_path)  # 64 positions
+    check_context_length(config, dm.longest_prompt, 30, 34)  # 64: fits, silent
+    with pytest.warns(UserWarning, match=r"longest prompt \(30 tokens; data.max_prompt_length=30\) \+ model.rollout.init_args.max_new_tokens \(35\) = 65 exceeds the policy's max_position_embeddings \(64\)"):
+        check_context_length(config, dm.longest_prompt, 30, 35)

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 RETRY_STATUSES = (500, 502, 503, 504)
 """Server-side failures worth another attempt; a 4xx is a bad request and is raised at once."""
@@ -93,3 +97,36 @@ class SGLangClient:
             return json.loads(text) if text else None
         except json.JSONDecodeError:
             return text
+
+
+def wait_for_answers(futures: list[Future], deadline_s: float, progress_every_s: float, urls: list[str]) -> list[Any]:
+    """Every future's result, in order; the first failure is raised at once.
+
+    While requests are outstanding, a progress line (answered / pending, seconds waited) is logged every
+    ``progress_every_s``; past ``deadline_s`` the wait ends with an `SGLangError` (a stopped or hung server
+    otherwise means silence for up to ``(max_retries + 1) * timeout_s`` per request).
+    """
+    start = time.monotonic()
+    pending = set(futures)
+    while pending:
+        waited = time.monotonic() - start
+        if waited >= deadline_s:
+            for f in futures:
+                f.cancel()
+            raise SGLangError(
+                f"SGLang rollout: {len(futures) - len(pending)}/{len(futures)} requests answered within deadline_s={deadline_s:g} s "
+                f"(model.rollout.init_args.deadline_s) from {', '.join(urls)}. A server may be stalled (stopped process, "
+                "hung GPU, overloaded): check its log and /health_generate, or raise deadline_s for very long generations."
+            )
+        done, pending = wait(pending, timeout=min(progress_every_s, deadline_s - waited), return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                for other in futures:
+                    other.cancel()
+                raise f.exception()
+        if pending and time.monotonic() - start >= progress_every_s:
+            log.warning(
+                "SGLang rollout: waiting %.0f s for %s: %d/%d requests answered, %d pending (deadline_s=%g)",
+                time.monotonic() - start, ", ".join(urls), len(futures) - len(pending), len(futures), len(pending), deadline_s,
+            )
+    return [f.result() for f in futures]

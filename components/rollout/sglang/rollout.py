@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
@@ -25,7 +26,7 @@ from lightning_rl.batch import RolloutBatch
 from lightning_rl.lora import is_lora
 
 from ..base import Rollout
-from .client import SGLangClient
+from .client import SGLangClient, wait_for_answers
 from .generation import Sample, generate, sampling_params, to_batch
 from .server import LaunchedServer
 from .weights import flush_caches, push_adapter, push_from_disk, push_tensors, rank, save_adapter_version, save_checkpoint
@@ -63,6 +64,8 @@ class SGLangRollout(Rollout):
         sync_before_first_rollout: bool = True,
         launch_timeout_s: float = 900.0,
         lora_sync: Literal["adapter", "merged"] = "adapter",
+        deadline_s: float = 1800.0,
+        progress_every_s: float = 60.0,
     ):
         """
         Args:
@@ -97,6 +100,8 @@ class SGLangRollout(Rollout):
             lora_sync: for a LoRA policy, push the adapter alone (``adapter``: written to ``weight_dir`` and
                 loaded with ``/load_lora_adapter``; the server needs ``enable_lora``, ``max_lora_rank`` and
                 ``lora_target_modules``) or the base with the adapters merged in (``merged``: as ``weight_sync``).
+            deadline_s: seconds one rollout (every request of a batch, retries included) may take before it fails.
+            progress_every_s: while a rollout is slower than this, log its progress (answered / pending) this often.
         """
         if (base_url is None) == (launch is None):
             raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
@@ -108,6 +113,8 @@ class SGLangRollout(Rollout):
             raise ValueError(f"SGLangRollout: weight_sync must be 'disk' or 'tensor', got {weight_sync!r}")
         if lora_sync not in ("adapter", "merged"):
             raise ValueError(f"SGLangRollout: lora_sync must be 'adapter' or 'merged', got {lora_sync!r}")
+        if deadline_s <= 0 or progress_every_s <= 0:
+            raise ValueError(f"SGLangRollout: deadline_s ({deadline_s}) and progress_every_s ({progress_every_s}) must be > 0")
         if max_retries < 0 or max_concurrency < 1:
             raise ValueError(f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1")
         self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else list(base_url or []))]
@@ -123,6 +130,7 @@ class SGLangRollout(Rollout):
         self.sync_before_first_rollout = sync_before_first_rollout
         self.lora_sync = lora_sync
         self.adapter_name: str | None = None  # the loaded LoRA adapter that samples (adapter sync)
+        self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
         self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
         self.server: LaunchedServer | None = None
@@ -218,9 +226,9 @@ class SGLangRollout(Rollout):
             check_version = 0 if self.adapter_name else self.weight_version
             url = self.urls[i % len(self.urls)]
             futures.append(self._pool.submit(generate, self.client, url, input_ids, params, check_version, self.adapter_name))
-        try:
-            return [f.result() for f in futures]
-        except BaseException:  # never a partial batch: the first failure fails the rollout
+        try:  # never a partial batch: the first failure fails the rollout
+            return wait_for_answers(futures, self.deadline_s, self.progress_every_s, self.urls)
+        except BaseException:
             for f in futures:
                 f.cancel()
             raise
@@ -260,6 +268,8 @@ class SGLangRollout(Rollout):
     def _checkpoint_dir(self, version: str) -> Path:
         if self.weight_dir is None and self._own_dir is None:
             self._own_dir = tempfile.mkdtemp(prefix="lightning_rl_sglang_weights_")
+            # a policy-sized copy: removed on close, and at exit when a failed run never closes the rollout
+            weakref.finalize(self, shutil.rmtree, self._own_dir, ignore_errors=True)
         return Path(self.weight_dir or self._own_dir) / f"v{version}"
 
     def _resume_memory(self) -> None:

@@ -1,0 +1,217 @@
+"""The fault matrix: each fault a researcher can hit, the outcome the framework guarantees, and a test that checks it.
+
+| fault                                                    | outcome                                                             | row (here) / end-to-end test                                                             |
+|----------------------------------------------------------|---------------------------------------------------------------------|------------------------------------------------------------------------------------------|
+| max_steps not a multiple of every_n_train_steps          | last.ckpt at the final step                                         | test_fit_end / lightning_rl/test_fault.py                                                 |
+| exception in a component mid-run                         | last.ckpt at the last completed iteration; resume is exact          | test_component_exception / lightning_rl/test_fault.py                                     |
+| Ctrl-C                                                   | last.ckpt at the last completed iteration, exit 1                   | test_ctrl_c / lightning_rl/test_fault.py                                                  |
+| SIGTERM (pre-emption)                                    | the iteration finishes, last.ckpt there, exit                       | test_sigterm / lightning_rl/test_fault.py                                                 |
+| NaN/inf loss or gradient norm                            | step skipped on every rank, counted; N in a row: error naming LR    | test_nonfinite_update / lightning_rl/test_health.py                                       |
+| NaN/inf weights at a save                                | save refused, previous checkpoint kept                              | test_nonfinite_checkpoint / lightning_rl/test_health.py                                   |
+| every group degenerate N iterations; entropy collapse    | one warning saying what happened and what to try                    | test_divergence / lightning_rl/test_health.py                                             |
+| negative / NaN LR; batch_size <= 0; loop sizes < 1       | error at construction naming the config key                         | test_bad_sizes / lightning_rl/test_validation.py                                          |
+| group-relative estimator with group_size 1               | error at construction naming group_size                             | test_group_of_one / lightning_rl/test_validation.py                                       |
+| reward that never returns                                | TimeoutError after timeout_s (FunctionReward)                       | test_hung_reward / components/test_reward_timeouts.py                                     |
+| slow or crashing reward in PooledReward                  | failure_score (or a hard error) per sample, fractions logged        | test_hung_reward / components/test_reward_timeouts.py                                     |
+| stalled SGLang server                                    | progress logged while waiting; SGLangError at deadline_s            | test_stalled_sglang / components/test_sglang_rollout.py (loopback server)                 |
+| failed run after an SGLang weight push                   | temporary weights folder removed                                    | test_sglang_weights_folder / components/test_sglang_rollout.py                            |
+| kill during a save                                       | stale .<name>.tmp-<pid> swept at the next save                      | test_stale_temporaries / lightning_rl/test_checkpoint.py                                  |
+| crafted .ckpt given to export                            | refused (weights_only=True), its code never runs                    | test_crafted_checkpoint / lightning_rl/test_export.py                                     |
+| empty or malformed .jsonl                                | error naming file, line and fix                                     | test_bad_jsonl / lightning_rl/test_errors.py                                              |
+| reward returning numpy / 0-d tensor scores               | accepted; a wrong shape is named as a shape                         | test_numpy_scores / components/test_rewards.py                                            |
+| prompt + response past max_position_embeddings          | warning at fit start; truncated prompts counted                     | test_context_overflow / lightning_rl/test_errors.py                                       |
+| multi-node launch (2 nodes x 1 process, loopback)        | trains exactly like 1 process                                       | lightning_rl/test_distributed.py::test_two_nodes_of_one_process_on_loopback_equal_one_process |
+
+Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
+checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from components.advantage import GroupNormalized
+from components.reward import FunctionReward, PooledReward, as_scores
+from components.rollout import HFRollout
+from components.rollout.sglang.client import SGLangError, wait_for_answers
+from lightning_rl.config import LoopConfig, OptimizerConfig
+from lightning_rl.data import PromptDataModule, check_jsonl
+from lightning_rl.fault import ResumableCheckpoints
+from lightning_rl.health import FiniteCheckpoints, NonFiniteTrainingError, TrainingHealth
+from lightning_rl.module import RLModule
+from lightning_rl.requirements import check_context_length
+from tests.helpers import batch_from_scores
+from tests.lightning_rl.rewards import hangs_on_x
+
+
+class FaultyModel(BoringModel):
+    """BoringModel whose training step number ``at`` (0-based) raises, is interrupted or receives a SIGTERM."""
+
+    def __init__(self, fault: str | None = None, at: int = 2):
+        super().__init__()
+        self.fault, self.at = fault, at
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.at and self.fault == "error":
+            raise ValueError("component failed")
+        if self.global_step == self.at and self.fault == "interrupt":
+            raise KeyboardInterrupt
+        if self.global_step == self.at and self.fault == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().training_step(batch, batch_idx)
+
+
+def fit(tmp_path: Path, model: BoringModel, max_steps: int = 3) -> dict:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=5, save_top_k=0)
+    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, ResumableCheckpoints()], logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, accelerator="cpu", limit_val_batches=0, default_root_dir=tmp_path)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit(model)
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    return torch.load(tmp_path / "last.ckpt", weights_only=True)
+
+
+def test_fit_end(tmp_path):
+    assert fit(tmp_path, FaultyModel())["global_step"] == 3  # every_n_train_steps=5 never fired
+
+
+def test_component_exception(tmp_path):
+    with pytest.raises(ValueError, match="component failed"):
+        fit(tmp_path, FaultyModel("error"))
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+def test_ctrl_c(tmp_path):
+    with pytest.raises(SystemExit):
+        fit(tmp_path, FaultyModel("interrupt"))
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
+
+
+def test_sigterm(tmp_path):
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException, raised once the iteration is over
+        fit(tmp_path, FaultyModel("sigterm"), max_steps=5)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 3
+
+
+def test_nonfinite_update():
+    health = TrainingHealth(max_nonfinite_steps=2, degenerate_patience=0, min_entropy=0)
+    with pytest.warns(UserWarning, match="optimizer step skipped"):
+        assert not health.finite_step([torch.tensor(0.3), torch.tensor(float("nan"))], lr=10.0)
+    with pytest.raises(NonFiniteTrainingError, match=r"model\.optimizer\.lr=10.*reward"):
+        health.finite_step([torch.tensor(float("inf"))], lr=10.0)
+
+
+def test_nonfinite_checkpoint():
+    trainer, module = type("T", (), {"global_step": 4})(), type("M", (), {"device": torch.device("cpu")})()
+    with pytest.raises(NonFiniteTrainingError, match="refusing to save"):
+        FiniteCheckpoints().on_save_checkpoint(trainer, module, {"state_dict": {"w": torch.tensor([float("inf")])}})
+
+
+def test_divergence():
+    health = TrainingHealth(max_nonfinite_steps=3, degenerate_patience=3, min_entropy=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            health.observe({"sampling/zero_var_groups": 1.0}, i)
+    assert len(caught) == 1 and "degenerate" in str(caught[0].message) and "model.optimizer.lr" in str(caught[0].message)
+
+
+@pytest.mark.parametrize(
+    "build, key",
+    [
+        (lambda: OptimizerConfig(lr=-1.0), "model.optimizer.lr"),
+        (lambda: PromptDataModule(batch_size=-2), "data.batch_size=-2"),
+        (lambda: PromptDataModule(batch_size=0), "data.batch_size=0"),
+        (lambda: LoopConfig(micro_batch_size=0), "model.loop.micro_batch_size=0"),
+    ],
+)
+def test_bad_sizes(build, key):
+    with pytest.raises(ValueError, match=key):
+        build()
+
+
+def test_group_of_one():
+    with pytest.raises(ValueError, match="group_size=1"):
+        RLModule(rollout=HFRollout(group_size=1), advantage=GroupNormalized())
+
+
+def test_hung_reward():
+    batch, meta = batch_from_scores([0.0, 0.0]), {"prompts": ["p", "p"], "completions": ["ok", "x"]}
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="timeout_s"):
+        FunctionReward(hangs_on_x, timeout_s=0.2)(batch, meta)
+    pooled = PooledReward(hangs_on_x, workers=2, timeout_s=0.2, failure_score=-1.0)
+    try:
+        assert pooled(batch, meta).tolist() == [1.0, -1.0]
+    finally:
+        pooled.close()
+    assert time.monotonic() - start < 5.0
+
+
+def test_stalled_sglang():
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(time.sleep, 0.0), pool.submit(time.sleep, 2.0)]  # one request never answers in time
+        start = time.monotonic()
+        with pytest.raises(SGLangError, match=r"1/2 requests answered within deadline_s=0.3"):
+            wait_for_answers(futures, deadline_s=0.3, progress_every_s=0.1, urls=["http://gen:30000"])
+        assert time.monotonic() - start < 1.0
+
+
+def test_sglang_weights_folder():
+    from components.rollout import SGLangRollout
+
+    rollout = SGLangRollout(base_url="http://127.0.0.1:9")
+    folder = rollout._checkpoint_dir("1").parent
+    assert folder.is_dir()
+    del rollout  # a failed run: close() never called
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_stale_temporaries(tmp_path):
+    from lightning_rl.callbacks import AtomicCheckpointIO
+
+    stale = tmp_path / ".last.ckpt.tmp-999999999"  # no such process
+    stale.write_bytes(b"half a checkpoint")
+    AtomicCheckpointIO().save_checkpoint({"global_step": 1}, tmp_path / "last.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_crafted_checkpoint(tmp_path):
+    from tests.lightning_rl.test_export import test_a_crafted_checkpoint_is_refused_without_running_its_code
+
+    test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path)
+
+
+@pytest.mark.parametrize("content, message", [("\n", "is empty"), ('{"prompt": "1"}\n{"prompt": \n', "line 2: not valid JSON")])
+def test_bad_jsonl(tmp_path, content, message):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        check_jsonl(str(path))
+
+
+def test_numpy_scores():
+    torch.testing.assert_close(as_scores(np.array([0.5, 1.0], dtype=np.float32), 2, "r"), torch.tensor([0.5, 1.0]))
+    torch.testing.assert_close(as_scores([torch.tensor(0.5), np.float64(1.0)], 2, "r"), torch.tensor([0.5, 1.0]))
+
+
+def test_context_overflow():
+    config = type("Config", (), {"max_position_embeddings": 64})()
+    with pytest.warns(UserWarning, match="exceeds the policy's max_position_embeddings \\(64\\)"):
+        check_context_length(config, 60, 256, 8)
