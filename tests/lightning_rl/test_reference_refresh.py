@@ -10,7 +10,7 @@ from .cli_runs import cli_args
 
 
 def _fit(tmp_path, tiny_model_path, *extra):
-    args = cli_args(tmp_path, tiny_model_path, 2, "--data.batch_size=4", "--model.optimizer.lr=1e-2", *extra, config="configs/grpo_deepseekmath.yaml")
+    args = cli_args(tmp_path, tiny_model_path, 2, "--data.batch_size=4", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count", "--model.optimizer.lr=1e-2", *extra, config="configs/grpo_deepseekmath.yaml")
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli.model

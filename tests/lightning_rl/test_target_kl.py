@@ -8,7 +8,7 @@ from .cli_runs import cli_args
 
 
 def _epochs_run(tmp_path, tiny_model_path, *extra) -> float:
-    args = cli_args(tmp_path, tiny_model_path, 3, "--data.batch_size=4", "--model.loop.ppo_epochs=4", "--model.loop.num_mini_batches=2", "--model.optimizer.lr=1e-2", *extra)
+    args = cli_args(tmp_path, tiny_model_path, 3, "--data.batch_size=4", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count", "--model.loop.ppo_epochs=4", "--model.loop.num_mini_batches=2", "--model.optimizer.lr=1e-2", *extra)
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return float(cli.trainer.callback_metrics["policy/epochs_run"]), float(cli.trainer.callback_metrics["policy/approx_kl"])
@@ -16,7 +16,7 @@ def _epochs_run(tmp_path, tiny_model_path, *extra) -> float:
 
 @pytest.mark.slow
 def test_target_kl_stops_the_epochs(tmp_path, tiny_model_path):
-    # the first mini-batch of epoch 1 is on-policy (KL 0); the second runs after a step at lr 1e-2, so the
+    # a dense reward (digit count) so every iteration has advantages; the first mini-batch of epoch 1 is on-policy (KL 0); the second runs after a step at lr 1e-2, so the
     # epoch's mean approx-KL is > 0 and a target of 1e-9 stops after epoch 1; without a target all 4 run
     epochs, kl = _epochs_run(tmp_path / "stop", tiny_model_path, "--model.loop.target_kl=1e-9")
     assert epochs == 1.0 and kl > 1e-9
