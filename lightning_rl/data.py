@@ -135,6 +135,18 @@ class PromptStream(IterableDataset):
             self.position = {"epoch": epoch + 1, "batch": 0}
 
 
+class WithPretrainText(IterableDataset):
+    """Prompt batches with a batch of pretraining text attached (``batch["ptx"]``), for PPO-ptx: two streams,
+    each with its own resumable position."""
+
+    def __init__(self, prompts: PromptStream, text: PromptStream):
+        self.prompts, self.text = prompts, text
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch, text in zip(self.prompts, self.text):
+            yield {**batch, "ptx": {"ids": text["prompt_ids"], "mask": text["prompt_mask"]}}
+
+
 class PromptDataModule(LightningDataModule):
     """Prompts for RL, tokenised once, with the columns rewards need passed through."""
 
@@ -155,6 +167,10 @@ class PromptDataModule(LightningDataModule):
         val_size: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
+        ptx_data: str | None = None,
+        ptx_columns: list[str] | None = None,
+        ptx_batch_size: int = 8,
+        ptx_max_length: int = 256,
     ):
         """
         Args:
@@ -175,15 +191,25 @@ class PromptDataModule(LightningDataModule):
             val_size: use only the first ``val_size`` held-out prompts (None = all).
             seed: shuffling seed.
             shuffle: shuffle the training prompts every pass.
+            ptx_data: pretraining text for PPO-ptx (`model.ptx`), in the same forms as ``train_data``; each
+                iteration's batch carries ``ptx_batch_size`` rows of it (None = no second stream).
+            ptx_columns: the columns whose text is joined into one document (default ``[text]``; for
+                ``builtin:arithmetic``, ``[prompt, answer]`` gives solved problems).
+            ptx_batch_size: text rows per iteration per rank.
+            ptx_max_length: tokens kept per row (the first ones).
         """
         super().__init__()
-        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_prompt_length": max_prompt_length, "val_size": val_size}
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_prompt_length": max_prompt_length, "val_size": val_size,
+                 "ptx_batch_size": ptx_batch_size, "ptx_max_length": ptx_max_length}
         for key, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"data.{key}={value} must be >= 1 (data.batch_size is prompts per iteration per rank)")
         self.save_hyperparameters()
         self.train_rows = self.val_rows = None
         self._stream: PromptStream | None = None
+        self._ptx_stream: PromptStream | None = None
+        self.ptx_rows = None
+        self._restored_ptx_position: dict | None = None
         self.overlong_prompts: dict[str, int] = {}
         """Prompts longer than max_prompt_length per data source (truncated or dropped)."""
         self.longest_prompt: int | None = None
@@ -241,6 +267,20 @@ class PromptDataModule(LightningDataModule):
         self.longest_prompt = max(self.longest_prompt or 0, min(max(lengths), hp.max_prompt_length))
         return rows
 
+    def _prepare_text(self, source: str):
+        """Pretraining text rows, tokenised (first ``ptx_max_length`` tokens) as ``input_ids``."""
+        hp, tokenizer = self.hparams, self._tokenizer()
+        rows = load_rows(source, hp.split)
+        columns = list(hp.ptx_columns or ["text"])
+        check_columns(rows, {c: c for c in columns}, source)
+
+        def tokenize(batch):
+            texts = ["".join(str(batch[c][i]) for c in columns) for i in range(len(batch[columns[0]]))]
+            return {"input_ids": [ids[: hp.ptx_max_length] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]}
+
+        rows = rows.map(tokenize, batched=True, desc=None)
+        return rows.select_columns(["input_ids"])
+
     def setup(self, stage: str) -> None:
         import datasets
 
@@ -248,6 +288,8 @@ class PromptDataModule(LightningDataModule):
         hp = self.hparams
         if stage == "fit" and self.train_rows is None:
             self.train_rows = self._prepare(hp.train_data, hp.split)
+            if hp.ptx_data is not None:
+                self.ptx_rows = self._prepare_text(hp.ptx_data)
         if stage in ("fit", "validate") and self.val_rows is None and hp.val_data is not None:
             self.val_rows = self._prepare(hp.val_data, hp.val_split, hp.val_size)
 
@@ -259,8 +301,14 @@ class PromptDataModule(LightningDataModule):
         self._stream = PromptStream(self.train_rows, hp.batch_size, self._tokenizer().pad_token_id, hp.seed, hp.shuffle, rank, world)
         if self._restored_position is not None:
             self._stream.position = dict(self._restored_position)
+        stream = self._stream
+        if self.ptx_rows is not None:
+            self._ptx_stream = PromptStream(self.ptx_rows, hp.ptx_batch_size, self._tokenizer().pad_token_id, hp.seed + 1, hp.shuffle, rank, world)
+            if self._restored_ptx_position is not None:
+                self._ptx_stream.position = dict(self._restored_ptx_position)
+            stream = WithPretrainText(self._stream, self._ptx_stream)
         # batch_size=None: the stream yields whole batches; no workers, so its position is exact
-        return DataLoader(self._stream, batch_size=None, num_workers=0)
+        return DataLoader(stream, batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_rows is None:
@@ -271,8 +319,14 @@ class PromptDataModule(LightningDataModule):
     # ---- resumable position -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         position = self._stream.position if self._stream is not None else self._restored_position
-        return {"position": dict(position)} if position is not None else {}
+        state = {"position": dict(position)} if position is not None else {}
+        ptx_position = self._ptx_stream.position if self._ptx_stream is not None else self._restored_ptx_position
+        if ptx_position is not None:
+            state["ptx_position"] = dict(ptx_position)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "position" in state_dict:
             self._restored_position = dict(state_dict["position"])
+        if "ptx_position" in state_dict:
+            self._restored_ptx_position = dict(state_dict["ptx_position"])

@@ -25,6 +25,7 @@ from components.aggregator import Aggregator, TokenMean
 from components.critic import ValueCritic
 from components.kl import KLRegularizer
 from components.loss_terms import LossTerm
+from components.ptx import PretrainMix
 from components.reward import ExactMatch, Reward, as_scores
 from components.rollout import HFRollout, Rollout
 from components.sampling import DynamicSampling
@@ -67,6 +68,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         sampling: DynamicSampling | None = None,
         loss_terms: list[LossTerm] | None = None,
         val_reward: Reward | None = None,
+        ptx: PretrainMix | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),
         loop: LoopConfig = LoopConfig(),
     ):
@@ -84,6 +86,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
             sampling: DynamicSampling to drop zero-variance groups and resample (DAPO).
             loss_terms: extra per-token terms (EntropyBonus, PositiveNLL).
             val_reward: the reward validation reports as ``val/reward`` (None = ``reward``).
+            ptx: PPO-ptx, a pretraining LM loss on ``data.ptx_data`` mixed into the policy loss (None = off).
             optimizer: the policy's AdamW, LR schedule and gradient clipping.
             loop: epochs, mini-batches, micro-batches and logging.
         """
@@ -94,6 +97,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.surrogate, self.aggregator, self.kl, self.critic = surrogate, aggregator, kl, critic
         self.sampling, self.loss_terms = sampling, list(loss_terms or [])
         self.val_reward = val_reward if val_reward is not None else reward
+        self.ptx, self._ptx_text = ptx, None  # the iteration's pretraining text (ids, mask), from the data module
         self.optimizer_cfg, self.loop = optimizer, loop
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
@@ -179,6 +183,10 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         rounds = self.sampling.max_rounds if self.sampling is not None else 1
         for round_ in range(rounds):
             prompts, _, _ = next(dataloader_iter)
+            if round_ == 0 and self.ptx is not None:
+                if "ptx" not in prompts:
+                    raise ValueError("model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx")
+                self._ptx_text = (prompts["ptx"]["ids"].to(self.device), prompts["ptx"]["mask"].to(self.device))
             batch, meta = self._rollout_and_score(prompts, group_offset=groups_seen)
             metrics.add_all({k: v.to(self.device) for k, v in self.reward.last_metrics.items()})  # e.g. reward/timeout_frac
             target = target or prompts["prompt_ids"].shape[0]

@@ -51,6 +51,11 @@ class UpdatePhase:
                         loss = loss + value_loss
                         metrics.add_all(value_metrics, tokens)
                     self.manual_backward(loss)
+                if train_policy and self.ptx is not None:  # PPO-ptx: gamma * NLL of this iteration's pretraining text
+                    ptx_loss, ptx_metrics = self.ptx.loss(self.policy, *self._ptx_text)
+                    self.manual_backward(ptx_loss)
+                    metrics.add_all(ptx_metrics)
+                    policy_loss = policy_loss + ptx_loss.detach()
                 # each rank holds its share of the mini-batch loss; the mean over ranks is the loss itself
                 metrics.add("policy/loss", policy_loss)
                 if self.critic is not None:

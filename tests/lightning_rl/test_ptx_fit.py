@@ -1,0 +1,24 @@
+"""PPO-ptx end to end: the data module's second stream reaches the policy loss, and its position is resumable."""
+
+import pytest
+
+from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
+
+from .cli_runs import cli_args
+
+PTX = ["--model.ptx=components.ptx.PretrainMix", "--model.ptx.coef=0.5", "--data.ptx_data=builtin:arithmetic", "--data.ptx_columns=[prompt, answer]", "--data.ptx_batch_size=4"]
+
+
+@pytest.mark.slow
+def test_ptx_loss_is_mixed_in_and_its_stream_position_is_saved(tmp_path, tiny_model_path):
+    cli = main(["--config", DEFAULT_TRAINER_CONFIG, *cli_args(tmp_path, tiny_model_path, 2, "--data.batch_size=4", "--model.kl.init_args.coef=0.04", *PTX)], run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    nll = float(cli.trainer.callback_metrics["ptx/nll"])
+    assert 0.0 < nll < 10.0  # the solved problems' NLL under the tiny policy
+    assert cli.datamodule.state_dict()["ptx_position"] == {"epoch": 0, "batch": 2}  # one text batch per iteration
+
+
+def test_ptx_without_text_is_a_clear_error(tmp_path, tiny_model_path):
+    cli = main(["--config", DEFAULT_TRAINER_CONFIG, *cli_args(tmp_path, tiny_model_path, 1, *PTX[:2])], run=False)
+    with pytest.raises(ValueError, match="data.ptx_data is not"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
