@@ -2,9 +2,9 @@
 
     lightning-rl fit                                   # the embedded default: GRPO on builtin:arithmetic
     lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
-    lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/checkpoints/last.ckpt
+    lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
     lightning-rl fit --config configs/dapo.yaml --print_config
-    lightning-rl export runs/grpo/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
+    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
 
 Configs stack left to right (later files and command-line flags override earlier ones; lists
 are replaced, not merged). Interpolation resolves across stacked files and overrides when it is

@@ -1,7 +1,7 @@
 """Write trained models in Hugging Face format (``save_pretrained``), from a checkpoint or from a live module.
 
-    python -m lightning_rl.export runs/grpo/checkpoints/last.ckpt runs/grpo/hf
-    lightning-rl export runs/grpo/checkpoints/last.ckpt runs/grpo/hf --dtype bfloat16
+    python -m lightning_rl.export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf
+    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf --dtype bfloat16
 
 Output folders (each loads with ``from_pretrained``):
 

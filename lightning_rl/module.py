@@ -45,6 +45,7 @@ from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
 from .ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
 from .reporting import IterationReporting
 from .requirements import ContextLengthCheck, check_requirements
+from .runs import RunFolders
 from .update import UpdatePhase
 
 FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
@@ -327,8 +328,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
 
     def configure_callbacks(self) -> list:
         """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.fault); no checkpoint of
-        non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements)."""
-        return [ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck()]
+        non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements);
+        each fit in its own run folder with a ``latest`` link (lightning_rl.runs)."""
+        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()

@@ -5,7 +5,7 @@
 set -euo pipefail
 CONFIG=${CONFIG:-configs/grpo.yaml}
 RUN=${RUN:-runs/grpo}
-rm -rf "$RUN"   # a fresh run each time: last.ckpt below is this run's
+# each fit writes its own $RUN/version_N; $RUN/latest links to the newest, so last.ckpt below is this run's
 
 echo "== held-out greedy accuracy of the shipped policy (before RL)"
 lightning-rl validate --config "$CONFIG" --trainer.logger=false
@@ -14,4 +14,4 @@ echo "== RL (tensorboard --logdir runs)"
 lightning-rl fit --config "$CONFIG"
 
 echo "== held-out greedy accuracy after RL"
-lightning-rl validate --config "$CONFIG" --trainer.logger=false --ckpt_path "$RUN/checkpoints/last.ckpt"
+lightning-rl validate --config "$CONFIG" --trainer.logger=false --ckpt_path "$RUN/latest/checkpoints/last.ckpt"

@@ -1,0 +1,38 @@
+"""Run folders: every `fit` writes into its own versioned folder, and ``<save_dir>/<name>/latest`` points at the newest.
+
+TensorBoard's logger already versions its events (``runs/grpo/version_3``); the checkpoints of a preset
+(``runs/grpo/checkpoints``) were shared by every run, so a second `fit` wrote ``last-v1.ckpt`` beside the
+first run's ``last.ckpt``. Here a checkpoint folder at ``<save_dir>/<name>/checkpoints`` moves into the
+run's own folder, beside its events and resolved config, and ``latest`` links to that folder, so
+``runs/grpo/latest/checkpoints/last.ckpt`` is always the newest run's final state. Old runs are kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class RunFolders(Callback):
+    """Checkpoints into the logger's versioned folder; a ``latest`` link beside the versions."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        logger = trainer.logger
+        if stage != "fit" or logger is None or getattr(logger, "save_dir", None) is None or not logger.name:
+            return
+        root = Path(logger.save_dir) / logger.name  # runs/grpo
+        run = Path(trainer.log_dir)  # runs/grpo/version_N (rank 0's choice, broadcast)
+        for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)):
+            # only the preset layout moves; a dirpath the user chose elsewhere is theirs
+            if checkpoint.dirpath is not None and Path(checkpoint.dirpath).resolve() == (root / "checkpoints").resolve():
+                checkpoint.dirpath = str(run / "checkpoints")
+        if trainer.is_global_zero:
+            run.mkdir(parents=True, exist_ok=True)
+            link = root / "latest"
+            tmp = root / f".latest.tmp-{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(run.name, target_is_directory=True)  # relative: the folder can move
+            os.replace(tmp, link)  # atomic: a reader sees the old or the new run, never none
