@@ -16,9 +16,10 @@ jsonargparse 4.53 (it looks them up under ``fit.``).
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import warnings
-
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -29,6 +30,7 @@ from .data import PromptDataModule
 from .module import RLModule
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
+EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
 
 
 # Lightning warnings that are expected here, each for a reason:
@@ -42,7 +44,44 @@ QUIET = (
 )
 
 
+class RLArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser with a suggestion for a mistyped option, after the error (the last line printed)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        unknown = re.search(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            options = {o for action in self._all_actions() for o in action.option_strings if o.startswith("--")}
+            hints = []
+            for arg in unknown.group(1).split():
+                if arg.startswith("--"):
+                    close = difflib.get_close_matches(arg.split("=", 1)[0], sorted(options), n=1, cutoff=0.75)
+                    hints += [f"{arg.split('=', 1)[0]} -> did you mean {close[0]}?"] if close else []
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        super().error(message, ex)
+
+    def _all_actions(self):
+        yield from self._actions
+        if self._subcommands_action is not None:
+            for sub in self._subcommands_action._name_parser_map.values():
+                yield from sub._actions
+
+
 class RLCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """`fit` and `validate` (`test` / `predict` have no RL meaning here; `export` is handled by ``entry``)."""
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}, "validate": {"model", "dataloaders", "datamodule"}}
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        kwargs.setdefault("allow_abbrev", False)  # --trainer.max_step must not silently mean --trainer.max_steps
+        return super().init_parser(**kwargs)
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.export)
+        parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
         parser.link_arguments("model.policy.path", "data.tokenizer")
@@ -64,6 +103,8 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     return RLCLI(
         RLModule,
         PromptDataModule,
+        parser_class=RLArgumentParser,
+        auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
         parser_kwargs={
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},

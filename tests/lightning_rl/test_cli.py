@@ -1,8 +1,11 @@
 """End to end through the CLI: fit a few iterations, then validate from the checkpoint."""
 
+import re
+
 import pytest
 import torch
 
+from lightning_rl.cli import main
 from lightning_rl.models import ModelSpec, load_causal_lm
 
 from .cli_runs import cli_args, run_cli, scalars
@@ -70,3 +73,32 @@ def test_relative_interpolation_follows_stacked_overrides(capsys):
     printed = capsys.readouterr().out
     aggregator = printed[printed.index("components.aggregator.TokenSumNorm") :]
     assert "constant: 6.0" in aggregator.splitlines()[2]
+
+
+def _cli_error(capsys, *args) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    return exit_.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_help_lists_exactly_the_working_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    listed = set(re.findall(r"^    (\w+) ", out, flags=re.M))
+    assert {"fit", "validate", "export"} <= listed and not {"test", "predict"} & listed
+
+
+def test_a_mistyped_option_fails_with_a_suggestion_on_the_last_line(capsys):
+    code, last = _cli_error(capsys, "fit", "--model.advantge", "x")
+    assert code != 0 and "unrecognized arguments: --model.advantge" in last and "did you mean --model.advantage?" in last
+
+
+def test_an_abbreviated_option_is_rejected_not_guessed(capsys):
+    code, last = _cli_error(capsys, "fit", "--trainer.max_step", "3")
+    assert code != 0 and "did you mean --trainer.max_steps?" in last
+
+
+def test_lightnings_optimizer_flag_is_not_offered(capsys):
+    code, last = _cli_error(capsys, "fit", "--optimizer", "Adam")
+    assert code != 0 and "did you mean --model.optimizer?" in last
