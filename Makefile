@@ -5,19 +5,21 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
+# the stamp names the torch spec, so `make TORCH=... run` installs that build into an existing .venv too
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH)' | cksum | cut -d' ' -f1)
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(STAMP)
 
-run: $(VENV)/.installed
+run: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
 
-test: $(VENV)/.installed
+test: $(STAMP)
 	$(PY) -m pytest
 
 .PHONY: install run test

@@ -234,6 +234,12 @@ class PromptDataModule(LightningDataModule):
             rows = rows.select(range(min(limit, len(rows))))
         tokenizer, hp = self._tokenizer(), self.hparams
 
+        if hp.chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"data.chat_template is true but the tokenizer of {hp.tokenizer!r} has no chat template; "
+                "set data.chat_template: false (prompts are then tokenised as plain text) or use a chat model's tokenizer"
+            )
+
         def tokenize(batch):
             texts = batch["prompt"]
             if hp.chat_template:

@@ -117,3 +117,11 @@ def test_truncated_prompts_are_counted_and_context_overflow_is_warned(tmp_path, 
     check_context_length(config, dm.longest_prompt, 30, 34)  # 64: fits, silent
     with pytest.warns(UserWarning, match=r"longest prompt \(30 tokens; data.max_prompt_length=30\) \+ model.rollout.init_args.max_new_tokens \(35\) = 65 exceeds the policy's max_position_embeddings \(64\)"):
         check_context_length(config, dm.longest_prompt, 30, 35)
+
+
+def test_chat_template_on_a_tokenizer_without_one_names_the_option(tiny_model_path):
+    from lightning_rl.data import PromptDataModule
+
+    data = PromptDataModule(tokenizer=tiny_model_path, chat_template=True)
+    with pytest.raises(ValueError, match="data.chat_template is true but the tokenizer .* has no chat template"):
+        data.setup("fit")
