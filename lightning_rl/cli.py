@@ -5,6 +5,8 @@
     lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
     lightning-rl fit --config configs/dapo.yaml --print_config
     lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
+    lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run   # the components, batch arithmetic, models, folders
+    lightning-rl components                            # every component, with the first line of its formula
 
 Configs stack left to right (later files and command-line flags override earlier ones; lists
 are replaced, not merged). Interpolation resolves across stacked files and overrides when it is
@@ -22,6 +24,7 @@ import re
 import warnings
 from pathlib import Path
 
+import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -30,6 +33,7 @@ from .data import PromptDataModule
 from .module import RLModule
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
+COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
 EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
 
 
@@ -81,12 +85,20 @@ class RLCLI(LightningCLI):
         super()._add_subcommands(parser, **kwargs)
         export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.export)
         parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
+        parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
         parser.link_arguments("model.policy.path", "data.tokenizer")
 
     def instantiate_trainer(self, **kwargs):
+        accelerator = str(self._get(self.config_init, "trainer", default={}).get("accelerator", "auto"))
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"a CUDA {torch.version.cuda} build that sees no GPU"
+            raise SystemExit(
+                f"trainer.accelerator={accelerator} but torch {torch.__version__} is {build}. Install the CUDA build, e.g. "
+                'make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" install, or use --trainer.accelerator cpu'
+            )
         # checkpoint files are written atomically unless the config brings its own CheckpointIO (lightning_rl.callbacks)
         plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
         plugins = list(plugins) if isinstance(plugins, list) else [] if plugins is None else [plugins]
@@ -123,6 +135,16 @@ def entry() -> None:
         from .export import main as export
 
         export(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["components"]:  # every component a config can name, with its formula's first line
+        from .catalog import main as components
+
+        components()
+        return
+    if sys.argv[1:2] == ["fit"] and "--dry_run" in sys.argv:  # compose and describe, train nothing
+        from .dry_run import describe
+
+        print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *[a for a in sys.argv[2:] if a != "--dry_run"]], run=False)))
         return
     main()
 

@@ -102,3 +102,34 @@ def test_an_abbreviated_option_is_rejected_not_guessed(capsys):
 def test_lightnings_optimizer_flag_is_not_offered(capsys):
     code, last = _cli_error(capsys, "fit", "--optimizer", "Adam")
     assert code != 0 and "did you mean --model.optimizer?" in last
+
+
+def _entry(monkeypatch, capsys, *argv) -> str:
+    from lightning_rl.cli import entry
+
+    monkeypatch.setattr("sys.argv", ["lightning-rl", *argv])
+    entry()
+    return capsys.readouterr().out
+
+
+def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_model_path, monkeypatch, capsys):
+    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/dapo.yaml", "--dry_run", f"--model.policy.path={tiny_model_path}", f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.save_dir={tmp_path}")
+    # dapo: 8 prompts x group 8 = 64 samples, 1 epoch x 4 mini-batches, 16 samples x 8 tokens per step
+    assert "samples            64 per rank (group_size 8) = 64" in out
+    assert "optimizer steps    4 (ppo_epochs 1 x num_mini_batches 4)" in out
+    assert "per optimizer step 16 samples, at most 128 response tokens" in out
+    assert "model.sampling    DynamicSampling" in out and "policy " in out
+    assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
+
+
+def test_components_lists_every_kind_with_its_formula(monkeypatch, capsys):
+    out = _entry(monkeypatch, capsys, "components")
+    assert "components.advantage.GroupNormalized" in out and "components.surrogate.CovariancePG" in out
+    assert "model.aggregator:" in out and "(1/N) sum_i (1/|o_i|) sum_t l_it" in out
+
+
+def test_gpu_accelerator_on_cpu_torch_says_how_to_install_cuda(tmp_path, tiny_model_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit, match="Install the CUDA build"):
+        main(["fit", *cli_args(tmp_path, tiny_model_path, 1, "--trainer.accelerator=gpu")])
