@@ -26,11 +26,13 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from .callbacks import AtomicCheckpointIO
 from .data import PromptDataModule
 from .module import RLModule
+from .progress import RLProgressBar
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -86,6 +88,14 @@ class RLCLI(LightningCLI):
         export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.export)
         parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
         parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        # the RL progress bar (lightning_rl.progress) unless the bar is off or the config brings its own
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in [*configured, *callbacks]):
+            callbacks = [*callbacks, RLProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
