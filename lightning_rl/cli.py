@@ -19,6 +19,7 @@ jsonargparse 4.53 (it looks them up under ``fit.``).
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import warnings
@@ -48,6 +49,15 @@ QUIET = (
     ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
     ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
 )
+
+
+class _DropNoise(logging.Filter):
+    """Lightning's info lines a researcher cannot act on (a product tip, the seed echo)."""
+
+    NOISE = ("💡 Tip:", "Seed set to")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.NOISE)
 
 
 class RLArgumentParser(LightningArgumentParser):
@@ -122,6 +132,10 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for pattern in QUIET:
         warnings.filterwarnings("ignore", message=pattern)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in log.filters):
+            log.addFilter(_DropNoise())
     return RLCLI(
         RLModule,
         PromptDataModule,

@@ -133,3 +133,17 @@ def test_gpu_accelerator_on_cpu_torch_says_how_to_install_cuda(tmp_path, tiny_mo
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit, match="Install the CUDA build"):
         main(["fit", *cli_args(tmp_path, tiny_model_path, 1, "--trainer.accelerator=gpu")])
+
+
+@pytest.mark.slow
+def test_console_has_none_of_the_noise_a_newcomer_cannot_act_on(tmp_path, tiny_model_path):
+    import subprocess
+    import sys
+
+    args = [a for a in cli_args(tmp_path, tiny_model_path, 1, "--data.val_data=null") if not a.startswith(("--trainer.enable_progress_bar", "--trainer.enable_model_summary"))]
+    run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "fit", *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    console = run.stdout + run.stderr
+    for noise in ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name"):
+        assert noise not in console, noise
+    assert "RL iterations" in console  # the bar is there
