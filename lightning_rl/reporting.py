@@ -22,7 +22,7 @@ class IterationReporting:
         metrics.add("reward/std", masked_mean((batch.scores - masked_mean(batch.scores, sampled)).square(), sampled).sqrt())
         metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
         metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
-        if self.sampling is None and batch.batch_size:  # with dynamic sampling, _collect logs it before filtering
+        if self.sampling is None and batch.batch_size and self.rollout.group_size > 1:  # groups of one have no variance to lack; with dynamic sampling, _collect logs it before filtering
             metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
         if self.kl is not None:
             metrics.add("kl/coef", self.kl.coef.float())

@@ -27,3 +27,12 @@ def test_bar_counts_iterations_for_dynamic_sampling_and_resume(tmp_path, tiny_mo
     assert shown["reward"].count(".") == 1 and shown["length"].endswith(" tok") and shown["speed"].endswith(" tok/s")
     bar, task, _ = _fit(tmp_path, tiny_model_path, 4, tmp_path / "checkpoints" / "last.ckpt")
     assert (task.completed, task.total) == (4, 4)  # resumed at 2: never 4/3
+
+
+@pytest.mark.slow
+def test_zero_var_groups_is_logged_only_where_groups_exist(tmp_path, tiny_model_path):
+    for config, logged in (("configs/reinforce.yaml", False), ("configs/grpo.yaml", True)):
+        args = cli_args(tmp_path / config.split("/")[1], tiny_model_path, 1, "--data.val_data=null", config=config)
+        cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        assert ("sampling/zero_var_groups" in cli.trainer.callback_metrics) is logged, config
