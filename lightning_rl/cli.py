@@ -155,6 +155,9 @@ def entry() -> None:
     """The ``lightning-rl`` console script (returns nothing, so the exit status is 0 on success)."""
     import sys
 
+    if os.getcwd() not in sys.path:  # dotted paths in configs (my_project.rewards.fn) import from the working folder, as with `python cli.py`
+        sys.path.insert(0, os.getcwd())
+
     if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
         from .export import main as export
 

@@ -147,3 +147,13 @@ def test_console_has_none_of_the_noise_a_newcomer_cannot_act_on(tmp_path, tiny_m
     for noise in ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name"):
         assert noise not in console, noise
     assert "RL iterations" in console  # the bar is there
+
+
+def test_a_reward_in_the_working_folder_imports_by_dotted_path(tmp_path, tiny_model_path, monkeypatch, capsys):
+    import sys
+
+    (tmp_path / "my_rewards_here.py").write_text("def score(completions, **_):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    out = _entry(monkeypatch, capsys, "fit", "--dry_run", f"--model.policy.path={tiny_model_path}", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=my_rewards_here.score", f"--trainer.default_root_dir={tmp_path}")
+    assert "model.reward      FunctionReward" in out
