@@ -158,6 +158,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
 
     def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans()
+        iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
         with timer("rollout"):
             batch, meta = self._collect(dataloader_iter, metrics)
         with timer("score"):
@@ -171,7 +172,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         with timer("sync"):
             if steps:
                 self.rollout.sync_weights(self.policy)
-            if self.kl is not None and self.kl.refresh_due(self.global_step + 1):
+            if self.kl is not None and self.kl.refresh_due(iterations_done):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self._update_kl(batch)

@@ -38,3 +38,11 @@ def test_refresh_schedule():
     assert not KLRegularizer(coef=0.0, refresh_every=1).refresh_due(1)  # no KL, no reference to refresh
     with pytest.raises(ValueError, match="refresh_every must be >= 1"):
         KLRegularizer(coef=0.04, refresh_every=0)
+
+
+@pytest.mark.slow
+def test_refresh_every_two_happens_after_the_second_iteration_not_the_first(tmp_path, tiny_model_path):
+    # one optimizer step per iteration: after 2 iterations with refresh_every 2 the reference is the final policy
+    # (a refresh after iteration 1 would leave it one update behind)
+    refreshed = _fit(tmp_path, tiny_model_path, "--model.kl.init_args.refresh_every=2")
+    assert _same(refreshed.reference, refreshed.policy)
