@@ -31,7 +31,11 @@ class Composite(Reward):
         if len(weights) != len(rewards):
             raise ValueError(f"Composite: {len(rewards)} rewards but {len(weights)} weights; give one weight per reward")
         if names is None:  # class names, numbered where a class repeats: ExactMatch, ExactMatch_2
-            names = [r.name if [x.name for x in rewards[:i]].count(r.name) == 0 else f"{r.name}_{[x.name for x in rewards[:i]].count(r.name) + 1}" for i, r in enumerate(rewards)]
+            seen: dict[str, int] = {}
+            names = []
+            for reward in rewards:
+                seen[reward.name] = seen.get(reward.name, 0) + 1
+                names.append(reward.name if seen[reward.name] == 1 else f"{reward.name}_{seen[reward.name]}")
         names = list(names)
         if len(names) != len(rewards) or len(set(names)) != len(names):
             raise ValueError(f"Composite: names must be one distinct name per reward, got {names}; give `names` explicitly")

@@ -103,6 +103,7 @@ def test_composite_exposes_its_unweighted_parts_by_name():
     torch.testing.assert_close(composite(batch, {"completions": ["x", "y"]}), torch.tensor([0.35, 0.35]))  # 0.7 - 0.5 * 0.7
     assert sorted(composite.last_parts) == ["a", "b"]
     torch.testing.assert_close(composite.last_parts["b"], torch.tensor([0.7, 0.7]))  # unweighted
-    assert len(set(Composite([FunctionReward(constant_reward)] * 2).names)) == 2  # a repeated class is numbered
+    names = Composite([FunctionReward(constant_reward)] * 2).names  # a repeated class is numbered
+    assert names[1] == names[0] + "_2"
     with pytest.raises(ValueError, match="distinct name"):
         Composite([FunctionReward(constant_reward)] * 2, names=["a", "a"])
