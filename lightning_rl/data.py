@@ -331,6 +331,14 @@ class PromptDataModule(LightningDataModule):
             state["ptx_position"] = dict(ptx_position)
         return state
 
+    def rewind(self, state: dict[str, Any]) -> None:
+        """Set the live streams back to positions taken with ``state_dict`` (an interrupted iteration's prompts
+        and pretraining text are read again on resume, neither lost nor skipped)."""
+        if self._stream is not None and "position" in state:
+            self._stream.position = dict(state["position"])
+        if self._ptx_stream is not None and "ptx_position" in state:
+            self._ptx_stream.position = dict(state["ptx_position"])
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "position" in state_dict:
             self._restored_position = dict(state_dict["position"])

@@ -49,14 +49,14 @@ class ResumableCheckpoints(Callback):
         self._start: dict | None = None  # what the running iteration started from (see on_train_batch_start)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        stream = getattr(trainer.datamodule, "_stream", None)
+        data = trainer.datamodule
         rng, shuffle = getattr(pl_module, "_rng", None), getattr(pl_module, "_shuffle", None)
         self._start = {
             "step": trainer.global_step,
             "optimizer_steps": dict(getattr(pl_module, "optimizer_steps", {})),
             "rng": rng.state if rng is not None else None,  # replaced (not mutated) by each iteration
             "shuffle": shuffle.get_state() if shuffle is not None else None,
-            "position": dict(stream.position) if stream is not None else None,
+            "position": data.state_dict() if hasattr(data, "rewind") else None,  # every stream's (prompts, PPO-ptx text)
         }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -88,7 +88,7 @@ class ResumableCheckpoints(Callback):
             if start["shuffle"] is not None:
                 pl_module._shuffle.set_state(start["shuffle"])
             if start["position"] is not None:
-                trainer.datamodule._stream.position = start["position"]
+                trainer.datamodule.rewind(start["position"])
         for checkpoint in callbacks:
             if checkpoint._last_global_step_saved != trainer.global_step:
                 try:

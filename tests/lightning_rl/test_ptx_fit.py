@@ -22,3 +22,16 @@ def test_ptx_without_text_is_a_clear_error(tmp_path, tiny_model_path):
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *cli_args(tmp_path, tiny_model_path, 1, *PTX[:2])], run=False)
     with pytest.raises(ValueError, match="data.ptx_data is not"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+def test_rewind_sets_both_streams_back(tiny_model_path):
+    from lightning_rl.data import PromptDataModule
+
+    data = PromptDataModule(tokenizer=tiny_model_path, batch_size=2, ptx_data="builtin:arithmetic", ptx_columns=["prompt", "answer"], ptx_batch_size=2)
+    data.setup("fit")
+    stream = iter(data.train_dataloader())
+    next(stream)
+    start = data.state_dict()  # an iteration starts here ...
+    next(stream)  # ... reads prompts and text, then fails
+    data.rewind(start)
+    assert data.state_dict() == start == {"position": {"epoch": 0, "batch": 1}, "ptx_position": {"epoch": 0, "batch": 1}}
