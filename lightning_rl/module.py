@@ -255,7 +255,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         return batch.replace(**{k: torch.cat([pad_to(x, width) for x in v]) * mask for k, v in fields.items()})
 
     def _estimate(self, batch: RolloutBatch, metrics: WeightedMeans) -> RolloutBatch:
-        rewards = terminal_rewards(batch.scores, batch.response_mask)
+        rewards = terminal_rewards(batch.scores, batch.action_tokens)
+        if batch.env_rewards is not None:  # multi-turn: an environment's rewards, on the last token of their turn
+            rewards = rewards + batch.env_rewards
         if self.kl is not None:
             rewards = rewards + self.kl.reward_penalty(batch)
         batch = batch.replace(token_rewards=rewards)
