@@ -59,6 +59,7 @@ class IterationReporting:
             return
         rows = ["| prompt | completion | score |", "|---|---|---|"]
         for i in range(min(self.loop.log_samples, batch.batch_size)):
-            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], meta["completions"][i])]
+            completion = meta["transcripts"][i] if "transcripts" in meta else meta["completions"][i]  # multi-turn: observations marked
+            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], completion)]
             rows.append(f"| {cells[0]} | {cells[1]} | {float(batch.scores[i]):.3f} |")
         experiment.add_text("samples", "\n".join(rows), self.global_step)

@@ -38,6 +38,9 @@ class Environment(ABC):
     configured environment serves every prompt of a batch.
     """
 
+    stop_texts: tuple[str, ...] = ()
+    """Texts (one token each) that end a model turn besides EOS, e.g. a tool call's closing tag."""
+
     def reset(self, row: dict[str, Any]) -> Any:
         """The state of a new episode for the prompt whose data row (prompt text and every column) is ``row``."""
         return dict(row)

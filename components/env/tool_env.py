@@ -45,6 +45,10 @@ class ToolEnvironment(Environment):
         self.protocol = protocol or ToolProtocol()
         self.default_tool, self.max_calls_per_turn, self.error_reward = default_tool, max_calls_per_turn, error_reward
 
+    @property
+    def stop_texts(self) -> tuple[str, ...]:
+        return (self.protocol.call_close,)
+
     def step(self, state: Any, turn: Turn) -> Step:
         calls = self.protocol.calls(turn.text)
         if not calls:
