@@ -315,7 +315,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         scores = as_scores(self.val_reward(rollout, meta), rollout.batch_size, _name(self.val_reward), meta).to(self.device)
         n = rollout.batch_size
         self.log("val/reward", scores.mean(), on_epoch=True, sync_dist=True, batch_size=n, prog_bar=True)
-        self.log("val/response_length", rollout.response_lengths.float().mean(), on_epoch=True, sync_dist=True, batch_size=n)
+        self.log("val/response_length", rollout.action_tokens.sum(-1).mean(), on_epoch=True, sync_dist=True, batch_size=n)  # the model's tokens
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ sample per context (``group_size`` 1).
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 from typing import Any
 
@@ -67,10 +68,12 @@ class MultiTurnRollout:
         for text in getattr(self.env, "stop_texts", ()):
             ids = tokenizer.encode(text, add_special_tokens=False)
             if len(ids) != 1:
-                raise ValueError(
-                    f"the environment's stop text {text!r} is {len(ids)} tokens ({ids}) for this tokenizer; a sampler stops on "
-                    "single tokens. Add it to the tokenizer as one token, or choose a protocol whose closing tag is one token"
+                warnings.warn(
+                    f"the environment's stop text {text!r} is {len(ids)} tokens for this tokenizer and a sampler stops on single "
+                    "tokens: a turn then runs on to EOS or max_new_tokens (the environment still reads its calls). Add the text "
+                    "to the tokenizer as one token, or choose a protocol whose closing tag is one token"
                 )
+                continue
             self.stop_ids.append(ids[0])
         self.chat = ChatTurns(tokenizer, self.observation_role) if self.chat_template else None
 

@@ -139,8 +139,8 @@ def test_setup_errors(tokenizer):
     from components.env import Calculator, ToolEnvironment
 
     sampler = Scripted([], tokenizer.eos_token_id)
-    with pytest.raises(ValueError, match=r"stop text '</call>' is 7 tokens"):
-        _agent(ToolEnvironment([Calculator()]), tokenizer, sampler)
+    with pytest.warns(UserWarning, match=r"stop text '</call>' is 7 tokens"):
+        assert _agent(ToolEnvironment([Calculator()]), tokenizer, sampler).stop_ids == []
     with pytest.raises(ValueError, match="has no chat template"):
         _agent(Echo(), tokenizer, sampler, chat_template=True)
     sampler.greedy_baseline = True
