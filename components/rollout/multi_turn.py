@@ -41,7 +41,11 @@ ENV_MARK = ("[[env: ", "]]")
 
 
 class MultiTurnRollout:
-    """Drives a `Rollout` (HFRollout, SGLangRollout) through an `Environment`, turn by turn; see the module docstring."""
+    """Multi-turn episodes: any token-in/token-out `Rollout` driven through an `Environment`, trained on the exact sampled ids.
+
+    The sampler (``model.rollout``) samples each turn; the environment answers; its observation is appended
+    as environment tokens (``action_mask`` 0). See the module docstring for the loop and its limits.
+    """
 
     def __init__(self, env: Environment, max_turns: int = 4, max_total_tokens: int = 256, chat_template: bool = False, observation_role: str = "tool"):
         """

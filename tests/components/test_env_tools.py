@@ -106,3 +106,30 @@ def test_python_tool_limits():
     step = env.step(None, _turn("<call>python(while True: pass)</call>"))
     assert time.monotonic() - start < 3.0
     assert step.observation == "<result>error: timed out after 1.0 s</result>"
+
+
+def test_tools_are_configured_from_yaml_with_a_dotted_path():
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    from components.rollout import MultiTurnRollout
+
+    parser = ArgumentParser()
+    parser.add_argument("--agent", type=MultiTurnRollout)
+    config = yaml.safe_load(
+        """
+        agent:
+          class_path: components.rollout.MultiTurnRollout
+          init_args:
+            env:
+              class_path: components.env.ToolEnvironment
+              init_args:
+                tools:
+                  - class_path: components.env.Calculator
+                  - class_path: components.env.FunctionTool
+                    init_args: {fn: tests.components.test_env_tools.lookup, timeout_s: 2.0}
+        """
+    )
+    agent = parser.instantiate_classes(parser.parse_object(config)).agent
+    step = agent.env.step(None, _turn("<call>lookup(pi)</call><call>calc(2**5)</call>"))
+    assert step.observation == "<result>3.14</result><result>32</result>"
