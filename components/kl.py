@@ -100,7 +100,7 @@ class KLRegularizer(nn.Module):
 
     def reward_penalty(self, batch: RolloutBatch) -> Tensor:
         """-beta * k(pi_old, ref) per token for placement='reward', else zeros. No gradient. Shape: (B, R)."""
-        mask = batch.response_mask.float()
+        mask = batch.action_tokens  # never on an environment's tokens
         if self.placement != "reward" or not self.active:
             return torch.zeros_like(mask)
         kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.estimator)

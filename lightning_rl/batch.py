@@ -25,6 +25,8 @@ PER_TOKEN = (
     "token_rewards",
     "advantages",
     "returns",
+    "action_mask",
+    "env_rewards",
 )
 PROMPT = ("prompt_ids", "prompt_mask")
 
@@ -48,6 +50,8 @@ class RolloutBatch:
     advantages: Tensor | None = None  # (B, R)
     returns: Tensor | None = None  # (B, R)
     weight_version: int | None = None  # policy version that sampled this batch
+    action_mask: Tensor | None = None  # (B, R) 1 on tokens the model sampled, 0 on environment tokens (None = all sampled)
+    env_rewards: Tensor | None = None  # (B, R) an environment's per-turn rewards, on the last token of each turn
 
     def __post_init__(self) -> None:
         if self.response_ids.dim() != 2 or self.response_mask.shape != self.response_ids.shape:
@@ -61,9 +65,16 @@ class RolloutBatch:
         return self.response_ids.shape[0]
 
     @property
-    def loss_mask(self) -> Tensor:
-        """(B, R) float: tokens that count in the loss (response tokens of samples that count)."""
+    def action_tokens(self) -> Tensor:
+        """(B, R) float: the tokens the model sampled. ``response_mask`` also covers environment tokens (tool
+        results in a multi-turn transcript), which later turns attend to but which are never trained on."""
         mask = self.response_mask.float()
+        return mask if self.action_mask is None else mask * self.action_mask.float()
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """(B, R) float: tokens that count in the loss (sampled response tokens of samples that count)."""
+        mask = self.action_tokens
         if self.sample_mask is not None:
             mask = mask * self.sample_mask.float().unsqueeze(-1)
         return mask
@@ -79,7 +90,8 @@ class RolloutBatch:
 
     @property
     def response_lengths(self) -> Tensor:
-        return self.response_mask.sum(-1)  # (B,)
+        """(B,) the length of each response row, environment tokens included (what a decode reads)."""
+        return self.response_mask.sum(-1)
 
     def replace(self, **changes) -> "RolloutBatch":
         return dataclasses.replace(self, **changes)
@@ -129,16 +141,17 @@ class RolloutBatch:
             raise ValueError(f"{who} needs RolloutBatch field(s) {missing}, which are not set")
 
 
-def terminal_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
+def terminal_rewards(scores: Tensor, mask: Tensor) -> Tensor:
     """Place each sequence score on its last valid response token. Shape: (B,) -> (B, R).
 
-    Reading the reward at padding instead of the true last token is a classic RLHF bug
-    (N+ implementation details, Huang et al. 2024); samples with no valid token get nothing.
+    ``mask`` is ``response_mask``, or a batch's ``action_tokens`` (a multi-turn transcript is rewarded on the
+    model's last token, never on an observation). Reading the reward at padding instead of the true last token
+    is a classic RLHF bug (N+ implementation details, Huang et al. 2024); samples with no valid token get nothing.
     """
-    mask = response_mask.float()
-    lengths = mask.sum(-1).long()  # (B,)
-    rewards = torch.zeros_like(mask, dtype=torch.float32)
-    has_tokens = lengths > 0
-    rows = torch.arange(mask.shape[0], device=mask.device)[has_tokens]
-    rewards[rows, lengths[has_tokens] - 1] = scores[has_tokens].float()
+    valid = mask != 0
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    last = torch.where(valid, positions, -1).amax(-1) if mask.shape[-1] else torch.full(mask.shape[:1], -1, device=mask.device)  # (B,)
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = (last >= 0).nonzero().squeeze(-1)
+    rewards[rows, last[rows]] = scores[rows].float()
     return rewards

@@ -16,6 +16,9 @@ KINDS = {
     "sampling": ("components.sampling", "DynamicSampling"),
     "loss_terms": ("components.loss_terms", "LossTerm"),
     "ptx": ("components.ptx", "PretrainMix"),
+    "agent": ("components.rollout", "MultiTurnRollout"),
+    "agent.init_args.env": ("components.env", "Environment"),
+    "agent.init_args.env.init_args.tools": ("components.env", "Tool"),
 }
 """model.<key> -> (module, the contract's class): the concrete subclasses of the contract are listed."""
 

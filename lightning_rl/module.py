@@ -27,7 +27,7 @@ from components.kl import KLRegularizer
 from components.loss_terms import LossTerm
 from components.ptx import PretrainMix
 from components.reward import ExactMatch, Reward, as_scores
-from components.rollout import HFRollout, Rollout
+from components.rollout import HFRollout, MultiTurnRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 
@@ -70,6 +70,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         loss_terms: list[LossTerm] | None = None,
         val_reward: Reward | None = None,
         ptx: PretrainMix | None = None,
+        agent: MultiTurnRollout | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),
         loop: LoopConfig = LoopConfig(),
     ):
@@ -88,6 +89,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
             loss_terms: extra per-token terms (EntropyBonus, PositiveNLL).
             val_reward: the reward validation reports as ``val/reward`` (None = ``reward``).
             ptx: PPO-ptx, a pretraining LM loss on ``data.ptx_data`` mixed into the policy loss (None = off).
+            agent: multi-turn episodes through an environment (tools), sampled by ``rollout`` (None = one turn).
             optimizer: the policy's AdamW, LR schedule and gradient clipping.
             loop: epochs, mini-batches, micro-batches and logging.
         """
@@ -99,6 +101,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         self.sampling, self.loss_terms = sampling, list(loss_terms or [])
         self.val_reward = val_reward if val_reward is not None else reward
         self.ptx, self._ptx_text = ptx, None  # the iteration's pretraining text (ids, mask), from the data module
+        self.agent = agent
         self.optimizer_cfg, self.loop = optimizer, loop
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
@@ -129,6 +132,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
             self.critic.build(self.policy_spec.path, getattr(self.reward, "path", None), policy=self.policy)
         for component in {id(c): c for c in (self.rollout, self.reward, self.val_reward)}.values():
             component.setup(self.tokenizer)
+        if self.agent is not None:
+            self.agent.setup(self.tokenizer, self.rollout)
         if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh (lightning_rl.distributed)
             shard_models(self)
 
@@ -191,6 +196,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
                 self._ptx_text = (prompts["ptx"]["ids"].to(self.device), prompts["ptx"]["mask"].to(self.device))
             batch, meta = self._rollout_and_score(prompts, group_offset=groups_seen)
             metrics.add_all({k: v.to(self.device) for k, v in self.reward.last_metrics.items()})  # e.g. reward/timeout_frac
+            if self.agent is not None:
+                metrics.add_all({k: v.to(self.device) for k, v in self.agent.last_metrics.items()})  # agent/turns_mean, tool/error_frac
             target = target or prompts["prompt_ids"].shape[0]
             groups_seen += prompts["prompt_ids"].shape[0]
             if self.sampling is None:
@@ -218,7 +225,7 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
     @torch.no_grad()
     def _rollout_and_score(self, prompts: dict, group_offset: int) -> tuple[RolloutBatch, dict]:
         prompt_ids, prompt_mask = prompts["prompt_ids"].to(self.device), prompts["prompt_mask"].to(self.device)
-        batch = self.rollout.generate(prompt_ids, prompt_mask, self.policy)
+        batch, texts = self._sample(prompt_ids, prompt_mask, prompts["meta"])
         rows = batch.batch_size // prompt_ids.shape[0]
         batch = batch.replace(group_ids=batch.group_ids + group_offset)
         if batch.sample_mask is None:
@@ -226,12 +233,21 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         if self.loop.mask_truncated:
             batch = batch.replace(sample_mask=batch.sample_mask * (batch.truncated == 0).float())
         meta = {k: [v for v in vals for _ in range(rows)] for k, vals in prompts["meta"].items()}
-        meta["completions"] = self._decode(batch)
+        meta.update(texts)
         meta["prompts"] = meta["prompt"] if "prompt" in meta else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
         scores = as_scores(self.reward(batch, meta), batch.batch_size, _name(self.reward), meta)
         for name, part in getattr(self.reward, "last_parts", {}).items():  # a Composite's parts, per sample
             meta[f"reward/{name}"] = part.tolist()
         return batch.replace(scores=scores.to(self.device)), meta
+
+    def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, columns: dict[str, list], greedy: bool = False) -> tuple[RolloutBatch, dict[str, list]]:
+        """The rollout's samples and their ``completions``; with ``agent``, whole episodes through its environment,
+        built from each prompt's data row (components.rollout.multi_turn), and their ``transcripts``."""
+        if self.agent is None:
+            batch = self.rollout.generate(prompt_ids, prompt_mask, self.policy, greedy=greedy)
+            return batch, {"completions": self._decode(batch)}
+        rows = [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else [{} for _ in range(prompt_ids.shape[0])]
+        return self.agent.generate(self.rollout, prompt_ids, prompt_mask, self.policy, rows, greedy=greedy)
 
     def _decode(self, batch: RolloutBatch) -> list[str]:
         lengths = batch.response_lengths.tolist()
@@ -256,7 +272,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         return batch.replace(**{k: torch.cat([pad_to(x, width) for x in v]) * mask for k, v in fields.items()})
 
     def _estimate(self, batch: RolloutBatch, metrics: WeightedMeans) -> RolloutBatch:
-        rewards = terminal_rewards(batch.scores, batch.response_mask)
+        rewards = terminal_rewards(batch.scores, batch.action_tokens)
+        if batch.env_rewards is not None:  # multi-turn: an environment's rewards, on the last token of their turn
+            rewards = rewards + batch.env_rewards
         if self.kl is not None:
             rewards = rewards + self.kl.reward_penalty(batch)
         batch = batch.replace(token_rewards=rewards)
@@ -292,13 +310,13 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         """Greedy decoding on held-out prompts; ``val/reward`` is held-out greedy accuracy for a 0/1 reward."""
         prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-        rollout = self.rollout.generate(prompt_ids, prompt_mask, self.policy, greedy=True)
-        meta = {**batch["meta"], "completions": self._decode(rollout)}
+        rollout, texts = self._sample(prompt_ids, prompt_mask, batch["meta"], greedy=True)
+        meta = {**batch["meta"], **texts}
         meta["prompts"] = meta.get("prompt", [])
         scores = as_scores(self.val_reward(rollout, meta), rollout.batch_size, _name(self.val_reward), meta).to(self.device)
         n = rollout.batch_size
         self.log("val/reward", scores.mean(), on_epoch=True, sync_dist=True, batch_size=n, prog_bar=True)
-        self.log("val/response_length", rollout.response_lengths.float().mean(), on_epoch=True, sync_dist=True, batch_size=n)
+        self.log("val/response_length", rollout.action_tokens.sum(-1).mean(), on_epoch=True, sync_dist=True, batch_size=n)  # the model's tokens
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -335,6 +353,8 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()
+        if self.agent is not None:
+            self.agent.close()
 
 
 def _name(component) -> str:

@@ -76,14 +76,23 @@ def group_view(values: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def sequence_rewards(batch) -> Tensor:
-    """Per-sample return: the sum of ``token_rewards`` over valid tokens (= score minus any KL-in-reward). (B,)"""
+    """Per-sample return: the sum of ``token_rewards`` over the model's tokens (= score minus any KL-in-reward). (B,)"""
     batch.require(["token_rewards"], "a sequence-level advantage estimator")
-    return masked_sum(batch.token_rewards, batch.response_mask, dim=-1)
+    return masked_sum(batch.token_rewards, batch.action_tokens, dim=-1)
 
 
 def broadcast_to_tokens(per_sample: Tensor, response_mask: Tensor) -> Tensor:
     """(B,) -> (B, R) on valid tokens, 0 elsewhere."""
     return per_sample.float().unsqueeze(-1) * response_mask.float()
+
+
+def steps_first(mask: Tensor) -> Tensor:
+    """Per row, the positions where ``mask`` is 1 in order, then the others (a stable sort). Shape: (B, R) -> (B, R) long.
+
+    Gathering with it makes the masked-in tokens a prefix, so a recurrence over steps (GAE, reward-to-go) skips
+    the others: in a multi-turn transcript an observation is not a step, and the value after it bootstraps the
+    model's last token before it. ``torch.empty_like(y).scatter_(-1, order, y)`` puts a result back."""
+    return torch.sort((mask == 0).to(torch.uint8), dim=-1, stable=True).indices
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:

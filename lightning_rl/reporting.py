@@ -15,7 +15,7 @@ class IterationReporting:
 
     def _log_iteration(self, batch: RolloutBatch, meta: dict, metrics: WeightedMeans, timer: PhaseTimer) -> None:
         sampled = batch.sample_mask if batch.is_greedy is None else (batch.is_greedy == 0).float()
-        lengths = batch.response_lengths.float()
+        lengths = batch.action_tokens.sum(-1)  # the model's tokens: a multi-turn transcript's observations are not its length
         metrics.add("reward/mean", masked_mean(batch.scores, sampled), sampled.sum())
         for key in [k for k in meta if k.startswith("reward/")]:  # a Composite reward's parts, unweighted
             metrics.add(key, masked_mean(torch.tensor(meta[key], device=sampled.device), sampled), sampled.sum())
@@ -59,6 +59,7 @@ class IterationReporting:
             return
         rows = ["| prompt | completion | score |", "|---|---|---|"]
         for i in range(min(self.loop.log_samples, batch.batch_size)):
-            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], meta["completions"][i])]
+            completion = meta["transcripts"][i] if "transcripts" in meta else meta["completions"][i]  # multi-turn: observations marked
+            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], completion)]
             rows.append(f"| {cells[0]} | {cells[1]} | {float(batch.scores[i]):.3f} |")
         experiment.add_text("samples", "\n".join(rows), self.global_step)

@@ -97,5 +97,5 @@ class ContextLengthCheck(Callback):
             getattr(pl_module.policy, "config", None),
             getattr(data, "longest_prompt", None),
             getattr(data, "hparams", {}).get("max_prompt_length"),
-            getattr(pl_module.rollout, "max_new_tokens", None),
+            pl_module.agent.max_total_tokens if getattr(pl_module, "agent", None) is not None else getattr(pl_module.rollout, "max_new_tokens", None),
         )

@@ -8,19 +8,27 @@ SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*= ")
 
 
-def build_char_tokenizer():
-    """A fast tokenizer with one token per character of the built-in task (digits, + - * =, space)."""
+TOOL_TAGS = ["<call>", "</call>", "<result>", "</result>"]
+"""One token each in the tool-using tiny policy's vocabulary (components.env.ToolProtocol's default tags)."""
+
+
+def build_char_tokenizer(tags: list[str] | None = None):
+    """A fast tokenizer with one token per character of the built-in task (digits, + - * =, space), and one per tag in ``tags``."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + list(tags or []))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
+    if tags:  # matched whole, before the one-character split; not special, so decoded text keeps them
+        from tokenizers import AddedToken
+
+        core.add_tokens([AddedToken(t, special=False, normalized=False) for t in tags])
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def build_tiny_llama(tokenizer, hidden_size: int = 128, layers: int = 4, heads: int = 4, seed: int = 0):
+def build_tiny_llama(tokenizer, hidden_size: int = 128, layers: int = 4, heads: int = 4, seed: int = 0, max_positions: int = 64):
     """A randomly initialised Llama for the character vocabulary."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -33,7 +41,7 @@ def build_tiny_llama(tokenizer, hidden_size: int = 128, layers: int = 4, heads: 
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=64,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,

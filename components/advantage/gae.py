@@ -11,6 +11,10 @@ Conventions and departures:
 * VAPO's lambda = 1 - 1/(alpha * l) is negative for l < 1/alpha (20 tokens at alpha = 0.05); it
   is clamped to [0, 1] (the paper's responses are thousands of tokens long and never reach it).
 * ``lam_critic=None`` uses the actor's lambda for the value targets (classic PPO, one lambda).
+* Multi-turn transcripts (``action_mask``): the recursion runs over the model's tokens only. An
+  observation is not a step: the value of the first token after a tool result bootstraps the last
+  token of the turn before it, and an environment's reward on that token enters its delta.
+  VAPO's length is the number of the model's tokens.
 * All arithmetic in fp32. Returns are computed before the base class whitens the advantages.
 """
 
@@ -22,7 +26,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import reverse_scan
+from lightning_rl.ops import reverse_scan, steps_first
 
 from .base import Advantages, AdvantageEstimator, Whiten
 
@@ -80,13 +84,19 @@ class GAE(AdvantageEstimator):
         return torch.full(lengths.shape, float(self.lam_actor), device=lengths.device)
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
-        mask = batch.response_mask.float()  # (B, R)
+        mask = batch.action_tokens  # (B, R)
         for name in ("token_rewards", "values"):
             if getattr(batch, name).shape != mask.shape:
                 raise ValueError(f"GAE: {name} has shape {tuple(getattr(batch, name).shape)}, expected (B, R) = {tuple(mask.shape)}")
         lam = self.actor_lambda(mask.sum(-1))  # (B,)
         lam_critic = lam if self.lam_critic is None else torch.full_like(lam, self.lam_critic)
-        both = gae(batch.token_rewards, batch.values, mask, self.gamma, torch.stack([lam, lam_critic]))  # (2, B, R)
+        rewards, values, steps = batch.token_rewards, batch.values, mask
+        if batch.action_mask is not None:  # the model's tokens as a prefix: observations are not steps
+            order = steps_first(mask)  # (B, R)
+            rewards, values, steps = rewards.gather(-1, order), values.gather(-1, order), mask.gather(-1, order)
+        both = gae(rewards, values, steps, self.gamma, torch.stack([lam, lam_critic]))  # (2, B, R)
+        if batch.action_mask is not None:
+            both = torch.empty_like(both).scatter_(-1, order.expand_as(both), both)
         returns = (both[1] + batch.values.float()) * mask
         return Advantages(both[0], returns)
 

@@ -71,4 +71,4 @@ class GroupNormalized(AdvantageEstimator):
         elif self.scale == "batch":
             std = rewards.std(correction=correction) if rewards.numel() > correction else torch.zeros(())
             centered = centered / (std + self.eps)
-        return Advantages(broadcast_to_tokens(centered.reshape(-1), batch.response_mask), None)
+        return Advantages(broadcast_to_tokens(centered.reshape(-1), batch.action_tokens), None)

@@ -42,4 +42,4 @@ class LeaveOneOut(AdvantageEstimator):
         # measured from the group's first reward (the advantage is shift-invariant), so identical rewards give 0 exactly
         offsets = grouped - grouped[:, :1]  # (n_groups, G)
         baseline = (offsets.sum(-1, keepdim=True) - offsets) / (g - 1)  # (n_groups, G)
-        return Advantages(broadcast_to_tokens((offsets - baseline).reshape(-1), batch.response_mask), None)
+        return Advantages(broadcast_to_tokens((offsets - baseline).reshape(-1), batch.action_tokens), None)

@@ -58,7 +58,7 @@ class ReinforceBaseline(AdvantageEstimator, nn.Module):
             b = batch_mean
         else:
             b = self._ema_step(batch_mean, stats[1] > 0)
-        return Advantages(broadcast_to_tokens((rewards.double() - b).float(), batch.response_mask), None)
+        return Advantages(broadcast_to_tokens((rewards.double() - b).float(), batch.action_tokens), None)
 
     @torch.no_grad()
     def _ema_step(self, batch_mean: torch.Tensor, has_samples: torch.Tensor) -> torch.Tensor:

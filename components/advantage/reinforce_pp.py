@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import group_view, reverse_scan, sequence_rewards
+from lightning_rl.ops import group_view, reverse_scan, sequence_rewards, steps_first
 
 from .base import Advantages, AdvantageEstimator, Whiten
 from .group import _reject_greedy_rows
@@ -57,8 +57,13 @@ class ReinforcePlusPlus(AdvantageEstimator):
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
         _reject_greedy_rows(batch, "ReinforcePlusPlus")
-        mask = batch.response_mask.float()
-        advantages = reward_to_go(batch.token_rewards, mask, self.gamma)  # (B, R)
+        mask = batch.action_tokens  # (B, R): a multi-turn transcript's observations are not steps
+        if batch.action_mask is None:
+            advantages = reward_to_go(batch.token_rewards, mask, self.gamma)  # (B, R)
+        else:
+            order = steps_first(mask)  # (B, R)
+            steps = reward_to_go(batch.token_rewards.gather(-1, order), mask.gather(-1, order), self.gamma)
+            advantages = torch.empty_like(steps).scatter_(-1, order, steps)
         if self.group_baseline:
             batch.require(["group_ids"], "ReinforcePlusPlus(group_baseline=True)")
             grouped = group_view(sequence_rewards(batch), batch.group_ids)  # (n_groups, G)

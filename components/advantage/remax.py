@@ -46,4 +46,4 @@ class ReMax(AdvantageEstimator):
         baseline = (scores * greedy).sum(-1, keepdim=True)  # (n_groups, 1)
         returns = group_view(sequence_rewards(batch), batch.group_ids)  # (n_groups, G + 1)
         advantages = ((returns - baseline) * ~greedy).reshape(-1)  # (B,)
-        return Advantages(broadcast_to_tokens(advantages, batch.response_mask), None)
+        return Advantages(broadcast_to_tokens(advantages, batch.action_tokens), None)

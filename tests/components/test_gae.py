@@ -221,3 +221,39 @@ def test_misshapen_values_are_refused():
     batch = _batch([1.0], [VALUES], [4])
     with pytest.raises(ValueError, match=r"values has shape \(1, 3\), expected \(B, R\) = \(1, 4\)"):
         GAE()(batch.replace(values=batch.values[:, :3]))
+
+
+def _transcript_batch(obs_values: float) -> RolloutBatch:
+    """Two turns: the model's tokens 0-1, an observation at 2-3, the model's tokens 4-5, padding at 6.
+    The environment rewards turn 1 with 0.25 (on its last token); the final score is 1."""
+    response_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    action_mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0]])
+    values = torch.tensor([[0.5, 0.6, obs_values, obs_values, 0.7, 0.8, 0.0]])
+    env_rewards = torch.tensor([[0.0, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    batch = RolloutBatch(response_ids=torch.ones_like(response_mask), response_mask=response_mask, action_mask=action_mask, values=values, scores=torch.tensor([1.0]))
+    return batch.replace(token_rewards=terminal_rewards(batch.scores, batch.action_tokens) + env_rewards)
+
+
+def test_observations_are_not_steps():
+    # over the model's tokens r = [0, 0.25, 0, 1], V = [0.5, 0.6, 0.7, 0.8], gamma 1, lambda 0.95:
+    # A3 = 1 - 0.8 = 0.2; A2 = 0.1 + 0.95 * 0.2 = 0.29; delta1 = 0.25 + 0.7 - 0.6 = 0.35 (V after the tool
+    # result bootstraps the turn's last token), A1 = 0.35 + 0.95 * 0.29 = 0.6255; A0 = 0.1 + 0.95 * 0.6255 = 0.694225
+    expected = torch.tensor([0.694225, 0.6255, 0.0, 0.0, 0.29, 0.2, 0.0])
+    values = torch.tensor([0.5, 0.6, 0.0, 0.0, 0.7, 0.8, 0.0])
+    for obs_values in (0.0, 9.0):  # a critic's values at observation tokens change nothing
+        advantages, returns = GAE(gamma=1.0, lam_actor=0.95)(_transcript_batch(obs_values))
+        torch.testing.assert_close(advantages[0], expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(returns[0], (expected + values) * torch.tensor([1, 1, 0, 0, 1, 1, 0.0]), atol=1e-6, rtol=0)
+
+
+def test_discount_counts_the_models_tokens_only():
+    # gamma 0.5, lambda 1: A_t = G_t - V_t with G over 4 steps: G3 = 1, G2 = 0.5, G1 = 0.25 + 0.5 * 0.5 = 0.5, G0 = 0.25
+    advantages, _ = GAE(gamma=0.5, lam_actor=1.0)(_transcript_batch(3.0))
+    torch.testing.assert_close(advantages[0], torch.tensor([0.25 - 0.5, 0.5 - 0.6, 0, 0, 0.5 - 0.7, 1.0 - 0.8, 0]), atol=1e-6, rtol=0)
+
+
+def test_vapo_length_is_the_models_token_count():
+    # adaptive lambda with alpha 0.5 and 4 model tokens: 1 - 1 / (0.5 * 4) = 0.5 (7 response tokens would give 5/7)
+    advantages, _ = GAE(gamma=1.0, lam_actor="adaptive", alpha=0.5, lam_critic=1.0)(_transcript_batch(0.0))
+    # A3 = 0.2; A2 = 0.1 + 0.5 * 0.2 = 0.2; A1 = 0.35 + 0.5 * 0.2 = 0.45; A0 = 0.1 + 0.5 * 0.45 = 0.325
+    torch.testing.assert_close(advantages[0], torch.tensor([0.325, 0.45, 0, 0, 0.2, 0.2, 0]), atol=1e-6, rtol=0)

@@ -33,3 +33,23 @@ def test_select_split_and_loss_mask():
     assert [b.batch_size for b in batch.split(2)] == [2, 2, 1]
     assert batch.select(torch.tensor([True, False, True, False, False])).batch_size == 2
     assert batch.loss_mask.sum().item() == 8
+
+
+def test_terminal_rewards_skip_trailing_environment_tokens():
+    action_tokens = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]])
+    out = terminal_rewards(torch.tensor([2.0, -1.0, 5.0]), action_tokens)
+    assert out.tolist() == [[0.0, 2.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_action_mask_is_folded_into_the_loss_mask():
+    batch = RolloutBatch(
+        response_ids=torch.ones(2, 4, dtype=torch.long),
+        response_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]),
+        action_mask=torch.tensor([[1, 0, 1, 1], [0, 1, 1, 1]]),
+        sample_mask=torch.tensor([1.0, 0.0]),
+    )
+    assert batch.action_tokens.tolist() == [[1, 0, 1, 0], [0, 1, 1, 1]]
+    assert batch.loss_mask.tolist() == [[1, 0, 1, 0], [0, 0, 0, 0]]
+    assert batch.response_lengths.tolist() == [3, 4]  # a decode reads the whole row
+    cat = RolloutBatch.cat([batch.select(slice(0, 1)), batch.select(slice(1, 2))])
+    assert cat.action_mask.tolist() == batch.action_mask.tolist()

@@ -1,0 +1,7 @@
+from .base import Environment, Step, Turn
+from .protocol import ToolProtocol
+from .python_tool import PythonTool
+from .tool_env import ToolEnvironment
+from .tools import Calculator, FunctionTool, Tool, ToolError
+
+__all__ = ["Environment", "Step", "Turn", "ToolProtocol", "ToolEnvironment", "Tool", "ToolError", "Calculator", "FunctionTool", "PythonTool"]

@@ -1,0 +1,190 @@
+"""MultiTurnRollout: transcripts built from the exact sampled ids, environment tokens marked, budgets that truncate
+and flag, clear errors for a misbehaving environment, and trainer log-probs equal to the sampler's on HF and SGLang."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.env import Environment, Step
+from components.rollout import HFRollout, MultiTurnRollout, Rollout, SGLangRollout
+from components.rollout.base import response_mask_from_eos
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.logprobs import policy_logprobs
+from lightning_rl.models import ModelSpec, load_causal_lm
+
+
+class Echo(Environment):
+    """Observes ``observation`` after every turn until turn ``turns``; rewards the first turn with ``reward``."""
+
+    def __init__(self, observation="=7 ", turns: int = 3, reward: float | None = 0.5, tool_calls: int = 1):
+        self.observation, self.turns, self.reward, self.tool_calls = observation, turns, reward, tool_calls
+
+    def reset(self, row):
+        return {"seen": [], "row": row}
+
+    def step(self, state, turn):
+        state["seen"].append(turn)
+        if turn.index + 1 >= self.turns:
+            return Step(done=True)
+        return Step(self.observation, self.reward if turn.index == 0 else None, False, self.tool_calls, 0)
+
+
+class Scripted(Rollout):
+    """A token-in/token-out sampler that answers each call with the next scripted turns (one list of ids per row)."""
+
+    def __init__(self, script: list[list[list[int]]], eos: int, group_size: int = 1):
+        self.script, self.group_size, self.temperature, self.max_new_tokens = list(script), group_size, 1.0, 8
+        self.stop_token_ids, self.contexts, self.eos_token_id, self.pad_token_id = [], [], eos, 0
+
+    def generate(self, prompt_ids, prompt_mask, policy, greedy=False):
+        self.contexts.append([ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)])
+        turns = self.script.pop(0)
+        assert len(turns) == prompt_ids.shape[0] * self.group_size
+        width = max(len(t) for t in turns)
+        ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
+        mask, truncated = response_mask_from_eos(ids, [self.eos_token_id, *self.stop_token_ids])
+        mask = mask * (torch.arange(width)[None] < torch.tensor([len(t) for t in turns])[:, None])
+        logprobs = -0.01 * torch.arange(1, width + 1).float().expand(len(turns), width) * mask
+        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, weight_version=3)
+
+
+def _agent(env, tokenizer, sampler, **kwargs) -> MultiTurnRollout:
+    agent = MultiTurnRollout(env, **kwargs)
+    agent.setup(tokenizer, sampler)
+    return agent
+
+
+def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    prompt = enc("12+3=")
+    obs = enc("=7 ")
+    # 1 prompt x 2 samples; row 0: three turns; row 1 ends its second turn on EOS but the environment goes on
+    sampler = Scripted([[enc("1") + [eos], enc("22")], [enc("3"), enc("4") + [eos]], [enc("55") + [eos], enc("6")]], eos, group_size=2)
+    agent = _agent(Echo(), tokenizer, sampler, max_turns=3)
+    batch, texts = agent.generate(sampler, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), None, [{"answer": "15"}])
+
+    rows = [enc("1") + [eos] + obs + enc("3") + obs + enc("55") + [eos], enc("22") + obs + enc("4") + [eos] + obs + enc("6")]
+    for i, row in enumerate(rows):
+        assert batch.response_ids[i, : len(row)].tolist() == row  # the sampled ids, never re-tokenised
+    assert batch.response_mask.sum(-1).tolist() == [len(r) for r in rows]
+    assert batch.action_mask[0].tolist() == [1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1]
+    assert batch.action_mask[1, : len(rows[1])].tolist() == [1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1]
+    # the environment's reward for turn 1 on its last token; nothing elsewhere
+    assert batch.env_rewards.nonzero().tolist() == [[0, 1], [1, 1]] and batch.env_rewards[0, 1] == 0.5
+    # sampler log-probs on the model's tokens, 0 on observations
+    assert batch.rollout_logprobs[0].tolist()[:6] == pytest.approx([-0.01, -0.02, 0, 0, 0, -0.01])
+    assert batch.truncated.tolist() == [False, True]  # row 1's last turn hit no EOS
+    assert batch.group_ids.tolist() == [0, 0] and batch.weight_version == 3
+    # each later turn continued from the whole context, one sample per context
+    assert sampler.contexts[1] == [prompt + enc("1") + [eos] + obs, prompt + enc("22") + obs]
+    assert sampler.group_size == 2 and sampler.stop_token_ids == []  # restored after the calls
+    assert texts["completions"] == ["55", "6"]
+    assert texts["transcripts"][0] == "1[[env: =7 ]]3[[env: =7 ]]55"
+    metrics = agent.last_metrics
+    assert metrics["agent/turns_mean"] == 3 and metrics["agent/tool_calls_mean"] == 2 and metrics["agent/observation_tokens_mean"] == 6
+    assert metrics["agent/max_turns_frac"] == 0 and metrics["tool/error_frac"] == 0
+
+
+def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    prompt = torch.tensor([enc("1+1=")])
+    mask = torch.ones_like(prompt)
+    # max_turns 2 with an environment that never finishes: the episode ends after turn 2, flagged
+    sampler = Scripted([[enc("1"), enc("2")], [enc("3"), enc("4")]], eos, group_size=2)
+    agent = _agent(Echo(turns=10), tokenizer, sampler, max_turns=2)
+    batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
+    assert batch.truncated.tolist() == [True, True] and agent.last_metrics["agent/max_turns_frac"] == 1
+    assert batch.response_ids[0].tolist() == enc("1=7 3")  # no observation after the last turn
+    # max_total_tokens 6: turn 1 (2) + observation (3) leave 1 token; turn 2 is cut to it
+    sampler = Scripted([[enc("12")], [enc("345") + [eos]]], eos)
+    agent = _agent(Echo(turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=6)
+    batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
+    assert batch.response_ids.tolist() == [enc("12=7 3")] and batch.truncated.tolist() == [True]
+    assert batch.action_mask.tolist() == [[1, 1, 0, 0, 0, 1]]
+    # an observation longer than the remaining budget ends the episode, flagged, without it
+    sampler = Scripted([[enc("12")]], eos)
+    agent = _agent(Echo(observation="=" * 10, turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=8)
+    batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
+    assert batch.response_ids.tolist() == [enc("12")] and batch.truncated.tolist() == [True]
+    assert agent.last_metrics["agent/max_turns_frac"] == 0
+
+
+class Wrong(Environment):
+    def __init__(self, answer):
+        self.answer = answer
+
+    def step(self, state, turn):
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (("=7", None, False), r"Wrong.step returned a tuple; it must return components.env.Step"),
+        (Step(None, None, False), r"observation=None with done=False"),
+        (Step("x", float("nan"), False), r"reward=nan; it must be a finite number"),
+        (Step("x", None, 1), r"done=1; it must be True or False"),
+        (Step([1, 2, 99999], None, False), r"token ids outside the vocabulary"),
+    ],
+)
+def test_a_misbehaving_environment_fails_with_one_clear_error(tokenizer, answer, message):
+    sampler = Scripted([[[5, 6]]], tokenizer.eos_token_id)
+    agent = _agent(Wrong(answer), tokenizer, sampler)
+    with pytest.raises((TypeError, ValueError), match=message):
+        agent.generate(sampler, torch.tensor([[7, 8]]), torch.ones(1, 2, dtype=torch.long), None, [{}])
+
+
+def test_setup_errors(tokenizer):
+    from components.env import Calculator, ToolEnvironment
+
+    sampler = Scripted([], tokenizer.eos_token_id)
+    with pytest.warns(UserWarning, match=r"stop text '</call>' is 7 tokens"):
+        assert _agent(ToolEnvironment([Calculator()]), tokenizer, sampler).stop_ids == []
+    with pytest.raises(ValueError, match="has no chat template"):
+        _agent(Echo(), tokenizer, sampler, chat_template=True)
+    sampler.greedy_baseline = True
+    with pytest.raises(ValueError, match="greedy_baseline: false"):
+        _agent(Echo(), tokenizer, sampler)
+
+
+def _trainer_sampler_gap(policy, batch, temperature) -> float:
+    trainer = policy_logprobs(policy, batch, temperature)[0].detach()
+    gap = float(((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max())
+    return gap
+
+
+def _three_turns(agent, sampler, policy, tokenizer):
+    enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
+    batch, _ = agent.generate(sampler, enc.input_ids, enc.attention_mask, policy, [{}, {}])
+    assert agent.last_metrics["agent/turns_mean"] == 3
+    assert (batch.response_mask * (1 - batch.action_mask)).sum(-1).tolist() == [6] * batch.batch_size  # two observations each
+    return batch
+
+
+def test_trainer_logprobs_equal_the_hf_samplers_over_three_turns(tiny_model_path, tokenizer):
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    sampler = HFRollout(group_size=2, max_new_tokens=5, temperature=0.8, return_logprobs=True)
+    sampler.setup(tokenizer)
+    torch.manual_seed(0)
+    batch = _three_turns(_agent(Echo(), tokenizer, sampler, max_total_tokens=40), sampler, policy, tokenizer)
+    assert _trainer_sampler_gap(policy, batch, 0.8) < 1e-5
+    assert _trainer_sampler_gap(policy, batch, 1.0) > 1e-2  # a test that can fail: the wrong temperature is far off
+
+
+@pytest.mark.slow
+def test_trainer_logprobs_equal_the_sglang_servers_over_three_turns(tiny_model_path, tokenizer):
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    sampler = SGLangRollout(base_url=server.url, group_size=2, max_new_tokens=5, temperature=0.8, backoff=0.01)
+    try:
+        sampler.setup(tokenizer)
+        policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+        batch = _three_turns(_agent(Echo(), tokenizer, sampler, max_total_tokens=40), sampler, policy, tokenizer)
+        # turn 1: one request per prompt with n = 2; turns 2 and 3: one request per episode with its whole context
+        assert [c["sampling_params"]["n"] for c in server.generate_calls] == [2, 2] + [1] * 8
+        assert _trainer_sampler_gap(policy, batch, 0.8) < 1e-5
+    finally:
+        sampler.close()
+        server.stop()

@@ -1,0 +1,133 @@
+"""Environment tokens in a multi-turn transcript (``action_mask`` 0) are context, never trained on: the gradient
+at the logits that score them is exactly zero for every surrogate, KL placement, loss term and aggregator, and
+every estimator leaves them without advantage."""
+
+import pytest
+import torch
+
+from components.advantage import GAE, GroupNormalized, LeaveOneOut, ReinforceBaseline, ReinforcePlusPlus
+from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
+from components.kl import KLRegularizer
+from components.loss_terms import EntropyBonus, PositiveNLL
+from components.surrogate import CISPO, ClippedSurrogate, CovariancePG, OffPolicyCorrection, PolicyGradient
+from lightning_rl.batch import RolloutBatch, terminal_rewards
+
+B, R, V = 4, 7, 11
+RESPONSE_MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]])
+ACTION_MASK = torch.tensor([[1, 1, 0, 0, 1, 1, 1], [1, 0, 0, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 0, 1, 1]])
+ENV = (RESPONSE_MASK * (1 - ACTION_MASK)).bool()  # (B, R) the environment's tokens
+ACTIONS = (RESPONSE_MASK * ACTION_MASK).bool()
+
+SURROGATES = {
+    "clipped": ClippedSurrogate(0.2, 0.28),
+    "clipped_dual": ClippedSurrogate(0.2, 0.2, dual_clip=3.0),
+    "gspo": ClippedSurrogate(3e-4, 4e-4, level="sequence"),
+    "cispo": CISPO(eps_high=0.28),
+    "pg": PolicyGradient(),
+    "clip_cov": CovariancePG("clip_cov", ratio=0.25, cov_low=-10.0, cov_high=10.0),
+    "kl_cov": CovariancePG("kl_cov", ratio=0.5),
+    "tis": ClippedSurrogate(correction=OffPolicyCorrection("tis", cap=1.5)),
+    "mis_sequence": PolicyGradient(correction=OffPolicyCorrection("mis", cap=50.0, lower=0.0, level="sequence")),
+}
+KLS = {f"{e}_loss": KLRegularizer(0.1, e, "loss") for e in ("k1", "k2", "k3")} | {"k3_weighted": KLRegularizer(0.1, "k3", "loss", importance_weighted=True)}
+TERMS = {"entropy": EntropyBonus(0.01), "positive_nll": PositiveNLL(0.1)}
+AGGREGATORS = [TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(16.0)]
+
+
+def _logits() -> torch.Tensor:
+    return torch.randn(B, R, V, generator=torch.Generator().manual_seed(1))  # (B, R, V)
+
+
+def _batch(seed: int = 0) -> RolloutBatch:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, R), generator=g)
+    logprobs = torch.log_softmax(_logits(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
+
+    def near() -> torch.Tensor:  # a policy a little away from the current one (some ratios clip, most do not)
+        return logprobs + 0.1 * torch.randn(B, R, generator=g)
+
+    # advantages and old / reference / sampler log-probs are nonzero everywhere, environment tokens included:
+    # only the mask may keep them out of the loss
+    return RolloutBatch(
+        response_ids=ids,
+        response_mask=RESPONSE_MASK,
+        action_mask=ACTION_MASK,
+        advantages=torch.randn(B, R, generator=g),
+        old_logprobs=near(),
+        ref_logprobs=near(),
+        rollout_logprobs=near(),
+        scores=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        sample_mask=torch.ones(B),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+    )
+
+
+def _logit_grad(batch: RolloutBatch, surrogate=None, kl=None, term=None, aggregator=TokenMean()) -> torch.Tensor:
+    logits = _logits().requires_grad_(True)
+    logp = torch.log_softmax(logits, -1)
+    logprobs = logp.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (B, R)
+    entropy = -(logp.exp() * logp).sum(-1)  # (B, R)
+    per_token = torch.zeros(B, R)
+    if surrogate is not None:
+        per_token = per_token + surrogate(logprobs, batch)[0]
+    if kl is not None:
+        per_token = per_token + kl.loss_term(logprobs, batch)
+    if term is not None:
+        per_token = per_token + term(logprobs, entropy, batch)
+    aggregator(per_token, batch.loss_mask).backward()
+    return logits.grad  # (B, R, V)
+
+
+def _check(grad: torch.Tensor) -> None:
+    assert torch.equal(grad[ENV], torch.zeros_like(grad[ENV]))  # exactly zero
+    assert grad[ACTIONS].abs().sum(-1).gt(0).float().mean() > 0.5  # and the model's tokens do learn
+
+
+@pytest.mark.parametrize("name", SURROGATES)
+@pytest.mark.parametrize("aggregator", AGGREGATORS, ids=lambda a: type(a).__name__)
+def test_surrogates(name, aggregator):
+    torch.manual_seed(0)  # clip_cov's random draw
+    _check(_logit_grad(_batch(), surrogate=SURROGATES[name], aggregator=aggregator))
+
+
+@pytest.mark.parametrize("name", KLS)
+def test_kl_in_the_loss(name):
+    _check(_logit_grad(_batch(), kl=KLS[name]))
+
+
+@pytest.mark.parametrize("name", TERMS)
+def test_loss_terms(name):
+    _check(_logit_grad(_batch().replace(scores=torch.ones(B)), term=TERMS[name]))  # every sample positive (PositiveNLL)
+
+
+def test_kl_in_the_reward_and_the_terminal_reward_skip_environment_tokens():
+    batch = _batch()
+    penalty = KLRegularizer(0.1, "k1", "reward").reward_penalty(batch)
+    assert torch.equal(penalty[ENV], torch.zeros(int(ENV.sum())))
+    assert bool((penalty[ACTIONS] != 0).all())
+    rewards = terminal_rewards(batch.scores, batch.action_tokens)
+    # row 0: the last response token (5) is the model's; row 1: ditto (6); row 3: token 4 is an observation -> 3
+    assert rewards.nonzero().tolist() == [[0, 5], [2, 2]]  # rows 1 and 3 score 0
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    [GroupNormalized(), LeaveOneOut(), ReinforceBaseline(), ReinforcePlusPlus(gamma=0.9), GAE(gamma=0.9, lam_actor=0.9)],
+    ids=lambda e: type(e).__name__,
+)
+def test_estimators_leave_environment_tokens_without_advantage(estimator):
+    batch = _batch()
+    batch = batch.replace(token_rewards=terminal_rewards(batch.scores, batch.action_tokens), values=torch.rand(B, R) * RESPONSE_MASK)
+    advantages, returns = estimator(batch)
+    assert torch.equal(advantages[ENV], torch.zeros(int(ENV.sum())))
+    assert bool((advantages[ACTIONS] != 0).any())
+    if returns is not None:
+        assert torch.equal(returns[ENV], torch.zeros(int(ENV.sum())))
+
+
+def test_reinforce_pp_discounts_over_the_models_tokens():
+    # one row, tokens: model, observation, observation, model; score 1, gamma 0.5 -> G = [0.5, 0, 0, 1]
+    batch = RolloutBatch(response_ids=torch.ones(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), action_mask=torch.tensor([[1, 0, 0, 1]]))
+    batch = batch.replace(token_rewards=terminal_rewards(torch.tensor([1.0]), batch.action_tokens))
+    advantages, _ = ReinforcePlusPlus(gamma=0.5, whiten="none")(batch)
+    assert advantages.tolist() == [[0.5, 0.0, 0.0, 1.0]]
