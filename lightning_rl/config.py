@@ -72,8 +72,9 @@ class LoopConfig:
     skip_degenerate_batches: bool = True
     """Skip the optimize phase (with a warning) when every advantage is zero: nothing to learn, only noise."""
     log_samples_every_n_steps: int = 20
-    """Write a few prompt / completion / score rows to TensorBoard as text every N iterations (0 = never)."""
+    """Print and write to TensorBoard (text) a table of completions at the first iteration and every N after (0 = never)."""
     log_samples: int = 4
+    """Rows in that table, one per prompt (its first sampled completion), with reward, gold answer and advantage."""
     logprob_chunk_rows: int | None = None
     """Rows per chunk of the fp32 log-softmax (None = ~16 MB chunks)."""
     max_nonfinite_steps: int = 3

@@ -1,5 +1,5 @@
 """Iteration logging for `RLModule`: metrics reduced over ranks in one host sync, straight to the loggers,
-and a table of sampled completions as TensorBoard text."""
+and a table of sampled completions (lightning_rl.samples) on the console and as TensorBoard text."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from .batch import RolloutBatch
 from .metrics import PhaseTimer, WeightedMeans
 from .ops import all_reduce_sum, masked_mean, zero_variance_fraction
+from .samples import markdown, print_rows, sample_rows
 
 
 class IterationReporting:
@@ -38,7 +39,7 @@ class IterationReporting:
         if self.trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
             self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
         every = self.loop.log_samples_every_n_steps
-        if every and self.global_step % every == 0:
+        if every and (self.global_step - 1) % every == 0:  # the first iteration, then every N: a short run shows samples too
             self._log_samples(meta, batch)
 
     def _write_metrics(self, scalars: dict[str, float]) -> None:
@@ -54,11 +55,11 @@ class IterationReporting:
                 logger.log_metrics(scalars, step=self.global_step - 1)
 
     def _log_samples(self, meta: dict, batch: RolloutBatch) -> None:
-        experiment = getattr(self.logger, "experiment", None)
-        if self.global_rank != 0 or not hasattr(experiment, "add_text"):
+        if self.global_rank != 0:
             return
-        rows = ["| prompt | completion | score |", "|---|---|---|"]
-        for i in range(min(self.loop.log_samples, batch.batch_size)):
-            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], meta["completions"][i])]
-            rows.append(f"| {cells[0]} | {cells[1]} | {float(batch.scores[i]):.3f} |")
-        experiment.add_text("samples", "\n".join(rows), self.global_step)
+        rows = sample_rows(meta, batch, self.loop.log_samples)
+        experiment = getattr(self.logger, "experiment", None)
+        if hasattr(experiment, "add_text"):
+            experiment.add_text("samples", markdown(rows), self.global_step)
+        bar = self.trainer.progress_bar_callback
+        print_rows(rows, f"samples at iteration {self.global_step}", getattr(getattr(bar, "progress", None), "console", None))
