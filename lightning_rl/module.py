@@ -33,6 +33,7 @@ from components.surrogate import ClippedSurrogate, Surrogate
 
 from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
+from .evaluation import Validation
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
 from .export import export_info
 from .fault import ResumableCheckpoints, TeardownOnException
@@ -52,7 +53,7 @@ FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
 """Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored in checkpoints."""
 
 
-class RLModule(UpdatePhase, IterationReporting, LightningModule):
+class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
     """Reinforcement learning on a causal LM, composed from components: the phases are listed in this module's docstring."""
 
     def __init__(
@@ -287,17 +288,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         return False
 
     # ------------------------------------------------------------------ validation
-    @torch.no_grad()
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        """Greedy decoding on held-out prompts; ``val/reward`` is held-out greedy accuracy for a 0/1 reward."""
-        prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-        rollout = self.rollout.generate(prompt_ids, prompt_mask, self.policy, greedy=True)
-        meta = {**batch["meta"], "completions": self._decode(rollout)}
-        meta["prompts"] = meta.get("prompt", [])
-        scores = as_scores(self.val_reward(rollout, meta), rollout.batch_size, _name(self.val_reward), meta).to(self.device)
-        n = rollout.batch_size
-        self.log("val/reward", scores.mean(), on_epoch=True, sync_dist=True, batch_size=n, prog_bar=True)
-        self.log("val/response_length", rollout.response_lengths.float().mean(), on_epoch=True, sync_dist=True, batch_size=n)
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Greedy accuracy on held-out prompts, pass@k / mean@k from sampled responses (lightning_rl.evaluation)."""
+        self._validate(batch, dataloader_idx)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
