@@ -34,6 +34,7 @@ from .callbacks import AtomicCheckpointIO
 from .data import PromptDataModule
 from .module import RLModule
 from .progress import RLProgressBar
+from .runs import log_into_run
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -106,6 +107,10 @@ class RLCLI(LightningCLI):
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in [*configured, *callbacks]):
             callbacks = [*callbacks, RLProgressBar()]
         return super()._instantiate_trainer(config, callbacks)
+
+    def before_validate(self) -> None:
+        # validate --ckpt_path runs/grpo/latest/checkpoints/last.ckpt: the points go into that run's folder (lightning_rl.runs)
+        log_into_run(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer

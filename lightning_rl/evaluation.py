@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from lightning import Callback
 from torch import Tensor
 
 from components.reward import as_scores
@@ -80,7 +81,8 @@ class Validation:
 
         rollout = self.rollout.generate(prompt_ids, prompt_mask, self.policy, greedy=True)
         n_prompts = rollout.batch_size
-        log = dict(on_epoch=True, sync_dist=True, batch_size=n_prompts, add_dataloader_idx=False)
+        # logger=False: on_validation_end writes them at the step of the weights validated, without Lightning's `epoch`
+        log = dict(on_epoch=True, sync_dist=True, batch_size=n_prompts, add_dataloader_idx=False, logger=False)
         self.log(f"{prefix}reward", score(rollout, 1).mean(), prog_bar=not names, **log)
         self.log(f"{prefix}response_length", rollout.response_lengths.float().mean(), **log)
         n = self.loop.val_samples
@@ -89,3 +91,42 @@ class Validation:
                 sampled = self.rollout.generate(prompt_ids, prompt_mask, self.policy)
             for key, value in sampled_metrics(score(sampled, n).reshape(n_prompts, n)).items():  # (P_n, n)
                 self.log(f"{prefix}{key}", value, **log)
+
+    def on_validation_end(self) -> None:
+        """The validation scalars (reduced over batches and ranks) to the loggers at the step of the weights they
+        measure: the iterations done in ``fit`` (0 before training), the checkpoint's step in ``validate``."""
+        trainer = self.trainer
+        if trainer.sanity_checking or not trainer.loggers:
+            return
+        scalars = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+
+
+class ValidateBeforeAndAfter(Callback):
+    """Validation before the first iteration and after the last, so every run has a before / after point
+    (``trainer.val_check_interval`` adds the points in between). A resumed run skips the "before" (its first
+    run logged it), and the "after" is skipped when the last iteration was just validated."""
+
+    def __init__(self) -> None:
+        self.validated_at: int | None = None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.validated_at = trainer.global_step
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.global_step == 0:
+            self._validate(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.validated_at != trainer.global_step:
+            self._validate(trainer)
+
+    @staticmethod
+    def _validate(trainer) -> None:
+        if trainer.limit_val_batches == 0:
+            return
+        trainer.validating = True  # as Lightning's training loop runs its periodic validation
+        trainer.fit_loop.epoch_loop.val_loop.run()
+        trainer.training = True

@@ -33,8 +33,8 @@ from components.surrogate import ClippedSurrogate, Surrogate
 
 from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
-from .evaluation import Validation
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
+from .evaluation import ValidateBeforeAndAfter, Validation
 from .export import export_info
 from .fault import ResumableCheckpoints, TeardownOnException
 from .health import FiniteCheckpoints, TrainingHealth
@@ -316,14 +316,15 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
                 if key.startswith(FROZEN_PREFIXES) or key in lora_base:
                     state.setdefault(key, value)
         self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
+        self.restored_step = int(checkpoint.get("global_step", 0))  # `validate` logs at the step of the weights it loaded
         if checkpoint.get("rng"):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
 
     def configure_callbacks(self) -> list:
         """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.fault); no checkpoint of
         non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements);
-        each fit in its own run folder with a ``latest`` link (lightning_rl.runs)."""
-        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck()]
+        each fit in its own run folder with a ``latest`` link (lightning_rl.runs); validation before and after training (lightning_rl.evaluation)."""
+        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()
