@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -82,6 +82,20 @@ class RLArgumentParser(LightningArgumentParser):
         if self._subcommands_action is not None:
             for sub in self._subcommands_action._name_parser_map.values():
                 yield from sub._actions
+
+
+class SaveConfigBeside(SaveConfigCallback):
+    """The resolved config in the run's folder, or in ``trainer.default_root_dir`` for a logger that has no folder
+    (MLflow on a database, configs/logger/mlflow.yaml), where Lightning's callback fails an assertion."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved or trainer.log_dir is not None:
+            return super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero:
+            os.makedirs(trainer.default_root_dir, exist_ok=True)
+            path = os.path.join(trainer.default_root_dir, self.config_filename)
+            self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+        self.already_saved = True
 
 
 class RLCLI(LightningCLI):
@@ -150,6 +164,7 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },
+        save_config_callback=SaveConfigBeside,
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,

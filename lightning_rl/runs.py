@@ -26,6 +26,8 @@ class RunFolders(Callback):
             return
         root = Path(logger.save_dir) / logger.name  # runs/grpo
         run = Path(trainer.log_dir)  # runs/grpo/version_N (rank 0's choice, broadcast)
+        if run.parent.resolve() != root.resolve():  # a logger without versioned folders (W&B, MLflow): nothing to link
+            return
         for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)):
             # only the preset layout moves; a dirpath the user chose elsewhere is theirs
             if checkpoint.dirpath is not None and Path(checkpoint.dirpath).resolve() == (root / "checkpoints").resolve():
