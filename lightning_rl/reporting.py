@@ -11,6 +11,27 @@ from .ops import all_reduce_sum, masked_mean, zero_variance_fraction
 from .samples import markdown, print_rows, sample_rows
 
 
+# TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
+LAYOUT = {
+    "1 training signal": {
+        "reward (mean, parts, raw)": ["Multiline", [r"^reward/(mean|raw_mean)$", r"^reward/(?!std|mean|raw_mean|timeout|error)"]],
+        "validation (greedy reward, pass@k, mean@k)": ["Multiline", [r"^val/.*(reward|pass@|mean@)"]],
+        "response length (tokens)": ["Multiline", [r"^response_length/mean$", r"^val/.*response_length$"]],
+    },
+    "2 policy": {
+        "loss": ["Multiline", [r"^policy/loss$"]],
+        "KL (nats)": ["Multiline", [r"^kl/ref$", r"^policy/approx_kl$"]],
+        "entropy (nats)": ["Multiline", [r"^policy/entropy$"]],
+        "clip fraction": ["Multiline", [r"^policy/clipfrac"]],
+        "gradient norm": ["Multiline", [r"^policy/grad_norm$"]],
+    },
+    "3 cost": {
+        "seconds per phase": ["Multiline", [r"^time/"]],
+        "tokens per second": ["Multiline", [r"^throughput/"]],
+    },
+}
+
+
 class IterationReporting:
     """Logging of one RL iteration, for `RLModule`."""
 
@@ -50,6 +71,10 @@ class IterationReporting:
         tensors = {k: torch.tensor(v) for k, v in scalars.items()}
         trainer.callback_metrics.update(tensors)
         trainer.logged_metrics.update(tensors)
+        experiment = getattr(self.logger, "experiment", None) if self.global_rank == 0 else None
+        if hasattr(experiment, "add_custom_scalars") and not getattr(self, "_layout_written", False):
+            experiment.add_custom_scalars(LAYOUT)  # once per run (a resumed run writes it into its own events)
+            self._layout_written = True
         if trainer.loggers and trainer.log_every_n_steps and self.global_step % trainer.log_every_n_steps == 0:  # Lightning's cadence
             for logger in trainer.loggers:  # the step Lightning's own logging would use: iterations before this one
                 logger.log_metrics(scalars, step=self.global_step - 1)
