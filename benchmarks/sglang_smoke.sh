@@ -84,7 +84,7 @@ cli = main(
 metrics = {k: float(v) for k, v in cli.trainer.logged_metrics.items()}
 diff_mean, diff_max = metrics["rollout/logprob_diff_mean"], metrics["rollout/logprob_diff_max"]
 print(f"iterations {cli.trainer.global_step}, weight version {cli.model.rollout.weight_version}")
-print(f"rollout/logprob_diff_mean {diff_mean:.2e}  rollout/logprob_diff_max {diff_max:.2e}  time/rollout {metrics.get('time/rollout', 0):.2f}s  time/sync {metrics.get('time/sync', 0):.2f}s")
+print(f"rollout/logprob_diff_mean {diff_mean:.2e}  rollout/logprob_diff_max {diff_max:.2e}  time/rollout_s {metrics.get('time/rollout_s', 0):.2f}s  time/sync_s {metrics.get('time/sync_s', 0):.2f}s")
 assert cli.trainer.global_step == int(steps), "not every iteration ran"
 assert cli.model.rollout.weight_version == int(steps) + 1, "a weight sync was skipped (degenerate batch?)"
 assert diff_mean < float(max_diff), f"trainer and sampler disagree: mean |log-prob diff| {diff_mean} >= {max_diff}"

@@ -15,12 +15,12 @@ lightning_rl/assets/tiny-arith-rm when it exists, else a random sequence classif
 shape built here (the timing does not depend on what the reward model learned).
 
 Phases, in ms per iteration (mean over the iterations after ``--warmup``):
-  generate   rollout.generate (sampling, KV cache)            } the module's time/rollout
+  generate   rollout.generate (sampling, KV cache)            } the module's time/rollout_s
   reward     the reward component (exact match; reward model)  }
-  score      no-grad forward passes: old / reference log-probs, values (time/score)
-  estimate   KL-in-reward, advantages (time/estimate)
-  optimize   epochs x mini-batches x micro-batches: forward, backward, clip, AdamW step (time/optimize)
-  sync       rollout.sync_weights + adaptive KL (time/sync)
+  score      no-grad forward passes: old / reference log-probs, values (time/score_s)
+  estimate   KL-in-reward, advantages (time/estimate_s)
+  optimize   epochs x mini-batches x micro-batches: forward, backward, clip, AdamW step (time/optimize_s)
+  sync       rollout.sync_weights + adaptive KL (time/sync_s)
   other      the rest of the iteration: decoding for the reward, metrics and self.log, Lightning's loop
 Generation and reward are timed by wrapping the two components in this process; the other phases
 are the module's own ``time/*`` metrics, read from ``trainer.callback_metrics`` after each iteration.
@@ -128,7 +128,7 @@ def run_preset(args) -> dict:
         def on_train_batch_end(self, trainer, module, *_):
             stamps.append((time.perf_counter(), time.process_time()))
             m = trainer.callback_metrics
-            row = {k.split("/", 1)[1]: float(v) for k, v in m.items() if k.startswith("time/")}
+            row = {k.split("/", 1)[1].removesuffix("_s"): float(v) for k, v in m.items() if k.startswith("time/")}
             row["rollout_total"] = row.pop("rollout", 0.0)
             row.update(generate=wrapped.pop("generate", 0.0), reward=wrapped.pop("reward", 0.0))
             row["response_tokens"] = wrapped.pop("tokens", 0.0)

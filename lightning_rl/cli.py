@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -34,6 +34,7 @@ from .callbacks import AtomicCheckpointIO
 from .data import PromptDataModule
 from .module import RLModule
 from .progress import RLProgressBar
+from .runs import log_into_run
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -83,6 +84,20 @@ class RLArgumentParser(LightningArgumentParser):
                 yield from sub._actions
 
 
+class SaveConfigBeside(SaveConfigCallback):
+    """The resolved config in the run's folder, or in ``trainer.default_root_dir`` for a logger that has no folder
+    (MLflow on a database, configs/logger/mlflow.yaml), where Lightning's callback fails an assertion."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved or trainer.log_dir is not None:
+            return super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero:
+            os.makedirs(trainer.default_root_dir, exist_ok=True)
+            path = os.path.join(trainer.default_root_dir, self.config_filename)
+            self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+        self.already_saved = True
+
+
 class RLCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -106,6 +121,10 @@ class RLCLI(LightningCLI):
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in [*configured, *callbacks]):
             callbacks = [*callbacks, RLProgressBar()]
         return super()._instantiate_trainer(config, callbacks)
+
+    def before_validate(self) -> None:
+        # validate --ckpt_path runs/grpo/latest/checkpoints/last.ckpt: the points go into that run's folder (lightning_rl.runs)
+        log_into_run(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
@@ -145,6 +164,7 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },
+        save_config_callback=SaveConfigBeside,
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,

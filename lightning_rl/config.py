@@ -72,8 +72,14 @@ class LoopConfig:
     skip_degenerate_batches: bool = True
     """Skip the optimize phase (with a warning) when every advantage is zero: nothing to learn, only noise."""
     log_samples_every_n_steps: int = 20
-    """Write a few prompt / completion / score rows to TensorBoard as text every N iterations (0 = never)."""
+    """Print and write to TensorBoard (text) a table of completions at the first iteration and every N after (0 = never)."""
     log_samples: int = 4
+    """Rows in that table, one per prompt (its first sampled completion), with reward, gold answer and advantage."""
+    val_samples: int = 0
+    """Responses sampled per held-out prompt at validation, beside the greedy one: logs ``val/pass@k`` (k = 1, 2, 4,
+    ..., n; a score >= 1 counts as solved) and ``val/mean@n`` (0 = greedy accuracy only)."""
+    val_temperature: float = 1.0
+    """Sampling temperature of those responses."""
     logprob_chunk_rows: int | None = None
     """Rows per chunk of the fp32 log-softmax (None = ~16 MB chunks)."""
     max_nonfinite_steps: int = 3
@@ -90,5 +96,7 @@ class LoopConfig:
                 raise ValueError(f"model.loop.{key}={value} must be >= 1")
         if self.logprob_chunk_rows is not None and self.logprob_chunk_rows < 1:
             raise ValueError(f"model.loop.logprob_chunk_rows={self.logprob_chunk_rows} must be >= 1 (or null)")
+        if self.val_samples < 0 or self.val_temperature <= 0:
+            raise ValueError(f"model.loop: val_samples ({self.val_samples}) must be >= 0 and val_temperature ({self.val_temperature}) > 0")
         if self.log_samples_every_n_steps < 0 or self.log_samples < 0 or self.max_nonfinite_steps < 0 or self.degenerate_patience < 0:
             raise ValueError("model.loop: log_samples_every_n_steps, log_samples, max_nonfinite_steps and degenerate_patience must be >= 0")

@@ -153,7 +153,7 @@ class PromptDataModule(LightningDataModule):
     def __init__(
         self,
         train_data: str = "builtin:arithmetic",
-        val_data: str | None = "builtin:arithmetic",
+        val_data: str | dict[str, str] | None = "builtin:arithmetic",
         split: str = "train",
         val_split: str = "test",
         columns: dict[str, str] | None = None,
@@ -175,7 +175,8 @@ class PromptDataModule(LightningDataModule):
         """
         Args:
             train_data: ``builtin:arithmetic``, a .jsonl/.json/.parquet/.csv file, a ``save_to_disk`` folder or a hub id.
-            val_data: held-out prompts in the same forms (None = no validation).
+            val_data: held-out prompts in the same forms (None = no validation), or several sets as a mapping
+                ``{name: source}``, each logged under ``val/<name>/`` (e.g. ``{gsm8k: gsm8k.jsonl, math: math.jsonl}``).
             split: split of ``train_data`` to use (folders with several splits, hub datasets, built-in tasks).
             val_split: split of ``val_data``.
             columns: rename map {our name: dataset column}; ``prompt`` is required, every other column
@@ -204,8 +205,12 @@ class PromptDataModule(LightningDataModule):
         for key, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"data.{key}={value} must be >= 1 (data.batch_size is prompts per iteration per rank)")
+        if isinstance(val_data, dict) and not val_data:
+            raise ValueError("data.val_data is an empty mapping: give {name: source} pairs, one source, or null for no validation")
         self.save_hyperparameters()
         self.train_rows = self.val_rows = None
+        self.val_names: list[str] | None = list(val_data) if isinstance(val_data, dict) else None
+        """The validation sets' names, in dataloader order (None: one unnamed set, logged under ``val/``)."""
         self._stream: PromptStream | None = None
         self._ptx_stream: PromptStream | None = None
         self.ptx_rows = None
@@ -297,7 +302,8 @@ class PromptDataModule(LightningDataModule):
             if hp.ptx_data is not None:
                 self.ptx_rows = self._prepare_text(hp.ptx_data)
         if stage in ("fit", "validate") and self.val_rows is None and hp.val_data is not None:
-            self.val_rows = self._prepare(hp.val_data, hp.val_split, hp.val_size)
+            sources = hp.val_data if isinstance(hp.val_data, dict) else {None: hp.val_data}
+            self.val_rows = [self._prepare(source, hp.val_split, hp.val_size) for source in sources.values()]
 
     # ---- loaders ------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
@@ -320,7 +326,8 @@ class PromptDataModule(LightningDataModule):
         if self.val_rows is None:
             return []
         pad = self._tokenizer().pad_token_id
-        return DataLoader(self.val_rows, batch_size=self.hparams.val_batch_size, shuffle=False, collate_fn=lambda rows: collate_prompts(rows, pad))
+        loaders = [DataLoader(rows, batch_size=self.hparams.val_batch_size, shuffle=False, collate_fn=lambda rows: collate_prompts(rows, pad)) for rows in self.val_rows]
+        return loaders if self.val_names else loaders[0]
 
     # ---- resumable position -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

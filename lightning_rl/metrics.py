@@ -57,7 +57,7 @@ class WeightedMeans:
 
 
 class PhaseTimer:
-    """Wall-clock seconds per phase of one iteration (``time/<phase>``)."""
+    """Wall-clock seconds per phase of one iteration (``time/<phase>_s``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
@@ -75,4 +75,4 @@ class PhaseTimer:
             self.seconds[phase] += time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
-        return {f"time/{k}": v for k, v in self.seconds.items()}
+        return {f"time/{k}_s": v for k, v in self.seconds.items()}

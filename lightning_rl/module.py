@@ -34,6 +34,7 @@ from components.surrogate import ClippedSurrogate, Surrogate
 from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
+from .evaluation import ValidateBeforeAndAfter, Validation
 from .export import export_info
 from .fault import ResumableCheckpoints, TeardownOnException
 from .health import FiniteCheckpoints, TrainingHealth
@@ -52,7 +53,7 @@ FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
 """Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored in checkpoints."""
 
 
-class RLModule(UpdatePhase, IterationReporting, LightningModule):
+class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
     """Reinforcement learning on a causal LM, composed from components: the phases are listed in this module's docstring."""
 
     def __init__(
@@ -306,17 +307,9 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
         return False
 
     # ------------------------------------------------------------------ validation
-    @torch.no_grad()
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        """Greedy decoding on held-out prompts; ``val/reward`` is held-out greedy accuracy for a 0/1 reward."""
-        prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-        rollout, texts = self._sample(prompt_ids, prompt_mask, batch["meta"], greedy=True)
-        meta = {**batch["meta"], **texts}
-        meta["prompts"] = meta.get("prompt", [])
-        scores = as_scores(self.val_reward(rollout, meta), rollout.batch_size, _name(self.val_reward), meta).to(self.device)
-        n = rollout.batch_size
-        self.log("val/reward", scores.mean(), on_epoch=True, sync_dist=True, batch_size=n, prog_bar=True)
-        self.log("val/response_length", rollout.action_tokens.sum(-1).mean(), on_epoch=True, sync_dist=True, batch_size=n)  # the model's tokens
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Greedy accuracy on held-out prompts, pass@k / mean@k from sampled responses (lightning_rl.evaluation)."""
+        self._validate(batch, dataloader_idx)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -342,14 +335,15 @@ class RLModule(UpdatePhase, IterationReporting, LightningModule):
                 if key.startswith(FROZEN_PREFIXES) or key in lora_base:
                     state.setdefault(key, value)
         self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
+        self.restored_step = int(checkpoint.get("global_step", 0))  # `validate` logs at the step of the weights it loaded
         if checkpoint.get("rng"):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
 
     def configure_callbacks(self) -> list:
         """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.fault); no checkpoint of
         non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements);
-        each fit in its own run folder with a ``latest`` link (lightning_rl.runs)."""
-        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck()]
+        each fit in its own run folder with a ``latest`` link (lightning_rl.runs); validation before and after training (lightning_rl.evaluation)."""
+        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
 
     def teardown(self, stage: str) -> None:
         self.rollout.close()

@@ -1,5 +1,5 @@
 """Iteration logging for `RLModule`: metrics reduced over ranks in one host sync, straight to the loggers,
-and a table of sampled completions as TensorBoard text."""
+and a table of sampled completions (lightning_rl.samples) on the console and as TensorBoard text."""
 
 from __future__ import annotations
 
@@ -8,6 +8,28 @@ import torch
 from .batch import RolloutBatch
 from .metrics import PhaseTimer, WeightedMeans
 from .ops import all_reduce_sum, masked_mean, zero_variance_fraction
+from .samples import markdown, print_rows, sample_rows
+
+
+# TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
+LAYOUT = {
+    "1 training signal": {
+        "reward (mean, parts, raw)": ["Multiline", [r"^reward/(mean|raw_mean)$", r"^reward/(?!std|mean|raw_mean|timeout|error)"]],
+        "validation (greedy reward, pass@k, mean@k)": ["Multiline", [r"^val/.*(reward|pass@|mean@)"]],
+        "response length (tokens)": ["Multiline", [r"^response_length/mean$", r"^val/.*response_length$"]],
+    },
+    "2 policy": {
+        "loss": ["Multiline", [r"^policy/loss$"]],
+        "KL (nats)": ["Multiline", [r"^kl/ref$", r"^policy/approx_kl$"]],
+        "entropy (nats)": ["Multiline", [r"^policy/entropy$"]],
+        "clip fraction": ["Multiline", [r"^policy/clipfrac"]],
+        "gradient norm": ["Multiline", [r"^policy/grad_norm$"]],
+    },
+    "3 cost": {
+        "seconds per phase": ["Multiline", [r"^time/"]],
+        "tokens per second": ["Multiline", [r"^throughput/"]],
+    },
+}
 
 
 class IterationReporting:
@@ -38,7 +60,7 @@ class IterationReporting:
         if self.trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
             self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
         every = self.loop.log_samples_every_n_steps
-        if every and self.global_step % every == 0:
+        if every and (self.global_step - 1) % every == 0:  # the first iteration, then every N: a short run shows samples too
             self._log_samples(meta, batch)
 
     def _write_metrics(self, scalars: dict[str, float]) -> None:
@@ -49,17 +71,20 @@ class IterationReporting:
         tensors = {k: torch.tensor(v) for k, v in scalars.items()}
         trainer.callback_metrics.update(tensors)
         trainer.logged_metrics.update(tensors)
+        experiment = getattr(self.logger, "experiment", None) if self.global_rank == 0 else None
+        if hasattr(experiment, "add_custom_scalars") and not getattr(self, "_layout_written", False):
+            experiment.add_custom_scalars(LAYOUT)  # once per run (a resumed run writes it into its own events)
+            self._layout_written = True
         if trainer.loggers and trainer.log_every_n_steps and self.global_step % trainer.log_every_n_steps == 0:  # Lightning's cadence
             for logger in trainer.loggers:  # the step Lightning's own logging would use: iterations before this one
                 logger.log_metrics(scalars, step=self.global_step - 1)
 
     def _log_samples(self, meta: dict, batch: RolloutBatch) -> None:
-        experiment = getattr(self.logger, "experiment", None)
-        if self.global_rank != 0 or not hasattr(experiment, "add_text"):
+        if self.global_rank != 0:
             return
-        rows = ["| prompt | completion | score |", "|---|---|---|"]
-        for i in range(min(self.loop.log_samples, batch.batch_size)):
-            completion = meta["transcripts"][i] if "transcripts" in meta else meta["completions"][i]  # multi-turn: observations marked
-            cells = [str(x).replace("|", "\\|").replace("\n", " ") for x in (meta["prompts"][i], completion)]
-            rows.append(f"| {cells[0]} | {cells[1]} | {float(batch.scores[i]):.3f} |")
-        experiment.add_text("samples", "\n".join(rows), self.global_step)
+        rows = sample_rows(meta, batch, self.loop.log_samples)
+        experiment = getattr(self.logger, "experiment", None)
+        if hasattr(experiment, "add_text"):
+            experiment.add_text("samples", markdown(rows), self.global_step)
+        bar = self.trainer.progress_bar_callback
+        print_rows(rows, f"samples at iteration {self.global_step}", getattr(getattr(bar, "progress", None), "console", None))

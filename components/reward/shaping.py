@@ -40,7 +40,10 @@ class ScoreNormalizer(nn.Module):
         self.register_buffer("running_m2", torch.zeros((), dtype=torch.float64))
 
     def normalized(self, scores: Tensor) -> Tensor:
-        """Apply the configured normalisation and clipping to raw scores (B,)."""
+        """Apply the configured normalisation and clipping to raw scores (B,). When either is on, the raw scores'
+        mean is kept as ``reward/raw_mean`` in ``last_metrics`` (``reward/mean`` is then the shaped reward)."""
+        if self.normalize != "none" or self.clip is not None:
+            self.last_metrics = {"reward/raw_mean": scores.detach().float().mean()}
         if self.normalize == "static":
             scores = (scores - self.mean) / self.std
         elif self.normalize == "running":

@@ -22,6 +22,13 @@ def test_static_normalisation_then_clip():
     # scores 1, 2, 6: (r - 2) / 2 = -0.5, 0, 2 -> clipped at 1.5
     shaped = Shaped(FunctionReward(lengths_as_scores), normalize="static", mean=2.0, std=2.0, clip=1.5)
     torch.testing.assert_close(_call(shaped, ["a", "ab", "abcdef"]), torch.tensor([-0.5, 0.0, 1.5]))
+    assert shaped.last_metrics["reward/raw_mean"].item() == pytest.approx(3.0)  # the raw score, logged beside the shaped one
+
+
+def test_no_raw_score_metric_without_shaping():
+    shaped = Shaped(FunctionReward(lengths_as_scores))
+    _call(shaped, ["a"])
+    assert shaped.last_metrics == {}
 
 
 def test_running_statistics_over_batches_and_frozen_in_eval():

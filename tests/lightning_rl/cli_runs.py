@@ -42,3 +42,13 @@ def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(version))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def texts(root: Path) -> dict[str, list[tuple[int, str]]]:
+    """TensorBoard text summaries of the newest run under ``root/run``: tag -> [(step, markdown)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (version,) = sorted((root / "run").glob("version_*"))[-1:]
+    events = EventAccumulator(str(version), size_guidance={"tensors": 0})
+    events.Reload()
+    return {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}

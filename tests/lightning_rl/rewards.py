@@ -58,3 +58,13 @@ def hangs_on_x(completions, **_):
     if any("e" in c for c in completions):
         raise ValueError("sandbox crashed")
     return [1.0] * len(completions)
+
+
+SCORED: list[list[float]] = []
+
+
+def starts_with_digit(completions, **_):
+    """1 when the completion starts with a digit: a 0/1 reward a random tiny model sometimes earns. Scores kept in SCORED."""
+    scores = [float(text[:1].isdigit()) for text in completions]
+    SCORED.append(scores)
+    return scores

@@ -9,7 +9,7 @@ from lightning import Callback
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
 from lightning_rl.reward_model import save_tiny_reward_model
 
-from .cli_runs import cli_args, scalars
+from .cli_runs import cli_args, scalars, texts
 
 CRITIC_METRICS = ["critic/loss", "critic/explained_var", "critic/clipfrac", "critic/values_mean", "critic/grad_norm"]
 DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
@@ -61,6 +61,8 @@ def test_ppo_rlhf_four_models(tmp_path, tiny_model_path, tiny_rm_path):
     logged = scalars(tmp_path)
     missing = [m for m in [*CRITIC_METRICS, "kl/ref", "kl/coef", "policy/loss", "advantage/std", "val/reward"] if m not in logged]
     assert not missing, missing
+    (step, table), = texts(tmp_path)["samples/text_summary"]  # a short run shows its samples too: the first iteration's
+    assert step == 1 and table.startswith("| prompt | completion | reward | gold | advantage |") and len(table.splitlines()) == 4
     assert not _equal(snapshots.policy[-1], initial["policy"]) and not _equal(snapshots.critic[-1], initial["critic"])
 
     # four distinct models with no shared storage

@@ -63,8 +63,12 @@ def assert_same(a, b, path: str = "checkpoint") -> None:
 
 
 def compared(checkpoint: dict) -> dict:
-    """What must match: all of it, except the ModelCheckpoint callback's bookkeeping (it names the run's folder)."""
-    return {k: v for k, v in checkpoint.items() if k != "callbacks"}
+    """What must match: all of it, except the ModelCheckpoint callback's bookkeeping (it names the run's folder) and
+    the count of validation batches (a resumed run does not repeat the validation before training)."""
+    out = {k: v for k, v in checkpoint.items() if k not in ("callbacks", "loops")}
+    fit_loop = {k: v for k, v in checkpoint["loops"]["fit_loop"].items() if not k.startswith("epoch_loop.val_loop.")}
+    out["loops"] = {**checkpoint["loops"], "fit_loop": fit_loop}
+    return out
 
 
 def _resume_matches_straight(tmp_path, model_path, config: str, extra: list[str]) -> tuple[dict, dict]:

@@ -25,3 +25,23 @@ def test_a_rerun_gets_its_own_folder_and_latest_follows_it(tmp_path, tiny_model_
     assert torch.load(run / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2  # the first run kept
     assert not (run / "checkpoints").exists()
     assert (run / "version_1" / "config.yaml").exists()  # the resolved config beside its checkpoints and events
+
+
+@pytest.mark.slow
+def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_model_path):
+    from .cli_runs import run_cli, scalars
+
+    args = cli_args(tmp_path, tiny_model_path, 3, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints")  # validates every 2
+    run_cli("fit", args)
+    logged = scalars(tmp_path)
+    assert [step for step, _ in logged["val/reward"]] == [0, 2, 3]  # before training, every 2, after the last
+    assert "epoch" not in logged and "hp_metric" not in logged
+    assert {"time/rollout_s", "time/score_s"} <= set(logged)  # units in the names
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert "custom_scalars__config__" in events.Tags()["tensors"]  # the Custom Scalars tab: reward, val, policy, cost
+    run_cli("validate", [*args, f"--ckpt_path={tmp_path}/run/latest/checkpoints/last.ckpt"])
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["latest", "version_0"]  # no run of its own
+    assert [step for step, _ in scalars(tmp_path)["val/reward"]] == [0, 2, 3, 3]  # beside the fit, at its step

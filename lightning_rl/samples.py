@@ -1,0 +1,66 @@
+"""The table of sampled completions a researcher reads beside the curves: one row per prompt (different prompts,
+not one prompt's group), with the completion, its reward, the gold answer where the data has one and the advantage
+the update gave it. Printed to the console and written to TensorBoard as text."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import RolloutBatch
+
+MAX_CHARS = 200  # a cell longer than this is cut: the table is for reading at a glance
+
+
+def sample_rows(meta: dict, batch: RolloutBatch, n: int) -> list[dict[str, str]]:
+    """Up to ``n`` rows, the first sampled completion of each of the first ``n`` groups (greedy baseline rows skipped)."""
+    mask = batch.response_mask.float()
+    advantages = None
+    if batch.advantages is not None:  # the sequence's mean advantage over its response tokens (GRPO: the one scalar)
+        advantages = (batch.advantages.float() * mask).sum(1) / mask.sum(1).clamp_min(1)  # (B,)
+    greedy = batch.is_greedy if batch.is_greedy is not None else torch.zeros(batch.batch_size)
+    rows, seen = [], set()
+    for i, (group, is_greedy) in enumerate(zip(batch.group_ids.tolist(), greedy.tolist())):
+        if len(rows) == n:
+            break
+        if is_greedy or group in seen:
+            continue
+        seen.add(group)
+        completion = meta["transcripts"][i] if "transcripts" in meta else meta["completions"][i]  # multi-turn: observations marked
+        row = {"prompt": meta["prompts"][i], "completion": completion, "reward": f"{float(batch.scores[i]):.3f}"}
+        if "answer" in meta:
+            row["gold"] = str(meta["answer"][i])
+        if advantages is not None:
+            row["advantage"] = f"{float(advantages[i]):+.3f}"
+        rows.append({k: _cell(v) for k, v in row.items()})
+    return rows
+
+
+def _cell(text) -> str:
+    text = str(text).replace("\n", " ")
+    return text if len(text) <= MAX_CHARS else text[: MAX_CHARS - 1] + "…"
+
+
+def markdown(rows: list[dict[str, str]]) -> str:
+    """The rows as a Markdown table (TensorBoard's text tab renders it)."""
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row[c].replace("|", "\\|") for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_rows(rows: list[dict[str, str]], title: str, console=None) -> None:
+    """The rows as a rich table on ``console`` (the progress bar's, so the bar stays below it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in rows[0]:
+        numeric = column in ("reward", "advantage")
+        table.add_column(column, justify="right" if numeric else "left", overflow="fold", ratio=None if numeric else 1)
+    for row in rows:
+        table.add_row(*row.values())
+    (console or Console()).print(table)

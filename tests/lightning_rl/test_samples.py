@@ -1,0 +1,47 @@
+"""The completions table: one row per prompt (not one prompt's group), with reward, gold answer and advantage."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+from rich.console import Console
+
+from lightning_rl.samples import markdown, print_rows, sample_rows
+from tests.helpers import batch_from_scores
+
+
+def _batch():
+    # 3 prompts x 2 samples; the first row of each group is the greedy baseline (ReMax layout) for group 1 only
+    batch = batch_from_scores([1.0, 0.0, 0.5, 0.25, 0.0, 1.0], lengths=[2, 1, 2, 2, 1, 2], group_size=2)
+    advantages = torch.tensor([[0.5, 1.5], [-1.0, 9.0], [0.0, 0.0], [0.3, 0.3], [2.0, 0.0], [-0.5, -0.5]]) * batch.response_mask
+    return batch.replace(advantages=advantages, is_greedy=torch.tensor([0, 0, 1, 0, 0, 0]))
+
+
+META = {"prompts": ["1+1=", "1+1=", "2+2=", "2+2=", "3|3", "3|3"], "completions": ["2", "3", "4", "5", "6\nx", "6"], "answer": ["2", "2", "4", "4", "6", "6"]}
+
+
+def test_one_row_per_prompt_with_gold_and_sequence_mean_advantage():
+    rows = sample_rows(META, _batch(), 5)
+    assert rows == [
+        {"prompt": "1+1=", "completion": "2", "reward": "1.000", "gold": "2", "advantage": "+1.000"},  # mean of 0.5, 1.5
+        {"prompt": "2+2=", "completion": "5", "reward": "0.250", "gold": "4", "advantage": "+0.300"},  # greedy row 2 skipped
+        {"prompt": "3|3", "completion": "6 x", "reward": "0.000", "gold": "6", "advantage": "+2.000"},  # padding token excluded
+    ]
+    assert len(sample_rows(META, _batch(), 2)) == 2
+
+
+def test_without_answers_or_advantages_the_columns_are_left_out():
+    meta = {k: v for k, v in META.items() if k != "answer"}
+    rows = sample_rows(meta, batch_from_scores([1.0, 0.0], group_size=1), 4)
+    assert [list(r) for r in rows] == [["prompt", "completion", "reward"]] * 2
+
+
+def test_markdown_escapes_pipes_and_console_shows_every_cell():
+    rows = sample_rows(META, _batch(), 3)
+    text = markdown(rows)
+    assert text.splitlines()[0] == "| prompt | completion | reward | gold | advantage |" and "| 3\\|3 |" in text
+    out = io.StringIO()
+    print_rows(rows, "samples at iteration 7", Console(file=out, width=120))
+    printed = out.getvalue()
+    assert "samples at iteration 7" in printed and all(cell in printed for row in rows for cell in row.values())
