@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -61,6 +62,10 @@ class _DropNoise(logging.Filter):
         return not str(record.getMessage()).startswith(self.NOISE)
 
 
+# LightningCLI's own flags for Lightning's optimizer / scheduler, which optimize nothing here: where their settings live
+ROUTED = {"--optimizer": "--model.optimizer", "--lr_scheduler": "--model.optimizer.schedule"}
+
+
 class RLArgumentParser(LightningArgumentParser):
     """LightningCLI's parser with a suggestion for a mistyped option, after the error (the last line printed)."""
 
@@ -69,10 +74,9 @@ class RLArgumentParser(LightningArgumentParser):
         if unknown:
             options = {o for action in self._all_actions() for o in action.option_strings if o.startswith("--")}
             hints = []
-            for arg in unknown.group(1).split():
-                if arg.startswith("--"):
-                    close = difflib.get_close_matches(arg.split("=", 1)[0], sorted(options), n=1, cutoff=0.75)
-                    hints += [f"{arg.split('=', 1)[0]} -> did you mean {close[0]}?"] if close else []
+            for name in (arg.split("=", 1)[0] for arg in unknown.group(1).split() if arg.startswith("--")):
+                close = [ROUTED[name]] if name in ROUTED else difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.75)
+                hints += [f"{name} -> did you mean {close[0]}?"] if close else []
             if hints:
                 message = f"{message} ({'; '.join(hints)})"
         super().error(message, ex)
@@ -149,6 +153,7 @@ class RLCLI(LightningCLI):
 def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help shows each loop / optimizer field's docstring
     for pattern in QUIET:
         warnings.filterwarnings("ignore", message=pattern)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed", "lightning.fabric.utilities.rank_zero"):

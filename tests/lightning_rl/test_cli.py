@@ -99,9 +99,20 @@ def test_an_abbreviated_option_is_rejected_not_guessed(capsys):
     assert code != 0 and "did you mean --trainer.max_steps?" in last
 
 
-def test_lightnings_optimizer_flag_is_not_offered(capsys):
-    code, last = _cli_error(capsys, "fit", "--optimizer", "Adam")
-    assert code != 0 and "did you mean --model.optimizer?" in last
+@pytest.mark.parametrize("flag, route", [("--optimizer", "--model.optimizer"), ("--lr_scheduler", "--model.optimizer.schedule")])
+def test_lightnings_optimizer_flags_are_not_offered_but_routed(capsys, flag, route):
+    code, last = _cli_error(capsys, "fit", flag, "Adam")
+    assert code != 0 and f"{flag} -> did you mean {route}?" in last
+
+
+def test_fit_help_documents_the_loop_and_optimizer_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # help text is wrapped at the terminal width
+    assert "--model.loop.ppo_epochs PPO_EPOCHS Passes over each rollout batch." in out
+    assert "--model.loop.val_samples VAL_SAMPLES Responses sampled per held-out prompt" in out
+    assert "--model.optimizer.max_grad_norm MAX_GRAD_NORM Clip this group's gradients" in out
+    assert "DESIGN" not in out and "STYLE.md" not in out
 
 
 def _entry(monkeypatch, capsys, *argv) -> str:
