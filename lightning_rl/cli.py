@@ -50,13 +50,14 @@ QUIET = (
     ".*ModelCheckpoint with manual optimization.*",  # we want the post-update weights in checkpoints
     ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
     ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
+    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.runs): a resumed or validated run's differs
 )
 
 
 class _DropNoise(logging.Filter):
     """Lightning's info lines a researcher cannot act on (a product tip, the seed echo)."""
 
-    NOISE = ("💡 Tip:", "Seed set to")
+    NOISE = ("💡 Tip:", "Seed set to", "`Trainer.fit` stopped: `max_steps=")  # the bar says it; a raw line under it breaks its redraw
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.getMessage()).startswith(self.NOISE)

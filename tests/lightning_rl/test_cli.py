@@ -154,7 +154,7 @@ def test_console_has_none_of_the_noise_a_newcomer_cannot_act_on(tmp_path, tiny_m
     run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "fit", *args], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     console = run.stdout + run.stderr
-    for noise in ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name"):
+    for noise in ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name", "`Trainer.fit` stopped"):
         assert noise not in console, noise
     assert "RL iterations" in console  # the bar is there
 
