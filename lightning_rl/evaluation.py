@@ -96,12 +96,29 @@ class Validation:
         """The validation scalars (reduced over batches and ranks) to the loggers at the step of the weights they
         measure: the iterations done in ``fit`` (0 before training), the checkpoint's step in ``validate``."""
         trainer = self.trainer
-        if trainer.sanity_checking or not trainer.loggers:
+        if trainer.sanity_checking:
             return
         scalars = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
+        if trainer.state.fn == "validate" and trainer.validate_loop.verbose and trainer.is_global_zero:
+            print_table(scalars, f"validation of the weights at iteration {step}")  # Lightning prints only what it logged itself
+
+
+def print_table(scalars: dict[str, float], title: str) -> None:
+    """The validation metrics as a two-column rich table on the console (the progress bar's, when one is live)."""
+    from rich import get_console
+    from rich.table import Table
+
+    if not scalars:
+        return
+    table = Table(title=title, title_justify="left", min_width=len(title))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in sorted(scalars.items()):
+        table.add_row(key, f"{value:.4f}")
+    get_console().print(table)
 
 
 class ValidateBeforeAndAfter(Callback):
