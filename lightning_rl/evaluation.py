@@ -92,6 +92,12 @@ class Validation:
             for key, value in sampled_metrics(score(sampled, texts, n).reshape(n_prompts, n)).items():  # (P_n, n)
                 self.log(f"{prefix}{key}", value, **log)
 
+    def on_validation_epoch_end(self) -> None:
+        # `trainer.validate` returns (and prints) one dict per set of what Lightning logged itself: keep those dicts, to
+        # add the scalars logged with logger=False to them in on_validation_end, after Lightning has sent its own to the loggers
+        loop = self.trainer.validate_loop
+        self._validate_results = list(getattr(loop, "_logged_outputs", [])) if self.trainer.state.fn == "validate" else []
+
     def on_validation_end(self) -> None:
         """The validation scalars (reduced over batches and ranks) to the loggers at the step of the weights they
         measure: the iterations done in ``fit`` (0 before training), the checkpoint's step in ``validate``."""
@@ -102,23 +108,10 @@ class Validation:
         step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
-        if trainer.state.fn == "validate" and trainer.validate_loop.verbose and trainer.is_global_zero:
-            print_table(scalars, f"validation of the weights at iteration {step}")  # Lightning prints only what it logged itself
-
-
-def print_table(scalars: dict[str, float], title: str) -> None:
-    """The validation metrics as a two-column rich table on the console (the progress bar's, when one is live)."""
-    from rich import get_console
-    from rich.table import Table
-
-    if not scalars:
-        return
-    table = Table(title=title, title_justify="left", min_width=len(title))
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in sorted(scalars.items()):
-        table.add_row(key, f"{value:.4f}")
-    get_console().print(table)
+        names = getattr(getattr(trainer, "datamodule", None), "val_names", None)
+        for index, results in enumerate(getattr(self, "_validate_results", [])):  # `validate` only: its return value
+            prefix = f"val/{names[index]}/" if names else "val/"
+            results.update({k: v for k, v in scalars.items() if k.startswith(prefix)})
 
 
 class ValidateBeforeAndAfter(Callback):
