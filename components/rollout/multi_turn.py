@@ -17,8 +17,9 @@ With ``chat_template: true`` an observation is rendered as the chat template's `
 (components.rollout.chat_turns): only the new segment is tokenised and appended.
 
 The sampler's own settings are used as configured, except for the duration of one ``generate`` call: the
-environment's stop tokens are added to its ``stop_token_ids``, and after the first turn it draws one
-sample per context (``group_size`` 1).
+environment's stop tokens are added to its ``stop_token_ids``, ``max_new_tokens`` is capped at the room the
+roomiest open episode has left (so prompt + ``max_total_tokens`` bounds every position the policy sees), and
+after the first turn it draws one sample per context (``group_size`` 1).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class MultiTurnRollout:
         n = prompt_ids.shape[0]
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         stops = list(dict.fromkeys([*sampler.stop_token_ids, *self.stop_ids]))
-        with _settings(sampler, stop_token_ids=stops):
+        with _settings(sampler, stop_token_ids=stops, max_new_tokens=min(sampler.max_new_tokens, self.max_total_tokens)):
             turn = sampler.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
         g = turn.batch_size // n
         episodes = [Episode(prompts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
@@ -101,7 +102,9 @@ class MultiTurnRollout:
                 break
             index += 1
             context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in active], sampler.pad_token_id, prompt_ids.device)
-            with _settings(sampler, stop_token_ids=stops, group_size=1):
+            # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
+            room = max(self.max_total_tokens - len(episodes[i].ids) for i in active)
+            with _settings(sampler, stop_token_ids=stops, group_size=1, max_new_tokens=min(sampler.max_new_tokens, room)):
                 turn = sampler.generate(context_ids, context_mask, policy, greedy=greedy)
         batch = episode_batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id, version)
         self.last_metrics = episode_metrics(episodes)

@@ -34,12 +34,13 @@ class Scripted(Rollout):
     """A token-in/token-out sampler that answers each call with the next scripted turns (one list of ids per row)."""
 
     def __init__(self, script: list[list[list[int]]], eos: int, group_size: int = 1):
-        self.script, self.group_size, self.temperature, self.max_new_tokens = list(script), group_size, 1.0, 8
-        self.stop_token_ids, self.contexts, self.eos_token_id, self.pad_token_id = [], [], eos, 0
+        self.script, self.group_size, self.temperature, self.max_new_tokens = list(script), group_size, 1.0, 64
+        self.stop_token_ids, self.contexts, self.budgets, self.eos_token_id, self.pad_token_id = [], [], [], eos, 0
 
     def generate(self, prompt_ids, prompt_mask, policy, greedy=False):
         self.contexts.append([ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)])
-        turns = self.script.pop(0)
+        self.budgets.append(self.max_new_tokens)
+        turns = [t[: self.max_new_tokens] for t in self.script.pop(0)]  # like any sampler, at most max_new_tokens
         assert len(turns) == prompt_ids.shape[0] * self.group_size
         width = max(len(t) for t in turns)
         ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
@@ -102,6 +103,8 @@ def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
     batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
     assert batch.response_ids.tolist() == [enc("12=7 3")] and batch.truncated.tolist() == [True]
     assert batch.action_mask.tolist() == [[1, 1, 0, 0, 0, 1]]
+    # the sampler was asked for no more than the room left (6, then 1): no context passes prompt + max_total_tokens
+    assert sampler.budgets == [6, 1] and sampler.max_new_tokens == 64
     # an observation longer than the remaining budget ends the episode, flagged, without it
     sampler = Scripted([[enc("12")]], eos)
     agent = _agent(Echo(observation="=" * 10, turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=8)
