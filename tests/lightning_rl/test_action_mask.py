@@ -131,3 +131,61 @@ def test_reinforce_pp_discounts_over_the_models_tokens():
     batch = batch.replace(token_rewards=terminal_rewards(torch.tensor([1.0]), batch.action_tokens))
     advantages, _ = ReinforcePlusPlus(gamma=0.5, whiten="none")(batch)
     assert advantages.tolist() == [[0.5, 0.0, 0.0, 1.0]]
+
+
+def _wild(batch: RolloutBatch) -> RolloutBatch:
+    """``batch`` with far-off values at the environment's tokens only: old and sampler log-probs 5 nats away (any
+    ratio there would clip), advantages, values and returns 100x larger. Nothing computed over the model's tokens may change."""
+    g = torch.Generator().manual_seed(5)
+
+    def at_env(scale: float) -> torch.Tensor:
+        return torch.where(ENV, scale * torch.randn(B, R, generator=g), torch.zeros(B, R))
+
+    return batch.replace(
+        old_logprobs=batch.old_logprobs + at_env(5.0),
+        rollout_logprobs=batch.rollout_logprobs + at_env(5.0),
+        advantages=batch.advantages + at_env(100.0),
+        values=batch.values + at_env(100.0),
+        returns=batch.returns + at_env(100.0),
+    )
+
+
+def _with_values(batch: RolloutBatch) -> RolloutBatch:
+    g = torch.Generator().manual_seed(3)
+    return batch.replace(values=torch.randn(B, R, generator=g), returns=torch.randn(B, R, generator=g))
+
+
+@pytest.mark.parametrize("name", SURROGATES)
+def test_surrogate_loss_and_metrics_ignore_environment_tokens(name):
+    # clip fractions, approx-KL, ratio statistics, covariance selection and the aggregated loss are taken over
+    # the model's tokens only: whatever sits at the environment's tokens changes none of them (bit for bit)
+    batch = _with_values(_batch())
+    logprobs = torch.log_softmax(_logits(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for b in (batch, _wild(batch)):
+        torch.manual_seed(0)  # clip_cov's random draw
+        loss, metrics = SURROGATES[name](logprobs, b)
+        results.append((TokenMean()(loss, b.loss_mask), metrics))
+    (loss, metrics), (wild_loss, wild_metrics) = results
+    assert torch.equal(loss, wild_loss)
+    assert metrics.keys() == wild_metrics.keys() and all(torch.equal(metrics[k], wild_metrics[k]) for k in metrics), name
+    if name == "clipped":  # the check can fail: over every response token, the wild ratios would clip
+        everywhere = SURROGATES[name](logprobs, _wild(batch).replace(action_mask=None))[1]
+        assert everywhere["policy/clipfrac_low"] + everywhere["policy/clipfrac_high"] > metrics["policy/clipfrac_low"] + metrics["policy/clipfrac_high"]
+
+
+@pytest.mark.parametrize("value_clip", [None, 0.2])
+def test_value_loss_has_no_gradient_at_environment_tokens(value_clip):
+    from components.critic import ValueCritic
+
+    critic = ValueCritic(value_clip=value_clip)
+    batch = _with_values(_batch())
+    results = []
+    for b in (batch, _wild(batch)):
+        values = (b.values + 0.3 * torch.randn(B, R, generator=torch.Generator().manual_seed(2))).requires_grad_(True)
+        loss, metrics = critic.loss(values, b)
+        SeqMeanTokenMean()(loss, b.loss_mask).backward()
+        assert torch.equal(values.grad[ENV], torch.zeros(int(ENV.sum())))
+        assert (values.grad[ACTIONS] != 0).float().mean() > 0.5  # clipped values have none
+        results.append(metrics)
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
