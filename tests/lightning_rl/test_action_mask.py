@@ -189,3 +189,27 @@ def test_value_loss_has_no_gradient_at_environment_tokens(value_clip):
         assert (values.grad[ACTIONS] != 0).float().mean() > 0.5  # clipped values have none
         results.append(metrics)
     assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty():
+    # RLModule's estimate phase on one transcript: model tokens 0-1 (turn 1), observation 2-3, model tokens 4-5
+    # (turn 2), then a trailing observation 6 (a transcript cut after it) and padding 7. The environment rewarded
+    # turn 1 with -0.25 on its last token; the score 1 lands on the model's last token (5), never on an observation;
+    # the KL penalty (k1, beta 0.5, log pi_old - log ref = 0.2 everywhere) only on the model's tokens.
+    from types import SimpleNamespace
+
+    from lightning_rl.metrics import WeightedMeans
+    from lightning_rl.module import RLModule
+
+    response_mask, action_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]]), torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])
+    env_rewards = torch.tensor([[0.0, -0.25, 0, 0, 0, 0, 0, 0]])
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 8, dtype=torch.long), response_mask=response_mask, action_mask=action_mask, env_rewards=env_rewards,
+        scores=torch.tensor([1.0]), sample_mask=torch.ones(1), old_logprobs=torch.full((1, 8), -1.0), ref_logprobs=torch.full((1, 8), -1.2),
+    )  # fmt: skip
+    module = SimpleNamespace(kl=KLRegularizer(0.5, "k1", "reward"), advantage=ReinforcePlusPlus(gamma=1.0, whiten="none"))
+    out = RLModule._estimate(module, batch, WeightedMeans())
+    expected = torch.tensor([[-0.1, -0.35, 0, 0, -0.1, 0.9, 0, 0]])
+    torch.testing.assert_close(out.token_rewards, expected, atol=1e-6, rtol=0)
+    # reward-to-go over the model's tokens: 0.35, 0.45, -, -, 0.8, 0.9
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.35, 0.45, 0, 0, 0.8, 0.9, 0, 0]]), atol=1e-6, rtol=0)
