@@ -191,3 +191,23 @@ def test_trainer_logprobs_equal_the_sglang_servers_over_three_turns(tiny_model_p
     finally:
         sampler.close()
         server.stop()
+
+
+def test_episode_metrics_by_hand():
+    from components.rollout.episode import Episode, episode_metrics
+
+    # episode 1: two turns, 3 calls of which 1 failed, a 4-token observation; episode 2: one turn, no call, cut at max_turns
+    first, second = Episode([1], None), Episode([1], None)
+    first.add([5, 6], 1, None), first.add([7, 8, 9, 10], 0, None), first.add([11], 1, None)
+    first.turns, first.tool_calls, first.tool_errors = 2, 3, 1
+    second.add([5], 1, None)
+    second.turns = 1
+    second.end(truncated=True, max_turns=True)
+    metrics = {k: float(v) for k, v in episode_metrics([first, second]).items()}
+    assert metrics == {
+        "agent/turns_mean": 1.5,
+        "agent/tool_calls_mean": 1.5,
+        "tool/error_frac": pytest.approx(1 / 3),  # failed calls over all calls, not over episodes
+        "agent/observation_tokens_mean": 2.0,
+        "agent/max_turns_frac": 0.5,
+    }
