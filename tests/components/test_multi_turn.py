@@ -211,3 +211,24 @@ def test_episode_metrics_by_hand():
         "agent/observation_tokens_mean": 2.0,
         "agent/max_turns_frac": 0.5,
     }
+
+
+def test_the_readmes_custom_environment_runs(tokenizer):
+    # README "Agents and tools": the GuessTheNumber example, as printed, drives an episode
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "class GuessTheNumber" in block]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Scripted([[enc("5") + [eos]], [enc("9") + [eos]], [enc("7") + [eos]]], eos)
+    agent = _agent(namespace["GuessTheNumber"](), tokenizer, sampler, max_turns=3)
+    prompt = enc("guess:")
+    batch, texts = agent.generate(sampler, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), None, [{"answer": "7"}])
+    higher, lower = enc(" higher: "), enc(" lower: ")  # (the tiny tokenizer knows digits and signs, not letters)
+    assert batch.response_ids[0].tolist() == enc("5") + [eos] + higher + enc("9") + [eos] + lower + enc("7") + [eos]
+    assert texts["completions"] == ["7"] and texts["transcripts"][0].count("[[env: ") == 2
+    assert batch.env_rewards.nonzero()[:, 1].tolist() == [1, 3 + len(higher)]  # -0.1 on each hinted turn's EOS
+    assert batch.env_rewards.sum() == pytest.approx(-0.2) and batch.truncated.tolist() == [False]
