@@ -106,6 +106,11 @@ def test_python_tool_limits():
     step = env.step(None, _turn("<call>python(while True: pass)</call>"))
     assert time.monotonic() - start < 3.0
     assert step.observation == "<result>error: timed out after 1.0 s</result>"
+    env = ToolEnvironment([PythonTool(timeout_s=5.0, memory_mb=200)])  # past its memory limit: an error result, within the timeout
+    start = time.monotonic()
+    step = env.step(None, _turn("<call>python(x = bytearray(400 << 20))</call>"))
+    assert time.monotonic() - start < 5.0
+    assert step.observation == "<result>error: MemoryError: more than 200 MiB</result>" and step.tool_errors == 1
 
 
 def test_tools_are_configured_from_yaml_with_a_dotted_path():
