@@ -43,6 +43,13 @@ class Episode:
         elif self.logprobs is not None:
             self.logprobs += logprobs if action else [0.0] * len(ids)
 
+    def reward(self, value: float) -> None:
+        """An environment's reward for the turn just taken, on the model's last token so far: the turn's last token,
+        or for a turn the sampler returned empty the previous turn's, never an observation (no model token: none)."""
+        last = next((i for i in range(len(self.action) - 1, -1, -1) if self.action[i]), None)
+        if last is not None:
+            self.rewards[last] += value
+
     def end(self, truncated: bool, max_turns: bool = False) -> None:
         self.done, self.truncated, self.max_turns = True, truncated, max_turns
 

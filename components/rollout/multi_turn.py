@@ -131,7 +131,7 @@ class MultiTurnRollout:
             episode.tool_calls += step.tool_calls
             episode.tool_errors += step.tool_errors
             if step.reward is not None:
-                episode.rewards[-1] += float(step.reward)  # on the turn's last token
+                episode.reward(float(step.reward))  # on the turn's last token
             if step.done:
                 episode.end(truncated=finish == "length")
             elif index + 1 >= self.max_turns:

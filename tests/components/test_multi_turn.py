@@ -232,3 +232,20 @@ def test_the_readmes_custom_environment_runs(tokenizer):
     assert texts["completions"] == ["7"] and texts["transcripts"][0].count("[[env: ") == 2
     assert batch.env_rewards.nonzero()[:, 1].tolist() == [1, 3 + len(higher)]  # -0.1 on each hinted turn's EOS
     assert batch.env_rewards.sum() == pytest.approx(-0.2) and batch.truncated.tolist() == [False]
+
+
+class RewardEveryTurn(Environment):
+    def step(self, state, turn):
+        return Step(done=True, reward=0.5) if turn.index == 1 else Step("=7 ", 0.5)
+
+
+def test_a_turn_reward_never_lands_on_an_observation(tokenizer):
+    # row 0's second turn came back empty (a sampler at its context limit): its reward joins turn 1's on the model's
+    # last token, not the observation's last token
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Scripted([[enc("1"), enc("2")], [[], enc("3")]], eos, group_size=2)
+    agent = _agent(RewardEveryTurn(), tokenizer, sampler)
+    batch, _ = agent.generate(sampler, torch.tensor([enc("1+1=")]), torch.ones(1, 4, dtype=torch.long), None, [{}])
+    n = 1 + len(enc("=7 "))
+    assert batch.response_mask.sum(-1).tolist() == [n, n + 1]
+    assert batch.env_rewards.tolist() == [[1.0] + [0.0] * n, [0.5] + [0.0] * (n - 1) + [0.5]]
