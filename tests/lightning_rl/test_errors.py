@@ -66,7 +66,7 @@ def test_missing_data_file(tmp_path, tiny_model_path):
         ("always_fails", RuntimeError, r"always_fails\) raised ValueError: the answer key is corrupt"),
         ("returns_nan", ValueError, r"returns_nan.*returned nan at sample 0.*finite number"),
         ("returns_none", ValueError, r"returns_none.*returned None at sample 0"),
-        ("wrong_length", ValueError, r"wrong_length.*must return 4 scores"),
+        ("wrong_length", ValueError, r"wrong_length.*must return 8 scores"),  # the validation before the first iteration (8 prompts) meets it first
     ],
 )
 def test_bad_reward_functions(tmp_path, tiny_model_path, fn, error, message):
