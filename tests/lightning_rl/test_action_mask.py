@@ -213,3 +213,51 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
     torch.testing.assert_close(out.token_rewards, expected, atol=1e-6, rtol=0)
     # reward-to-go over the model's tokens: 0.35, 0.45, -, -, 0.8, 0.9
     torch.testing.assert_close(out.advantages, torch.tensor([[0.35, 0.45, 0, 0, 0.8, 0.9, 0, 0]]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("surrogate", ["clipped", "cispo", "clip_cov"])
+def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_model_path, monkeypatch, surrogate):
+    # the optimize phase's own policy loss (lightning_rl.update) on a tiny model: surrogate + KL in the loss +
+    # entropy bonus + positive-sample NLL, aggregated over the mini-batch. The gradient reaching the logits that
+    # score environment tokens is exactly zero, and policy/entropy and policy/clipfrac are means over the model's tokens.
+    from types import SimpleNamespace
+
+    import lightning_rl.logprobs as logprobs_module
+    from lightning_rl.metrics import WeightedMeans
+    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.update import UpdatePhase
+
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    g = torch.Generator().manual_seed(4)
+    vocab = policy.config.vocab_size
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(3, vocab, (B, 3), generator=g), prompt_mask=torch.ones(B, 3, dtype=torch.long),
+        response_ids=torch.randint(3, vocab, (B, R), generator=g), response_mask=RESPONSE_MASK, action_mask=ACTION_MASK,
+        advantages=torch.randn(B, R, generator=g), ref_logprobs=-3.0 * torch.rand(B, R, generator=g),
+        rollout_logprobs=-3.0 * torch.rand(B, R, generator=g), scores=torch.ones(B), sample_mask=torch.ones(B), group_ids=torch.tensor([0, 0, 1, 1]),
+    )  # fmt: skip
+    captured = {}
+    response_logits = logprobs_module.response_logits
+
+    def keep(*args, **kwargs):  # the (B, R, V) logits that score the response tokens
+        captured["logits"] = logits = response_logits(*args, **kwargs)
+        logits.retain_grad()
+        return logits
+
+    monkeypatch.setattr(logprobs_module, "response_logits", keep)
+    module = SimpleNamespace(
+        policy=policy, loop=SimpleNamespace(logprob_chunk_rows=None, max_tokens_per_micro_batch=None),
+        surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(),
+    )  # fmt: skip
+    metrics = WeightedMeans()
+    torch.manual_seed(0)
+    mask = batch.loss_mask
+    t = 0.3  # a sharp sampler: the random model's entropies then differ from token to token
+    loss = UpdatePhase._policy_loss(module, batch, mask.sum(), mask.sum(), t, True, metrics)
+    loss.backward()
+    _check(captured["logits"].grad)
+    values = metrics.compute(sync=False)
+    entropy = logprobs_module.policy_logprobs(policy, batch, t, with_entropy=True)[1].detach()
+    over_actions, over_responses = [float((entropy * m).sum() / m.sum()) for m in (mask, RESPONSE_MASK)]
+    assert abs(over_actions - over_responses) > 1e-3
+    assert float(values["policy/entropy"]) == pytest.approx(over_actions, abs=1e-6)
