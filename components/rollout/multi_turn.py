@@ -19,7 +19,9 @@ With ``chat_template: true`` an observation is rendered as the chat template's `
 The sampler's own settings are used as configured, except for the duration of one ``generate`` call: the
 environment's stop tokens are added to its ``stop_token_ids``, ``max_new_tokens`` is capped at the room the
 roomiest open episode has left (so prompt + ``max_total_tokens`` bounds every position the policy sees), and
-after the first turn it draws one sample per context (``group_size`` 1).
+after the first turn it draws one sample per context (``group_size`` 1). Every data-parallel rank takes as
+many turns as the busiest one (a sharded policy's forward is a collective): a rank whose episodes have all
+ended samples a stand-in turn beside the others and discards it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 
 from components.env import Environment, Step, Turn
 from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import all_reduce_sum
 
 from .base import Rollout
 from .chat_turns import ChatTurns
@@ -98,12 +101,13 @@ class MultiTurnRollout:
         while True:
             self._absorb(turn, [episodes[i] for i in active], index)
             active = [i for i in active if not episodes[i].done]
-            if not active:
+            if not int(all_reduce_sum(torch.tensor(float(len(active)), device=prompt_ids.device))):  # on every rank
                 break
             index += 1
-            context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in active], sampler.pad_token_id, prompt_ids.device)
+            sampled = active or [0]  # a rank whose episodes all ended samples a stand-in turn, discarded by _absorb
+            context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device)
             # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
-            room = max(self.max_total_tokens - len(episodes[i].ids) for i in active)
+            room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
             with _settings(sampler, stop_token_ids=stops, group_size=1, max_new_tokens=min(sampler.max_new_tokens, room)):
                 turn = sampler.generate(context_ids, context_mask, policy, greedy=greedy)
         batch = episode_batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id, version)

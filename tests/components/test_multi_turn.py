@@ -249,3 +249,20 @@ def test_a_turn_reward_never_lands_on_an_observation(tokenizer):
     n = 1 + len(enc("=7 "))
     assert batch.response_mask.sum(-1).tolist() == [n, n + 1]
     assert batch.env_rewards.tolist() == [[1.0] + [0.0] * n, [0.5] + [0.0] * (n - 1) + [0.5]]
+
+
+def test_every_rank_takes_as_many_turns_as_the_busiest(tokenizer, monkeypatch):
+    # this rank's episode ends after turn 1 while another rank's stays open for two more turns: this rank keeps
+    # calling the sampler (a sharded policy's forward is a collective) with a stand-in turn that changes nothing
+    import components.rollout.multi_turn as multi_turn
+
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    prompt = torch.tensor([enc("1+1=")])
+    alone = Scripted([[enc("2") + [eos]]], eos)
+    expected, _ = _agent(Echo(turns=1), tokenizer, alone).generate(alone, prompt, torch.ones_like(prompt), None, [{}])
+    other_rank_open = iter([1.0, 1.0, 0.0])
+    monkeypatch.setattr(multi_turn, "all_reduce_sum", lambda x: x + next(other_rank_open))
+    sampler = Scripted([[enc("2") + [eos]], [enc("99")], [enc("98")]], eos)
+    batch, texts = _agent(Echo(turns=1), tokenizer, sampler).generate(sampler, prompt, torch.ones_like(prompt), None, [{}])
+    assert len(sampler.contexts) == 3 and sampler.contexts[1] == [enc("1+1=2") + [eos]]  # the finished episode, as a stand-in
+    assert batch.response_ids.tolist() == expected.response_ids.tolist() == [enc("2") + [eos]] and texts["completions"] == ["2"]
