@@ -95,7 +95,7 @@ class MultiTurnRollout:
             turn = sampler.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
         g = turn.batch_size // n
         episodes = [_Episode(prompts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
-        version, active, index = turn.weight_version, list(range(turn.batch_size)), 0
+        active, index = list(range(turn.batch_size)), 0
         while True:
             self._absorb(turn, [episodes[i] for i in active], index)
             active = [i for i in active if not episodes[i].done]
@@ -105,7 +105,7 @@ class MultiTurnRollout:
             context_ids, context_mask = _left_pad([episodes[i].prompt + episodes[i].ids for i in active], sampler.pad_token_id, prompt_ids.device)
             with _settings(sampler, stop_token_ids=stops, group_size=1):
                 turn = sampler.generate(context_ids, context_mask, policy, greedy=greedy)
-        batch = self._batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id, version)
+        batch = self._batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id)
         self.last_metrics = _metrics(episodes)
         texts = {"completions": [self._decode(e.last_turn) for e in episodes], "transcripts": [self._transcript(e) for e in episodes]}
         return batch, texts
@@ -115,13 +115,15 @@ class MultiTurnRollout:
         lengths = turn.response_mask.sum(-1).tolist()
         ids_rows = turn.response_ids.tolist()
         logprob_rows = turn.rollout_logprobs.tolist() if turn.rollout_logprobs is not None else None
+        # each turn may come from another policy version (asynchronous training pushes weights between turns)
+        version_rows = _token_versions(turn).tolist()
         for row, episode in enumerate(episodes):
             ids = ids_rows[row][: lengths[row]]
             room = self.max_total_tokens - len(episode.ids)
             cut = len(ids) > room
             ids = ids[:room]
             finish = "length" if cut or bool(turn.truncated[row]) else "stop"
-            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)])
+            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)], version_rows[row][: len(ids)])
             episode.turns, episode.last_turn = episode.turns + 1, ids
             if cut:
                 episode.end(truncated=True)
@@ -140,7 +142,7 @@ class MultiTurnRollout:
                 if len(episode.ids) + len(observation) + 1 > self.max_total_tokens:  # no room for it and one more token
                     episode.end(truncated=True)
                 else:
-                    episode.add(observation, 0, None)
+                    episode.add(observation, 0, None, [episode.versions[-1]] * len(observation))
 
     def _step(self, episode: "_Episode", turn: Turn) -> Step:
         step = self.env.step(episode.state, turn)
@@ -169,14 +171,16 @@ class MultiTurnRollout:
         return self.tokenizer.encode(observation, add_special_tokens=False)
 
     # ------------------------------------------------------------------ outputs
-    def _batch(self, episodes, prompt_ids, prompt_mask, g, pad_token_id, version) -> RolloutBatch:
+    def _batch(self, episodes, prompt_ids, prompt_mask, g, pad_token_id) -> RolloutBatch:
         b, device = len(episodes), prompt_ids.device
         width = max(1, max(len(e.ids) for e in episodes))
         response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
         response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
         logprobs = torch.zeros(b, width) if all(e.logprobs is not None for e in episodes) else None
+        token_versions = torch.zeros(b, width, dtype=torch.long)
         for i, e in enumerate(episodes):
             n = len(e.ids)
+            token_versions[i, :n] = torch.tensor(e.versions, dtype=torch.long)
             response_ids[i, :n], response_mask[i, :n] = torch.tensor(e.ids, dtype=torch.long), 1
             action_mask[i, :n], env_rewards[i, :n] = torch.tensor(e.action, dtype=torch.long), torch.tensor(e.rewards)
             if logprobs is not None:
@@ -191,7 +195,8 @@ class MultiTurnRollout:
             rollout_logprobs=None if logprobs is None else logprobs.to(device),
             truncated=torch.tensor([e.truncated for e in episodes], device=device),
             group_ids=torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(g),
-            weight_version=version,
+            versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=0) for e in episodes], device=device),
+            token_versions=token_versions.to(device),
         )
 
     def _turn_text(self, ids: list[int]) -> str:
@@ -216,6 +221,14 @@ class MultiTurnRollout:
         self.env.close()
 
 
+def _token_versions(turn: RolloutBatch) -> Tensor:
+    """(B, R) the version of each token of one turn, from what the sampler reported (0 when it reports none)."""
+    if turn.token_versions is not None:
+        return turn.token_versions
+    versions = turn.versions if turn.versions is not None else torch.zeros(turn.batch_size, dtype=torch.long)
+    return versions[:, None].expand_as(turn.response_ids)
+
+
 class _Episode:
     """One transcript under construction: ids with their action flags, sampler log-probs and rewards."""
 
@@ -225,12 +238,14 @@ class _Episode:
         self.action: list[int] = []
         self.logprobs: list[float] | None = []
         self.rewards: list[float] = []
+        self.versions: list[int] = []  # the policy version of each token (an observation's: the turn's before it)
         self.last_turn: list[int] = []
         self.turns = self.tool_calls = self.tool_errors = 0
         self.done = self.truncated = self.max_turns = False
 
-    def add(self, ids: list[int], action: int, logprobs: list[float] | None) -> None:
+    def add(self, ids: list[int], action: int, logprobs: list[float] | None, versions: list[int]) -> None:
         self.ids += ids
+        self.versions += versions
         self.action += [action] * len(ids)
         self.rewards += [0.0] * len(ids)
         if action and logprobs is None:
