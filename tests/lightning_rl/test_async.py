@@ -19,7 +19,7 @@ from .test_resume import assert_same, compared
 REPO = Path(__file__).resolve().parents[2]
 DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
 ASYNC = [
-    "--config", str(REPO / "configs/async.yaml"),
+    "--config", str(REPO / "configs/loop/async.yaml"),
     *DENSE_REWARD,
     "--model.rollout.init_args.return_logprobs=true",
     "--model.rollout.init_args.temperature=3.0",
@@ -44,6 +44,18 @@ def test_stale_groups_are_dropped_whole_and_counted():
     assert float(metrics["async/staleness_mean"]) == pytest.approx(0.5) and int(metrics["async/staleness_max"]) == 1
     same, _, metrics = drop_stale(batch, texts, version=3, max_staleness=2)
     assert same is batch and float(metrics["async/dropped_frac"]) == 0.0
+
+
+def test_staleness_without_a_correction_warns_and_a_negative_bound_is_refused():
+    from components.surrogate import ClippedSurrogate, DecoupledClip
+    from lightning_rl.config import LoopConfig
+
+    with pytest.warns(UserWarning, match="nothing corrects for their staleness"):
+        RLModule(surrogate=ClippedSurrogate(), loop=LoopConfig(max_staleness=1))
+    with pytest.raises(ValueError, match="return_logprobs: true"):  # DecoupledClip reads the sampler's log-probs: HFRollout must report them
+        RLModule(surrogate=DecoupledClip(), loop=LoopConfig(max_staleness=1))
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        LoopConfig(max_staleness=-1)
 
 
 @pytest.mark.slow
@@ -105,7 +117,7 @@ def test_a_server_that_dies_with_a_round_in_flight_fails_the_iteration_clearly(t
     start = time.monotonic()
     try:
         with pytest.raises(SGLangError, match=server.url):
-            run_cli("fit", cli_args(tmp_path, tiny_model_path, 6, *sglang, "--config", str(REPO / "configs/async.yaml")))
+            run_cli("fit", cli_args(tmp_path, tiny_model_path, 6, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
     finally:
         server.stop()
     assert time.monotonic() - start < 120
@@ -123,7 +135,7 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
     server = FakeSGLangServer(tiny_model_path).start()
     sglang = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url", server.url, *DENSE_REWARD]
     try:
-        cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/async.yaml")))
+        cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
     finally:
         server.stop()
     assert cli.trainer.global_step == 4 and server.weight_version == "5"  # a first push, then one per update
