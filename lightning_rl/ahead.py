@@ -113,7 +113,7 @@ class RolloutAhead:
         for round_ in self._pending:
             round_.future.cancel()
         self._pending.clear()
-        self._pool.shutdown(wait=True, cancel_futures=True)  # a round under way finishes (or fails) first
+        self._pool.shutdown(wait=False, cancel_futures=True)  # a round under way ends on its own (its sampler stops with the rollout)
         if getattr(self.rollout, "overlapping", False):
             self.rollout.overlapping = False
 

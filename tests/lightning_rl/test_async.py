@@ -142,3 +142,26 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
     logged = scalars(tmp_path)
     assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
     assert "/flush_cache" not in server.calls  # refused while requests run; each update flushes the cache itself
+
+
+@pytest.mark.slow
+def test_agent_episodes_are_sampled_ahead_on_the_server(tmp_path):
+    """Multi-turn episodes on the background thread: each turn may come from another version; the bound holds."""
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    tiny_calc = str(REPO / "lightning_rl/assets/tiny-calc")
+    server = FakeSGLangServer(tiny_calc).start()
+    args = ["--config", str(REPO / "configs/agent_calc.yaml"), "--config", str(REPO / "configs/rollout/sglang.yaml"),
+            "--config", str(REPO / "configs/loop/async.yaml"), "--model.rollout.init_args.base_url", server.url,
+            "--model.policy.path", tiny_calc, "--data.batch_size", "4", "--data.val_size", "8", "--trainer.max_steps", "3",
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+            "--trainer.logger.init_args.name", "run", "--trainer.callbacks.init_args.dirpath", str(tmp_path / "ckpt"),
+            "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    try:
+        cli = run_cli("fit", args)
+    finally:
+        server.stop()
+    assert cli.trainer.global_step == 3
+    logged = scalars(tmp_path)
+    assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0]
+    assert logged["agent/turns_mean"] and all(v == 0.0 for _, v in logged["async/dropped_frac"])
