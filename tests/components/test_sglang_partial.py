@@ -31,7 +31,7 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
     new = copy.deepcopy(old)
     with torch.no_grad():
         for p in new.parameters():
-            p.add_(torch.randn_like(p) * 0.5)
+            p.add_(torch.randn_like(p) * 0.1)
     rollout = SGLangRollout(base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01)
     rollout.setup(tokenizer)
     rollout.overlapping = True
@@ -47,13 +47,14 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
 
 
 def _check_logprobs_by_version(batch, old, new):
-    """Each token's reported log-prob is the one of the weights its version names (to 1e-5)."""
+    """Each token's reported log-prob is the one of the weights its version names (fp32: the server's incremental decode
+    and the trainer's one full forward sum in different orders; a wrong version differs by ~1e-1)."""
     under_old, _ = policy_logprobs(old.eval(), batch)
     under_new, _ = policy_logprobs(new.eval(), batch)
     mask = batch.response_mask.bool()
     for version, expected in ((1, under_old), (2, under_new)):
         tokens = mask & (batch.token_versions == version)
-        torch.testing.assert_close(batch.rollout_logprobs[tokens], expected[tokens], atol=1e-5, rtol=0)
+        torch.testing.assert_close(batch.rollout_logprobs[tokens], expected[tokens], atol=5e-5, rtol=0)
 
 
 @pytest.mark.slow
