@@ -72,6 +72,12 @@ def check_requirements(module) -> Needs:
             "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
             "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
         )
+    if module.loop.max_staleness > 0 and "rollout_logprobs" not in _requires(module.surrogate):
+        warnings.warn(
+            f"model.loop.max_staleness={module.loop.max_staleness} trains on samples from older weights, but model.surrogate "
+            f"({type(module.surrogate).__name__}) does not read the sampler's log-probs, so nothing corrects for their staleness: "
+            "use components.surrogate.DecoupledClip (configs/loop/async.yaml), or give the surrogate a correction (TIS/MIS)"
+        )
     return Needs(frozenset(before | during), frozenset(before))
 
 

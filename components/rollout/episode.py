@@ -30,12 +30,15 @@ class Episode:
         self.action: list[int] = []
         self.logprobs: list[float] | None = []
         self.rewards: list[float] = []
+        self.versions: list[int] = []  # the policy version of each token (an observation's: the turn's before it)
         self.last_turn: list[int] = []
         self.turns = self.tool_calls = self.tool_errors = 0
         self.done = self.truncated = self.max_turns = False
 
-    def add(self, ids: list[int], action: int, logprobs: list[float] | None) -> None:
+    def add(self, ids: list[int], action: int, logprobs: list[float] | None, versions: list[int] | None = None) -> None:
+        """``versions``: the policy version that sampled each id (None: the version of the tokens before them, or 0)."""
         self.ids += ids
+        self.versions += versions if versions is not None else [self.versions[-1] if self.versions else 0] * len(ids)
         self.action += [action] * len(ids)
         self.rewards += [0.0] * len(ids)
         if action and logprobs is None:
@@ -54,15 +57,25 @@ class Episode:
         self.done, self.truncated, self.max_turns = True, truncated, max_turns
 
 
-def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tensor, g: int, pad_token_id: int, version: int | None) -> RolloutBatch:
+def token_versions(turn: RolloutBatch) -> Tensor:
+    """(B, R) the version of each token of one turn, from what the sampler reported (0 when it reports none)."""
+    if turn.token_versions is not None:
+        return turn.token_versions
+    versions = turn.versions if turn.versions is not None else torch.zeros(turn.batch_size, dtype=torch.long)
+    return versions[:, None].expand_as(turn.response_ids)
+
+
+def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tensor, g: int, pad_token_id: int) -> RolloutBatch:
     """One row per episode, ``g`` consecutive episodes per prompt. Shapes: prompts (P_n, P) -> batch of B = P_n * g rows, R = the longest transcript."""
     b, device = len(episodes), prompt_ids.device
     width = max(1, max(len(e.ids) for e in episodes))
     response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)  # (B, R)
     response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
     logprobs = torch.zeros(b, width) if all(e.logprobs is not None for e in episodes) else None
+    versions = torch.zeros(b, width, dtype=torch.long)  # (B, R)
     for i, e in enumerate(episodes):
         n = len(e.ids)
+        versions[i, :n] = torch.tensor(e.versions, dtype=torch.long)
         response_ids[i, :n], response_mask[i, :n] = torch.tensor(e.ids, dtype=torch.long), 1
         action_mask[i, :n], env_rewards[i, :n] = torch.tensor(e.action, dtype=torch.long), torch.tensor(e.rewards)
         if logprobs is not None:
@@ -77,7 +90,8 @@ def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tens
         rollout_logprobs=None if logprobs is None else logprobs.to(device),
         truncated=torch.tensor([e.truncated for e in episodes], device=device),
         group_ids=torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(g),
-        weight_version=version,
+        versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=0) for e in episodes], device=device),
+        token_versions=versions.to(device),
     )
 
 

@@ -39,7 +39,7 @@ from lightning_rl.ops import all_reduce_sum
 
 from .base import Rollout
 from .chat_turns import ChatTurns
-from .episode import Episode, episode_batch, episode_metrics, left_pad, transcript
+from .episode import Episode, episode_batch, episode_metrics, left_pad, token_versions, transcript
 
 
 class MultiTurnRollout:
@@ -97,7 +97,7 @@ class MultiTurnRollout:
             turn = sampler.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
         g = turn.batch_size // n
         episodes = [Episode(prompts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
-        version, active, index = turn.weight_version, list(range(turn.batch_size)), 0
+        active, index = list(range(turn.batch_size)), 0
         while True:
             self._absorb(turn, [episodes[i] for i in active], index)
             active = [i for i in active if not episodes[i].done]
@@ -110,7 +110,7 @@ class MultiTurnRollout:
             room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
             with _settings(sampler, stop_token_ids=stops, group_size=1, max_new_tokens=min(sampler.max_new_tokens, room)):
                 turn = sampler.generate(context_ids, context_mask, policy, greedy=greedy)
-        batch = episode_batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id, version)
+        batch = episode_batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id)
         self.last_metrics = episode_metrics(episodes)
         texts = {"completions": [self._decode(e.last_turn) for e in episodes], "transcripts": [transcript(e, self._decode) for e in episodes]}
         return batch, texts
@@ -120,13 +120,15 @@ class MultiTurnRollout:
         lengths = turn.response_mask.sum(-1).tolist()
         ids_rows = turn.response_ids.tolist()
         logprob_rows = turn.rollout_logprobs.tolist() if turn.rollout_logprobs is not None else None
+        # each turn may come from another policy version (asynchronous training pushes weights between turns)
+        version_rows = token_versions(turn).tolist()
         for row, episode in enumerate(episodes):
             ids = ids_rows[row][: lengths[row]]
             room = self.max_total_tokens - len(episode.ids)
             cut = len(ids) > room
             ids = ids[:room]
             finish = "length" if cut or bool(turn.truncated[row]) else "stop"
-            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)])
+            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)], version_rows[row][: len(ids)])
             episode.turns, episode.last_turn = episode.turns + 1, ids
             if cut:
                 episode.end(truncated=True)

@@ -47,7 +47,7 @@ class Scripted(Rollout):
         mask, truncated = response_mask_from_eos(ids, [self.eos_token_id, *self.stop_token_ids])
         mask = mask * (torch.arange(width)[None] < torch.tensor([len(t) for t in turns])[:, None])
         logprobs = -0.01 * torch.arange(1, width + 1).float().expand(len(turns), width) * mask
-        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, weight_version=3)
+        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, versions=torch.full((ids.shape[0],), 3))
 
 
 def _agent(env, tokenizer, sampler, **kwargs) -> MultiTurnRollout:
@@ -76,7 +76,7 @@ def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
     # sampler log-probs on the model's tokens, 0 on observations
     assert batch.rollout_logprobs[0].tolist()[:6] == pytest.approx([-0.01, -0.02, 0, 0, 0, -0.01])
     assert batch.truncated.tolist() == [False, True]  # row 1's last turn hit no EOS
-    assert batch.group_ids.tolist() == [0, 0] and batch.weight_version == 3
+    assert batch.group_ids.tolist() == [0, 0] and batch.versions.tolist() == [3, 3]
     # each later turn continued from the whole context, one sample per context
     assert sampler.contexts[1] == [prompt + enc("1") + [eos] + obs, prompt + enc("22") + obs]
     assert sampler.group_size == 2 and sampler.stop_token_ids == []  # restored after the calls
