@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 from torch import Tensor
 
-PER_SAMPLE = ("truncated", "group_ids", "scores", "sample_mask", "is_greedy")
+PER_SAMPLE = ("truncated", "group_ids", "scores", "sample_mask", "is_greedy", "versions")
 PER_TOKEN = (
     "response_ids",
     "response_mask",
@@ -27,6 +27,7 @@ PER_TOKEN = (
     "returns",
     "action_mask",
     "env_rewards",
+    "token_versions",
 )
 PROMPT = ("prompt_ids", "prompt_mask")
 
@@ -49,9 +50,10 @@ class RolloutBatch:
     token_rewards: Tensor | None = None  # (B, R)
     advantages: Tensor | None = None  # (B, R)
     returns: Tensor | None = None  # (B, R)
-    weight_version: int | None = None  # policy version that sampled this batch
     action_mask: Tensor | None = None  # (B, R) 1 on tokens the model sampled, 0 on environment tokens (None = all sampled)
     env_rewards: Tensor | None = None  # (B, R) an environment's per-turn rewards, on the last token of each turn
+    versions: Tensor | None = None  # (B,) long: the oldest policy version that sampled any of the sample's tokens
+    token_versions: Tensor | None = None  # (B, R) long: the version that sampled each token (partial rollouts, agents)
 
     def __post_init__(self) -> None:
         if self.response_ids.dim() != 2 or self.response_mask.shape != self.response_ids.shape:
@@ -120,9 +122,6 @@ class RolloutBatch:
         for f in fields(cls):
             values = [getattr(b, f.name) for b in batches]
             if all(v is None for v in values):
-                continue
-            if f.name == "weight_version":
-                merged[f.name] = values[0]
                 continue
             if any(v is None for v in values):
                 raise ValueError(f"cannot concatenate batches where only some have `{f.name}`")

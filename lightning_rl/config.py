@@ -69,6 +69,10 @@ class LoopConfig:
     target_kl: float | None = None
     """Stop this iteration's remaining PPO epochs once an epoch's mean approx-KL(pi_old || pi_theta) (k3, over
     its tokens and ranks) exceeds this (Schulman et al.'s early stopping, as in CleanRL / SB3); None = never."""
+    max_staleness: int = 0
+    """Asynchronous training: sample the next iterations' prompts (this many rounds ahead) while this one optimizes, on
+    weights at most this many versions older than those they train; older groups are dropped and counted. Pair it with
+    a surrogate that corrects for the staleness (DecoupledClip). 0 = synchronous: sample, then train."""
     skip_degenerate_batches: bool = True
     """Skip the optimize phase (with a warning) when every advantage is zero: nothing to learn, only noise."""
     log_samples_every_n_steps: int = 20
@@ -94,6 +98,8 @@ class LoopConfig:
         for key, value in sizes.items():
             if value < 1:
                 raise ValueError(f"model.loop.{key}={value} must be >= 1")
+        if self.max_staleness < 0:
+            raise ValueError(f"model.loop.max_staleness={self.max_staleness} must be >= 0 (0 = synchronous)")
         if self.logprob_chunk_rows is not None and self.logprob_chunk_rows < 1:
             raise ValueError(f"model.loop.logprob_chunk_rows={self.logprob_chunk_rows} must be >= 1 (or null)")
         if self.val_samples < 0 or self.val_temperature <= 0:

@@ -12,6 +12,7 @@ One ``training_step`` is one iteration, and ``trainer.global_step`` counts itera
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any, Iterator
 
@@ -31,6 +32,7 @@ from components.rollout import HFRollout, MultiTurnRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 
+from .ahead import RolloutAhead, check_asynchronous, drop_stale
 from .batch import RolloutBatch, terminal_rewards
 from .config import LoopConfig, OptimizerConfig
 from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
@@ -106,7 +108,8 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         self.optimizer_cfg, self.loop = optimizer, loop
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
-        self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize
+        # a batch sampled by older weights (asynchronous) needs pi_prox, the weights before this update, recomputed
+        self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize or loop.max_staleness > 0
         self.reference_is_base = reference_is_base(policy, reference, self.needs)  # LoRA: adapters off, no second model
         if self.reference_is_base and kl is not None and kl.refresh_every is not None:
             raise ValueError("model.kl.init_args.refresh_every needs a reference model of its own, but with a LoRA policy and no "
@@ -118,6 +121,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         self._shuffle = torch.Generator().manual_seed(0)
         self._rng = IterationRNG()  # torch's global random state inside iterations (lightning_rl.distributed)
         self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)  # lightning_rl.health
+        self._ahead: RolloutAhead | None = None  # asynchronous training (loop.max_staleness > 0): lightning_rl.ahead
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -177,28 +181,30 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
                 steps = self._optimize(batch, metrics)
         with timer("sync"):
             if steps:
-                self.rollout.sync_weights(self.policy)
+                self._ahead.push(self.policy) if self._ahead is not None else self.rollout.sync_weights(self.policy)
             if self.kl is not None and self.kl.refresh_due(iterations_done):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self._update_kl(batch)
         self._count_iteration(steps)
+        if self._ahead is not None:
+            self._ahead.trained()
         self._log_iteration(batch, meta, metrics, timer)
 
     def _collect(self, dataloader_iter: Iterator, metrics: WeightedMeans) -> tuple[RolloutBatch, dict]:
         """Rollout and reward; with dynamic sampling, keep informative groups until the batch is full."""
-        kept, kept_meta, groups_seen, target = [], [], 0, None
+        kept, kept_meta, groups_seen, target, waited = [], [], 0, None, 0.0
         rounds = self.sampling.max_rounds if self.sampling is not None else 1
         for round_ in range(rounds):
-            prompts, _, _ = next(dataloader_iter)
+            prompts, batch, meta, extra, wait = self._next_round(dataloader_iter)
+            waited += wait
             if round_ == 0 and self.ptx is not None:
                 if "ptx" not in prompts:
                     raise ValueError("model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx")
                 self._ptx_text = (prompts["ptx"]["ids"].to(self.device), prompts["ptx"]["mask"].to(self.device))
-            batch, meta = self._rollout_and_score(prompts, group_offset=groups_seen)
-            metrics.add_all({k: v.to(self.device) for k, v in self.reward.last_metrics.items()})  # e.g. reward/timeout_frac
-            if self.agent is not None:
-                metrics.add_all({k: v.to(self.device) for k, v in self.agent.last_metrics.items()})  # agent/turns_mean, tool/error_frac
+            batch = batch.replace(group_ids=batch.group_ids + groups_seen)
+            metrics.add_all({k: v.to(self.device) for k, v in extra.items()})  # e.g. reward/timeout_frac, agent/turns_mean
+            metrics.add("time/rollout_wait_s", torch.tensor(waited))  # the trainer idle on samples (all of the rollout when synchronous)
             target = target or prompts["prompt_ids"].shape[0]
             groups_seen += prompts["prompt_ids"].shape[0]
             if self.sampling is None:
@@ -223,12 +229,24 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         metrics.add("sampling/rounds", torch.tensor(float(round_ + 1)))
         return batch, meta
 
+    def _next_round(self, dataloader_iter: Iterator) -> tuple[dict, RolloutBatch, dict, dict, float]:
+        """Prompts and their scored samples: sampled now, or (asynchronous) taken from the rounds sampled ahead,
+        with the groups older than ``loop.max_staleness`` versions left out."""
+        if self._ahead is None:
+            start = time.perf_counter()
+            prompts = next(dataloader_iter)[0]
+            return prompts, *self._rollout_and_score(prompts, self.policy), time.perf_counter() - start
+        prompts, batch, meta, extra, wait = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy)
+        batch, meta, staleness = drop_stale(batch.to(self.device), meta, self.rollout.weight_version, self.loop.max_staleness)
+        return prompts, batch, meta, {**extra, **staleness}, wait
+
     @torch.no_grad()
-    def _rollout_and_score(self, prompts: dict, group_offset: int) -> tuple[RolloutBatch, dict]:
+    def _rollout_and_score(self, prompts: dict, policy: nn.Module) -> tuple[RolloutBatch, dict, dict]:
+        """Sample (with ``policy``: the trainer's, or an asynchronous sampler's copy) and score; also the metrics
+        of this round's reward and agent. Runs on the background thread in asynchronous training: no collective."""
         prompt_ids, prompt_mask = prompts["prompt_ids"].to(self.device), prompts["prompt_mask"].to(self.device)
-        batch, texts = self._sample(prompt_ids, prompt_mask, prompts["meta"])
+        batch, texts = self._sample(prompt_ids, prompt_mask, prompts["meta"], policy=policy)
         rows = batch.batch_size // prompt_ids.shape[0]
-        batch = batch.replace(group_ids=batch.group_ids + group_offset)
         if batch.sample_mask is None:
             batch = batch.replace(sample_mask=torch.ones(batch.batch_size, device=self.device))
         if self.loop.mask_truncated:
@@ -239,16 +257,18 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         scores = as_scores(self.reward(batch, meta), batch.batch_size, _name(self.reward), meta)
         for name, part in getattr(self.reward, "last_parts", {}).items():  # a Composite's parts, per sample
             meta[f"reward/{name}"] = part.tolist()
-        return batch.replace(scores=scores.to(self.device)), meta
+        extra = dict(self.reward.last_metrics, **(self.agent.last_metrics if self.agent is not None else {}))
+        return batch.replace(scores=scores.to(self.device)), meta, extra
 
-    def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, columns: dict[str, list], greedy: bool = False) -> tuple[RolloutBatch, dict[str, list]]:
+    def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, columns: dict[str, list], greedy: bool = False, policy: nn.Module | None = None) -> tuple[RolloutBatch, dict[str, list]]:
         """The rollout's samples and their ``completions``; with ``agent``, whole episodes through its environment,
         built from each prompt's data row (components.rollout.multi_turn), and their ``transcripts``."""
+        policy = policy if policy is not None else self.policy
         if self.agent is None:
-            batch = self.rollout.generate(prompt_ids, prompt_mask, self.policy, greedy=greedy)
+            batch = self.rollout.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
             return batch, {"completions": self._decode(batch)}
         rows = [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else [{} for _ in range(prompt_ids.shape[0])]
-        return self.agent.generate(self.rollout, prompt_ids, prompt_mask, self.policy, rows, greedy=greedy)
+        return self.agent.generate(self.rollout, prompt_ids, prompt_mask, policy, rows, greedy=greedy)
 
     def _decode(self, batch: RolloutBatch) -> list[str]:
         lengths = batch.response_lengths.tolist()
@@ -325,6 +345,9 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         checkpoint["optimizer_steps"] = dict(self.optimizer_steps)
         checkpoint["hf_export"] = export_info(self)  # architecture + tokenizer for `lightning-rl export`
         checkpoint["lora_base"] = base_fingerprints(self)
+        data = getattr(self._trainer, "datamodule", None)
+        if self._ahead is not None and self._ahead.untrained_position is not None and type(data).__qualname__ in checkpoint:
+            checkpoint[type(data).__qualname__] = dict(self._ahead.untrained_position)  # rounds sampled ahead are sampled again
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict")
@@ -345,7 +368,18 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         each fit in its own run folder with a ``latest`` link (lightning_rl.runs); validation before and after training (lightning_rl.evaluation)."""
         return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
 
+    def on_fit_start(self) -> None:
+        if self.loop.max_staleness > 0:  # lightning_rl.ahead
+            check_asynchronous(self.rollout, self.trainer)
+            data = self.trainer.datamodule
+            position = data.state_dict if hasattr(data, "rewind") else (lambda: None)
+            self._ahead = RolloutAhead(self.rollout, self._rollout_and_score, self.loop.max_staleness, position)
+            self._ahead.start(self.policy)
+
     def teardown(self, stage: str) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         self.rollout.close()
         if self.agent is not None:
             self.agent.close()

@@ -72,19 +72,28 @@ def check_requirements(module) -> Needs:
             "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
             "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
         )
+    if module.loop.max_staleness > 0 and "rollout_logprobs" not in _requires(module.surrogate):
+        warnings.warn(
+            f"model.loop.max_staleness={module.loop.max_staleness} trains on samples from older weights, but model.surrogate "
+            f"({type(module.surrogate).__name__}) does not read the sampler's log-probs, so nothing corrects for their staleness: "
+            "use components.surrogate.DecoupledClip (configs/loop/async.yaml), or give the surrogate a correction (TIS/MIS)"
+        )
     return Needs(frozenset(before | during), frozenset(before))
 
 
-def check_context_length(policy_config, longest_prompt: int | None, max_prompt_length: int | None, max_new_tokens: int | None) -> None:
-    """Warn when the longest prompt plus a full response is longer than the positions the policy was built for."""
+def check_context_length(
+    policy_config, longest_prompt: int | None, max_prompt_length: int | None, max_new_tokens: int | None, key: str = "model.rollout.init_args.max_new_tokens"
+) -> None:
+    """Warn when the longest prompt plus a full response is longer than the positions the policy was built for.
+    ``key`` names the setting that bounds a response (an agent's: ``model.agent.init_args.max_total_tokens``)."""
     limit = getattr(policy_config, "max_position_embeddings", None)
     if limit is None or longest_prompt is None or max_new_tokens is None or longest_prompt + max_new_tokens <= limit:
         return
     warnings.warn(
         f"the longest prompt ({longest_prompt} tokens; data.max_prompt_length={max_prompt_length}) + "
-        f"model.rollout.init_args.max_new_tokens ({max_new_tokens}) = {longest_prompt + max_new_tokens} exceeds the policy's "
+        f"{key} ({max_new_tokens}) = {longest_prompt + max_new_tokens} exceeds the policy's "
         f"max_position_embeddings ({limit}): long responses would run past the positions the model knows (errors or "
-        "garbage). Lower data.max_prompt_length (with data.overlong_prompt: truncate or drop) or max_new_tokens so they fit."
+        f"garbage). Lower data.max_prompt_length (with data.overlong_prompt: truncate or drop) or {key.rsplit('.', 1)[-1]} so they fit."
     )
 
 
@@ -92,10 +101,10 @@ class ContextLengthCheck(Callback):
     """`check_context_length` once the policy is built and the data module is known."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        data = trainer.datamodule
+        data, agent = trainer.datamodule, getattr(pl_module, "agent", None)
         check_context_length(
             getattr(pl_module.policy, "config", None),
             getattr(data, "longest_prompt", None),
             getattr(data, "hparams", {}).get("max_prompt_length"),
-            pl_module.agent.max_total_tokens if getattr(pl_module, "agent", None) is not None else getattr(pl_module.rollout, "max_new_tokens", None),
+            *((agent.max_total_tokens, "model.agent.init_args.max_total_tokens") if agent is not None else (getattr(pl_module.rollout, "max_new_tokens", None),)),
         )

@@ -13,9 +13,9 @@ MAX_CHARS = 200  # a cell longer than this is cut: the table is for reading at a
 
 def sample_rows(meta: dict, batch: RolloutBatch, n: int) -> list[dict[str, str]]:
     """Up to ``n`` rows, the first sampled completion of each of the first ``n`` groups (greedy baseline rows skipped)."""
-    mask = batch.response_mask.float()
+    mask = batch.action_tokens  # (B, R): a multi-turn transcript's observations carry no advantage
     advantages = None
-    if batch.advantages is not None:  # the sequence's mean advantage over its response tokens (GRPO: the one scalar)
+    if batch.advantages is not None:  # the sequence's mean advantage over the model's tokens (GRPO: the one scalar)
         advantages = (batch.advantages.float() * mask).sum(1) / mask.sum(1).clamp_min(1)  # (B,)
     greedy = batch.is_greedy if batch.is_greedy is not None else torch.zeros(batch.batch_size)
     rows, seen = [], set()
@@ -54,6 +54,7 @@ def print_rows(rows: list[dict[str, str]], title: str, console=None) -> None:
     """The rows as a rich table on ``console`` (the progress bar's, so the bar stays below it)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     if not rows:
         return
@@ -62,5 +63,5 @@ def print_rows(rows: list[dict[str, str]], title: str, console=None) -> None:
         numeric = column in ("reward", "advantage")
         table.add_column(column, justify="right" if numeric else "left", overflow="fold", ratio=None if numeric else 1)
     for row in rows:
-        table.add_row(*row.values())
+        table.add_row(*(Text(cell) for cell in row.values()))  # plain text: "[[env: ...]]" is not console markup
     (console or Console()).print(table)

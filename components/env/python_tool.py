@@ -7,16 +7,22 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 
 from .tools import Tool, ToolError
+
+OUTPUT_BYTES = 1 << 20
+"""Most bytes a program may write to one file (its standard output included)."""
 
 
 class PythonTool(Tool):
     """Runs the call's text as a Python program (``python -I``, in a new session) and answers its standard output.
 
     Limits: ``timeout_s`` of wall-clock time (then the whole process group is killed), ``memory_mb`` of address
-    space and ``timeout_s`` of CPU time (``resource.setrlimit`` in the child). A program that exits non-zero,
-    runs out of memory or time answers an error with the last line of its standard error. This bounds a
+    space, ``timeout_s`` of CPU time and ``OUTPUT_BYTES`` per file written, standard output included
+    (``resource.setrlimit`` in the child; the output goes to files, so a program that floods it cannot fill the
+    trainer's memory). A program that exits non-zero, runs out of memory, time or output answers an error
+    with the last line of its standard error; whatever it left running is killed with it. This bounds a
     runaway program; it is not a security sandbox (the code can read files and use the network).
     """
 
@@ -37,22 +43,47 @@ class PythonTool(Tool):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         cpu = max(1, int(self.timeout_s) + 1)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_BYTES, OUTPUT_BYTES))
 
     def __call__(self, arguments: str) -> str:
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONHASHSEED": "0"}
-        child = subprocess.Popen(
-            [sys.executable, "-I", "-c", arguments], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=self._limits, start_new_session=True, env=env, text=True,
-        )
-        try:
-            out, err = child.communicate(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)  # the program and anything it started
-            child.communicate()
-            raise ToolError(f"timed out after {self.timeout_s} s") from None
+        with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+            child = subprocess.Popen(
+                [sys.executable, "-I", "-c", arguments], stdin=subprocess.DEVNULL, stdout=out_file, stderr=err_file,
+                preexec_fn=self._limits, start_new_session=True, env=env,
+            )
+            try:
+                child.wait(timeout=self.timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # the program, or what it left running
+            except OSError:  # nothing left in its process group
+                pass
+            child.wait()
+            if timed_out:
+                raise ToolError(f"timed out after {self.timeout_s} s")
+            out, err = (_read(f, self.max_output_chars * 4) for f in (out_file, err_file))
         if child.returncode != 0:
             last = (err.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
             if "MemoryError" in err:
                 last = f"MemoryError: more than {self.memory_mb} MiB"
+            elif "File too large" in last:
+                last = f"output larger than {OUTPUT_BYTES} bytes"
             raise ToolError(last[: self.max_output_chars])
         return out[: self.max_output_chars].rstrip("\n")
+
+
+def _read(file, limit: int) -> str:
+    """The first ``limit`` bytes of ``file`` as text; for a larger file, its first and last ``limit // 2`` bytes
+    (an error's last line is at the end)."""
+    size = file.seek(0, os.SEEK_END)
+    file.seek(0)
+    if size <= limit:
+        data = file.read()
+    else:
+        head = file.read(limit // 2)
+        file.seek(size - limit // 2)
+        data = head + b"\n" + file.read()
+    return data.decode("utf-8", errors="replace")

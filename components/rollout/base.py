@@ -20,6 +20,11 @@ class Rollout(ABC):
     group_size: int
     temperature: float
     max_new_tokens: int
+    samples_in_process: bool = True
+    """True when ``generate`` samples from the policy module it is given; False for a sampler with weights of its own (a server)."""
+    weight_version: int = 0
+    """The policy version the sampler holds: the number of ``sync_weights`` calls. Every batch stamps its samples
+    with the version that produced them (``RolloutBatch.versions``), which bounds staleness in asynchronous training."""
 
     def setup(self, tokenizer) -> None:
         """Called once the tokenizer exists; reads the ids a sampler needs (eos, pad)."""
@@ -33,8 +38,13 @@ class Rollout(ABC):
         ``greedy=True`` (validation): one temperature-0 response per prompt, B = P_n.
         """
 
+    def prepare(self, policy: nn.Module) -> None:
+        """Called on the trainer's thread before the first rollout of an asynchronous run (e.g. a first weight push)."""
+
     def sync_weights(self, policy: nn.Module) -> None:
-        """Make the sampler use ``policy``'s current weights (called after every optimize phase)."""
+        """Make the sampler use ``policy``'s current weights (called after every optimize phase). An in-process
+        sampler reads the weights it is given at each ``generate``; it only counts the version."""
+        self.weight_version += 1
 
     def close(self) -> None:
         """Release what the rollout started (servers, threads)."""

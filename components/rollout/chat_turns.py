@@ -10,7 +10,7 @@ turns' reasoning) the transcript keeps the ids that were actually sampled.
 
 from __future__ import annotations
 
-_USER, _ASSISTANT = "USER_TEXT_1f3a", "ASSISTANT_TEXT_7c2e"
+_USER, _ASSISTANT, _OBSERVATION = "USER_TEXT_1f3a", "ASSISTANT_TEXT_7c2e", "OBSERVATION_TEXT_5b9d"
 
 
 class ChatTurns:
@@ -27,6 +27,13 @@ class ChatTurns:
         if _ASSISTANT not in self.prefix:
             raise ValueError("the tokenizer's chat template does not render an assistant message's content; it cannot frame observations")
         self.after_assistant = self.prefix[self.prefix.rindex(_ASSISTANT) + len(_ASSISTANT) :]  # e.g. "<|im_end|>\n"
+        try:  # at setup, not at the first tool call of a run
+            self.segment(_OBSERVATION, [])
+        except Exception as err:
+            raise ValueError(
+                f"the tokenizer's chat template cannot follow the model's turn with a {role!r} turn ({type(err).__name__}: {err}); "
+                "set model.agent.init_args.observation_role to a role it accepts (e.g. user), or chat_template: false"
+            ) from None
 
     def segment(self, observation: str, turn_ids: list[int]) -> str:
         """The text appended after a model turn that ended with ``turn_ids``."""

@@ -188,6 +188,7 @@ class HFRollout(Rollout):
             group_ids=torch.arange(n_prompts, device=prompt_ids.device).repeat_interleave(rows),
             is_greedy=is_greedy,
             sample_mask=None if is_greedy is None else (is_greedy == 0).float(),
+            versions=torch.full((n_prompts * rows,), self.weight_version, dtype=torch.long, device=prompt_ids.device),
         )
 
 

@@ -10,14 +10,18 @@ until the environment says ``done``, ``max_turns`` turns were taken, or the tran
 ``max_total_tokens`` (then it is cut and flagged ``truncated``). Each row of the batch is one whole
 transcript: ``response_ids`` holds the model's turns and the observations as they were sampled and
 appended (previous turns are never re-tokenised, so the trainer scores exactly the sampled ids),
-``action_mask`` marks the model's tokens and ``env_rewards`` the environment's per-turn rewards.
+``action_mask`` marks the model's tokens and ``env_rewards`` the environment's per-turn rewards
+(each episode's bookkeeping and the batch built from them: components.rollout.episode).
 
 With ``chat_template: true`` an observation is rendered as the chat template's ``observation_role`` turn
 (components.rollout.chat_turns): only the new segment is tokenised and appended.
 
 The sampler's own settings are used as configured, except for the duration of one ``generate`` call: the
-environment's stop tokens are added to its ``stop_token_ids``, and after the first turn it draws one
-sample per context (``group_size`` 1).
+environment's stop tokens are added to its ``stop_token_ids``, ``max_new_tokens`` is capped at the room the
+roomiest open episode has left (so prompt + ``max_total_tokens`` bounds every position the policy sees), and
+after the first turn it draws one sample per context (``group_size`` 1). Every data-parallel rank takes as
+many turns as the busiest one (a sharded policy's forward is a collective): a rank whose episodes have all
+ended samples a stand-in turn beside the others and discards it.
 """
 
 from __future__ import annotations
@@ -25,19 +29,17 @@ from __future__ import annotations
 import math
 import warnings
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from components.env import Environment, Step, Turn
 from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import all_reduce_sum
 
 from .base import Rollout
 from .chat_turns import ChatTurns
-
-ENV_MARK = ("[[env: ", "]]")
-"""How an observation is marked in the transcripts shown as samples."""
+from .episode import Episode, episode_batch, episode_metrics, left_pad, token_versions, transcript
 
 
 class MultiTurnRollout:
@@ -91,37 +93,42 @@ class MultiTurnRollout:
         n = prompt_ids.shape[0]
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
         stops = list(dict.fromkeys([*sampler.stop_token_ids, *self.stop_ids]))
-        with _settings(sampler, stop_token_ids=stops):
+        with _settings(sampler, stop_token_ids=stops, max_new_tokens=min(sampler.max_new_tokens, self.max_total_tokens)):
             turn = sampler.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
         g = turn.batch_size // n
-        episodes = [_Episode(prompts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
-        version, active, index = turn.weight_version, list(range(turn.batch_size)), 0
+        episodes = [Episode(prompts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
+        active, index = list(range(turn.batch_size)), 0
         while True:
             self._absorb(turn, [episodes[i] for i in active], index)
             active = [i for i in active if not episodes[i].done]
-            if not active:
+            if not int(all_reduce_sum(torch.tensor(float(len(active)), device=prompt_ids.device))):  # on every rank
                 break
             index += 1
-            context_ids, context_mask = _left_pad([episodes[i].prompt + episodes[i].ids for i in active], sampler.pad_token_id, prompt_ids.device)
-            with _settings(sampler, stop_token_ids=stops, group_size=1):
+            sampled = active or [0]  # a rank whose episodes all ended samples a stand-in turn, discarded by _absorb
+            context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device)
+            # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
+            room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
+            with _settings(sampler, stop_token_ids=stops, group_size=1, max_new_tokens=min(sampler.max_new_tokens, room)):
                 turn = sampler.generate(context_ids, context_mask, policy, greedy=greedy)
-        batch = self._batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id, version)
-        self.last_metrics = _metrics(episodes)
-        texts = {"completions": [self._decode(e.last_turn) for e in episodes], "transcripts": [self._transcript(e) for e in episodes]}
+        batch = episode_batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id)
+        self.last_metrics = episode_metrics(episodes)
+        texts = {"completions": [self._decode(e.last_turn) for e in episodes], "transcripts": [transcript(e, self._decode) for e in episodes]}
         return batch, texts
 
-    def _absorb(self, turn: RolloutBatch, episodes: list["_Episode"], index: int) -> None:
+    def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int) -> None:
         """Append each row's sampled turn to its episode, let the environment act, append its observation."""
         lengths = turn.response_mask.sum(-1).tolist()
         ids_rows = turn.response_ids.tolist()
         logprob_rows = turn.rollout_logprobs.tolist() if turn.rollout_logprobs is not None else None
+        # each turn may come from another policy version (asynchronous training pushes weights between turns)
+        version_rows = token_versions(turn).tolist()
         for row, episode in enumerate(episodes):
             ids = ids_rows[row][: lengths[row]]
             room = self.max_total_tokens - len(episode.ids)
             cut = len(ids) > room
             ids = ids[:room]
             finish = "length" if cut or bool(turn.truncated[row]) else "stop"
-            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)])
+            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)], version_rows[row][: len(ids)])
             episode.turns, episode.last_turn = episode.turns + 1, ids
             if cut:
                 episode.end(truncated=True)
@@ -130,7 +137,7 @@ class MultiTurnRollout:
             episode.tool_calls += step.tool_calls
             episode.tool_errors += step.tool_errors
             if step.reward is not None:
-                episode.rewards[-1] += float(step.reward)  # on the turn's last token
+                episode.reward(float(step.reward))  # on the turn's last token
             if step.done:
                 episode.end(truncated=finish == "length")
             elif index + 1 >= self.max_turns:
@@ -142,7 +149,7 @@ class MultiTurnRollout:
                 else:
                     episode.add(observation, 0, None)
 
-    def _step(self, episode: "_Episode", turn: Turn) -> Step:
+    def _step(self, episode: Episode, turn: Turn) -> Step:
         step = self.env.step(episode.state, turn)
         who = f"{type(self.env).__name__}.step"
         if not isinstance(step, Step):
@@ -168,32 +175,7 @@ class MultiTurnRollout:
             return self.chat.observation_ids(observation, turn_ids)
         return self.tokenizer.encode(observation, add_special_tokens=False)
 
-    # ------------------------------------------------------------------ outputs
-    def _batch(self, episodes, prompt_ids, prompt_mask, g, pad_token_id, version) -> RolloutBatch:
-        b, device = len(episodes), prompt_ids.device
-        width = max(1, max(len(e.ids) for e in episodes))
-        response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
-        response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
-        logprobs = torch.zeros(b, width) if all(e.logprobs is not None for e in episodes) else None
-        for i, e in enumerate(episodes):
-            n = len(e.ids)
-            response_ids[i, :n], response_mask[i, :n] = torch.tensor(e.ids, dtype=torch.long), 1
-            action_mask[i, :n], env_rewards[i, :n] = torch.tensor(e.action, dtype=torch.long), torch.tensor(e.rewards)
-            if logprobs is not None:
-                logprobs[i, :n] = torch.tensor(e.logprobs)
-        return RolloutBatch(
-            prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
-            prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
-            response_ids=response_ids.to(device),
-            response_mask=response_mask.to(device),
-            action_mask=action_mask.to(device),
-            env_rewards=env_rewards.to(device),
-            rollout_logprobs=None if logprobs is None else logprobs.to(device),
-            truncated=torch.tensor([e.truncated for e in episodes], device=device),
-            group_ids=torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(g),
-            weight_version=version,
-        )
-
+    # ------------------------------------------------------------------ texts
     def _turn_text(self, ids: list[int]) -> str:
         """What the environment reads: special tokens kept (a protocol's tags may be special), the closing EOS dropped."""
         if ids and ids[-1] == self.tokenizer.eos_token_id:
@@ -203,71 +185,12 @@ class MultiTurnRollout:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _transcript(self, episode: "_Episode") -> str:
-        parts, start = [], 0
-        for end in range(1, len(episode.ids) + 1):
-            if end == len(episode.ids) or episode.action[end] != episode.action[start]:
-                text = self._decode(episode.ids[start:end])
-                parts.append(text if episode.action[start] else f"{ENV_MARK[0]}{text}{ENV_MARK[1]}")
-                start = end
-        return "".join(parts)
-
     def close(self) -> None:
         self.env.close()
 
 
-class _Episode:
-    """One transcript under construction: ids with their action flags, sampler log-probs and rewards."""
-
-    def __init__(self, prompt: list[int], state: Any):
-        self.prompt, self.state = prompt, state
-        self.ids: list[int] = []
-        self.action: list[int] = []
-        self.logprobs: list[float] | None = []
-        self.rewards: list[float] = []
-        self.last_turn: list[int] = []
-        self.turns = self.tool_calls = self.tool_errors = 0
-        self.done = self.truncated = self.max_turns = False
-
-    def add(self, ids: list[int], action: int, logprobs: list[float] | None) -> None:
-        self.ids += ids
-        self.action += [action] * len(ids)
-        self.rewards += [0.0] * len(ids)
-        if action and logprobs is None:
-            self.logprobs = None  # the sampler reports none
-        elif self.logprobs is not None:
-            self.logprobs += logprobs if action else [0.0] * len(ids)
-
-    def end(self, truncated: bool, max_turns: bool = False) -> None:
-        self.done, self.truncated, self.max_turns = True, truncated, max_turns
-
-
-def _metrics(episodes: list[_Episode]) -> dict[str, Tensor]:
-    def mean(values) -> Tensor:
-        return torch.tensor(sum(values) / max(1, len(values)), dtype=torch.float32)
-
-    calls = sum(e.tool_calls for e in episodes)
-    return {
-        "agent/turns_mean": mean([e.turns for e in episodes]),
-        "agent/tool_calls_mean": mean([e.tool_calls for e in episodes]),
-        "tool/error_frac": torch.tensor(sum(e.tool_errors for e in episodes) / max(1, calls), dtype=torch.float32),
-        "agent/observation_tokens_mean": mean([len(e.action) - sum(e.action) for e in episodes]),
-        "agent/max_turns_frac": mean([float(e.max_turns) for e in episodes]),
-    }
-
-
 def _is_ids(value) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-def _left_pad(rows: list[list[int]], pad_token_id: int, device) -> tuple[Tensor, Tensor]:
-    """Contexts as a left-padded batch. Shapes: -> (n, P'), (n, P')."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r, dtype=torch.long), 1
-    return ids.to(device), mask.to(device)
 
 
 @contextmanager

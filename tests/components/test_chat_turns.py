@@ -95,3 +95,14 @@ def test_segment_glue_and_roles():
     assert chat.segment("hi", [5]).startswith("<|im_end|>\n<|im_start|>user\n")
     with pytest.raises(ValueError, match="has no chat template"):
         ChatTurns(chat_tokenizer(None))
+
+
+def test_a_template_that_refuses_the_observation_role_fails_at_setup():
+    # like Mistral's and Gemma's: only user and assistant turns
+    strict = (
+        "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('Only user and assistant roles are supported!') }}"
+        "{% endif %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    with pytest.raises(ValueError, match=r"cannot follow the model's turn with a 'tool' turn \(TemplateError: Only user and assistant roles .*observation_role"):
+        ChatTurns(chat_tokenizer(strict), "tool")
+    assert ChatTurns(chat_tokenizer(strict), "user").segment("hi", []) == "[user]hi[assistant]"

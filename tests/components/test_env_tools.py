@@ -106,6 +106,11 @@ def test_python_tool_limits():
     step = env.step(None, _turn("<call>python(while True: pass)</call>"))
     assert time.monotonic() - start < 3.0
     assert step.observation == "<result>error: timed out after 1.0 s</result>"
+    env = ToolEnvironment([PythonTool(timeout_s=5.0, memory_mb=200)])  # past its memory limit: an error result, within the timeout
+    start = time.monotonic()
+    step = env.step(None, _turn("<call>python(x = bytearray(400 << 20))</call>"))
+    assert time.monotonic() - start < 5.0
+    assert step.observation == "<result>error: MemoryError: more than 200 MiB</result>" and step.tool_errors == 1
 
 
 def test_tools_are_configured_from_yaml_with_a_dotted_path():
@@ -133,3 +138,21 @@ def test_tools_are_configured_from_yaml_with_a_dotted_path():
     agent = parser.instantiate_classes(parser.parse_object(config)).agent
     step = agent.env.step(None, _turn("<call>lookup(pi)</call><call>calc(2**5)</call>"))
     assert step.observation == "<result>3.14</result><result>32</result>"
+
+
+@pytest.mark.slow
+def test_python_tool_output_is_bounded_and_what_it_started_is_stopped(tmp_path):
+    tool = PythonTool(timeout_s=5.0)
+    start = time.monotonic()
+    with pytest.raises(ToolError, match=r"output larger than 1048576 bytes"):  # a flood ends at once, never in the trainer's memory
+        tool("while True: print('x' * 1000)")
+    assert time.monotonic() - start < 5.0
+    assert PythonTool(max_output_chars=10)("print('y' * 50)") == "y" * 10
+    # a program that leaves a process running answers at once; the process is killed with it
+    marker = tmp_path / "alive"
+    later = f"import time; time.sleep(1.5); open({str(marker)!r}, 'w')"
+    code = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {later!r}])\nprint(1)"
+    start = time.monotonic()
+    assert tool(code) == "1" and time.monotonic() - start < 1.5
+    time.sleep(2.0)
+    assert not marker.exists()

@@ -34,19 +34,20 @@ class Scripted(Rollout):
     """A token-in/token-out sampler that answers each call with the next scripted turns (one list of ids per row)."""
 
     def __init__(self, script: list[list[list[int]]], eos: int, group_size: int = 1):
-        self.script, self.group_size, self.temperature, self.max_new_tokens = list(script), group_size, 1.0, 8
-        self.stop_token_ids, self.contexts, self.eos_token_id, self.pad_token_id = [], [], eos, 0
+        self.script, self.group_size, self.temperature, self.max_new_tokens = list(script), group_size, 1.0, 64
+        self.stop_token_ids, self.contexts, self.budgets, self.eos_token_id, self.pad_token_id = [], [], [], eos, 0
 
     def generate(self, prompt_ids, prompt_mask, policy, greedy=False):
         self.contexts.append([ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)])
-        turns = self.script.pop(0)
+        self.budgets.append(self.max_new_tokens)
+        turns = [t[: self.max_new_tokens] for t in self.script.pop(0)]  # like any sampler, at most max_new_tokens
         assert len(turns) == prompt_ids.shape[0] * self.group_size
         width = max(len(t) for t in turns)
         ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
         mask, truncated = response_mask_from_eos(ids, [self.eos_token_id, *self.stop_token_ids])
         mask = mask * (torch.arange(width)[None] < torch.tensor([len(t) for t in turns])[:, None])
         logprobs = -0.01 * torch.arange(1, width + 1).float().expand(len(turns), width) * mask
-        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, weight_version=3)
+        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, versions=torch.full((ids.shape[0],), 3))
 
 
 def _agent(env, tokenizer, sampler, **kwargs) -> MultiTurnRollout:
@@ -75,7 +76,7 @@ def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
     # sampler log-probs on the model's tokens, 0 on observations
     assert batch.rollout_logprobs[0].tolist()[:6] == pytest.approx([-0.01, -0.02, 0, 0, 0, -0.01])
     assert batch.truncated.tolist() == [False, True]  # row 1's last turn hit no EOS
-    assert batch.group_ids.tolist() == [0, 0] and batch.weight_version == 3
+    assert batch.group_ids.tolist() == [0, 0] and batch.versions.tolist() == [3, 3]
     # each later turn continued from the whole context, one sample per context
     assert sampler.contexts[1] == [prompt + enc("1") + [eos] + obs, prompt + enc("22") + obs]
     assert sampler.group_size == 2 and sampler.stop_token_ids == []  # restored after the calls
@@ -102,6 +103,8 @@ def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
     batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
     assert batch.response_ids.tolist() == [enc("12=7 3")] and batch.truncated.tolist() == [True]
     assert batch.action_mask.tolist() == [[1, 1, 0, 0, 0, 1]]
+    # the sampler was asked for no more than the room left (6, then 1): no context passes prompt + max_total_tokens
+    assert sampler.budgets == [6, 1] and sampler.max_new_tokens == 64
     # an observation longer than the remaining budget ends the episode, flagged, without it
     sampler = Scripted([[enc("12")]], eos)
     agent = _agent(Echo(observation="=" * 10, turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=8)
@@ -188,3 +191,78 @@ def test_trainer_logprobs_equal_the_sglang_servers_over_three_turns(tiny_model_p
     finally:
         sampler.close()
         server.stop()
+
+
+def test_episode_metrics_by_hand():
+    from components.rollout.episode import Episode, episode_metrics
+
+    # episode 1: two turns, 3 calls of which 1 failed, a 4-token observation; episode 2: one turn, no call, cut at max_turns
+    first, second = Episode([1], None), Episode([1], None)
+    first.add([5, 6], 1, None), first.add([7, 8, 9, 10], 0, None), first.add([11], 1, None)
+    first.turns, first.tool_calls, first.tool_errors = 2, 3, 1
+    second.add([5], 1, None)
+    second.turns = 1
+    second.end(truncated=True, max_turns=True)
+    metrics = {k: float(v) for k, v in episode_metrics([first, second]).items()}
+    assert metrics == {
+        "agent/turns_mean": 1.5,
+        "agent/tool_calls_mean": 1.5,
+        "tool/error_frac": pytest.approx(1 / 3),  # failed calls over all calls, not over episodes
+        "agent/observation_tokens_mean": 2.0,
+        "agent/max_turns_frac": 0.5,
+    }
+
+
+def test_the_readmes_custom_environment_runs(tokenizer):
+    # README "Agents and tools": the GuessTheNumber example, as printed, drives an episode
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "class GuessTheNumber" in block]
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Scripted([[enc("5") + [eos]], [enc("9") + [eos]], [enc("7") + [eos]]], eos)
+    agent = _agent(namespace["GuessTheNumber"](), tokenizer, sampler, max_turns=3)
+    prompt = enc("guess:")
+    batch, texts = agent.generate(sampler, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), None, [{"answer": "7"}])
+    higher, lower = enc(" higher: "), enc(" lower: ")  # (the tiny tokenizer knows digits and signs, not letters)
+    assert batch.response_ids[0].tolist() == enc("5") + [eos] + higher + enc("9") + [eos] + lower + enc("7") + [eos]
+    assert texts["completions"] == ["7"] and texts["transcripts"][0].count("[[env: ") == 2
+    assert batch.env_rewards.nonzero()[:, 1].tolist() == [1, 3 + len(higher)]  # -0.1 on each hinted turn's EOS
+    assert batch.env_rewards.sum() == pytest.approx(-0.2) and batch.truncated.tolist() == [False]
+
+
+class RewardEveryTurn(Environment):
+    def step(self, state, turn):
+        return Step(done=True, reward=0.5) if turn.index == 1 else Step("=7 ", 0.5)
+
+
+def test_a_turn_reward_never_lands_on_an_observation(tokenizer):
+    # row 0's second turn came back empty (a sampler at its context limit): its reward joins turn 1's on the model's
+    # last token, not the observation's last token
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Scripted([[enc("1"), enc("2")], [[], enc("3")]], eos, group_size=2)
+    agent = _agent(RewardEveryTurn(), tokenizer, sampler)
+    batch, _ = agent.generate(sampler, torch.tensor([enc("1+1=")]), torch.ones(1, 4, dtype=torch.long), None, [{}])
+    n = 1 + len(enc("=7 "))
+    assert batch.response_mask.sum(-1).tolist() == [n, n + 1]
+    assert batch.env_rewards.tolist() == [[1.0] + [0.0] * n, [0.5] + [0.0] * (n - 1) + [0.5]]
+
+
+def test_every_rank_takes_as_many_turns_as_the_busiest(tokenizer, monkeypatch):
+    # this rank's episode ends after turn 1 while another rank's stays open for two more turns: this rank keeps
+    # calling the sampler (a sharded policy's forward is a collective) with a stand-in turn that changes nothing
+    import components.rollout.multi_turn as multi_turn
+
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    prompt = torch.tensor([enc("1+1=")])
+    alone = Scripted([[enc("2") + [eos]]], eos)
+    expected, _ = _agent(Echo(turns=1), tokenizer, alone).generate(alone, prompt, torch.ones_like(prompt), None, [{}])
+    other_rank_open = iter([1.0, 1.0, 0.0])
+    monkeypatch.setattr(multi_turn, "all_reduce_sum", lambda x: x + next(other_rank_open))
+    sampler = Scripted([[enc("2") + [eos]], [enc("99")], [enc("98")]], eos)
+    batch, texts = _agent(Echo(turns=1), tokenizer, sampler).generate(sampler, prompt, torch.ones_like(prompt), None, [{}])
+    assert len(sampler.contexts) == 3 and sampler.contexts[1] == [enc("1+1=2") + [eos]]  # the finished episode, as a stand-in
+    assert batch.response_ids.tolist() == expected.response_ids.tolist() == [enc("2") + [eos]] and texts["completions"] == ["2"]

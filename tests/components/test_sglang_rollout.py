@@ -79,7 +79,7 @@ def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rol
     assert batch.response_ids.shape[0] == 9 and batch.response_ids.shape[1] <= 6
     assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     torch.testing.assert_close(batch.prompt_ids, ids.repeat_interleave(3, 0))
-    assert batch.weight_version == 1 and server.weight_version == "1"  # pushed before the first rollout
+    assert set(batch.versions.tolist()) == {1} and server.weight_version == "1"  # pushed before the first rollout
     # the requests: unpadded token ids, explicit max_new_tokens, n = group_size, top_k 0 -> -1, log-probs asked for
     calls = server.generate_calls
     assert [c["input_ids"] for c in calls] == [row[m.bool()].tolist() for row, m in zip(ids, mask)]
@@ -120,7 +120,7 @@ def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, pol
     assert server.weight_version == "2" and rollout.weight_version == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v2"]  # the previous checkpoint is removed
     batch = rollout.generate(*prompts, policy)
-    assert batch.weight_version == 2
+    assert set(batch.versions.tolist()) == {2}
     assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
     stale = load_causal_lm(ModelSpec(path=str(tmp_path / "v2")))
     stale.load_state_dict(old)
@@ -172,22 +172,22 @@ def test_flush_cache_is_retried_while_the_server_is_busy(server, policy, make_ro
 def test_length_finish_is_truncated_unless_the_last_token_is_eos():
     ids, mask = torch.tensor([[0, 4], [5, 6]]), torch.tensor([[0, 1], [1, 1]])
     samples = [
-        Sample([7, 1], [-0.5, -0.25], "length"),  # EOS exactly at the cap: complete
-        Sample([7, 8], [-0.5, -0.25], "length"),  # cap without EOS: truncated
-        Sample([1], [-0.5], "stop"),
-        Sample([7, 9], [-1.0, -2.0], "length"),
+        Sample([7, 1], [-0.5, -0.25], "length", [3, 3]),  # EOS exactly at the cap: complete
+        Sample([7, 8], [-0.5, -0.25], "length", [3, 3]),  # cap without EOS: truncated
+        Sample([1], [-0.5], "stop", [3]),
+        Sample([7, 9], [-1.0, -2.0], "length", [3, 3]),
     ]
-    batch = to_batch(ids, mask, samples, rows=2, greedy_last=False, eos_ids=[1], pad_token_id=0, weight_version=3)
+    batch = to_batch(ids, mask, samples, rows=2, greedy_last=False, eos_ids=[1], pad_token_id=0, version=3)
     assert batch.truncated.tolist() == [False, True, False, True]
     assert batch.response_mask.tolist() == [[1, 1], [1, 1], [1, 0], [1, 1]]
     assert batch.rollout_logprobs.tolist() == [[-0.5, -0.25], [-0.5, -0.25], [-0.5, 0.0], [-1.0, -2.0]]
-    assert batch.weight_version == 3 and batch.group_ids.tolist() == [0, 0, 1, 1]
+    assert set(batch.versions.tolist()) == {3} and batch.group_ids.tolist() == [0, 0, 1, 1]
 
 
 def test_a_server_stop_token_unknown_to_the_trainer_still_ends_the_mask():
     # the server stopped on 9 (e.g. an extra EOS in its generation_config): what it did not sample is masked
-    samples = [Sample([7, 9], [-1.0, -1.0], "stop"), Sample([7, 8, 6], [-1.0] * 3, "length")]
-    batch = to_batch(torch.tensor([[3], [3]]), torch.ones(2, 1), samples, rows=1, greedy_last=False, eos_ids=[1], pad_token_id=1, weight_version=1)
+    samples = [Sample([7, 9], [-1.0, -1.0], "stop", [3, 3]), Sample([7, 8, 6], [-1.0] * 3, "length", [3, 3, 3])]
+    batch = to_batch(torch.tensor([[3], [3]]), torch.ones(2, 1), samples, rows=1, greedy_last=False, eos_ids=[1], pad_token_id=1, version=1)
     assert batch.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert batch.truncated.tolist() == [False, True]
 
@@ -280,7 +280,7 @@ def test_memory_is_released_between_rollouts_and_resumed_before_use(server, poli
     assert server.released  # the fixture refuses /generate while released: resume must come first
     rollout.sync_weights(policy)
     batch = rollout.generate(*prompts, policy)
-    assert server.released and batch.weight_version == 2
+    assert server.released and set(batch.versions.tolist()) == {2}
     calls = [c for c in server.calls if "memory" in c or c in ("/generate", "/update_weights_from_disk")]
     assert calls[:6] == ["/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation", "/generate", "/generate", "/generate"]
 
@@ -303,7 +303,7 @@ def test_stop_token_ids_end_responses_on_the_server_and_in_the_mask(server, poli
 def test_without_first_sync_or_flush_the_server_keeps_its_weights(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2, sync_before_first_rollout=False, flush_cache=False)
     batch = rollout.generate(*prompts, policy)
-    assert batch.weight_version == 0 and server.weight_version == "default" and "/update_weights_from_disk" not in server.calls
+    assert set(batch.versions.tolist()) == {0} and server.weight_version == "default" and "/update_weights_from_disk" not in server.calls
     rollout.sync_weights(policy)
     assert server.weight_version == "1" and "/flush_cache" not in server.calls
 

@@ -131,3 +131,133 @@ def test_reinforce_pp_discounts_over_the_models_tokens():
     batch = batch.replace(token_rewards=terminal_rewards(torch.tensor([1.0]), batch.action_tokens))
     advantages, _ = ReinforcePlusPlus(gamma=0.5, whiten="none")(batch)
     assert advantages.tolist() == [[0.5, 0.0, 0.0, 1.0]]
+
+
+def _wild(batch: RolloutBatch) -> RolloutBatch:
+    """``batch`` with far-off values at the environment's tokens only: old and sampler log-probs 5 nats away (any
+    ratio there would clip), advantages, values and returns 100x larger. Nothing computed over the model's tokens may change."""
+    g = torch.Generator().manual_seed(5)
+
+    def at_env(scale: float) -> torch.Tensor:
+        return torch.where(ENV, scale * torch.randn(B, R, generator=g), torch.zeros(B, R))
+
+    return batch.replace(
+        old_logprobs=batch.old_logprobs + at_env(5.0),
+        rollout_logprobs=batch.rollout_logprobs + at_env(5.0),
+        advantages=batch.advantages + at_env(100.0),
+        values=batch.values + at_env(100.0),
+        returns=batch.returns + at_env(100.0),
+    )
+
+
+def _with_values(batch: RolloutBatch) -> RolloutBatch:
+    g = torch.Generator().manual_seed(3)
+    return batch.replace(values=torch.randn(B, R, generator=g), returns=torch.randn(B, R, generator=g))
+
+
+@pytest.mark.parametrize("name", SURROGATES)
+def test_surrogate_loss_and_metrics_ignore_environment_tokens(name):
+    # clip fractions, approx-KL, ratio statistics, covariance selection and the aggregated loss are taken over
+    # the model's tokens only: whatever sits at the environment's tokens changes none of them (bit for bit)
+    batch = _with_values(_batch())
+    logprobs = torch.log_softmax(_logits(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for b in (batch, _wild(batch)):
+        torch.manual_seed(0)  # clip_cov's random draw
+        loss, metrics = SURROGATES[name](logprobs, b)
+        results.append((TokenMean()(loss, b.loss_mask), metrics))
+    (loss, metrics), (wild_loss, wild_metrics) = results
+    assert torch.equal(loss, wild_loss)
+    assert metrics.keys() == wild_metrics.keys() and all(torch.equal(metrics[k], wild_metrics[k]) for k in metrics), name
+    if name == "clipped":  # the check can fail: over every response token, the wild ratios would clip
+        everywhere = SURROGATES[name](logprobs, _wild(batch).replace(action_mask=None))[1]
+        assert everywhere["policy/clipfrac_low"] + everywhere["policy/clipfrac_high"] > metrics["policy/clipfrac_low"] + metrics["policy/clipfrac_high"]
+
+
+@pytest.mark.parametrize("value_clip", [None, 0.2])
+def test_value_loss_has_no_gradient_at_environment_tokens(value_clip):
+    from components.critic import ValueCritic
+
+    critic = ValueCritic(value_clip=value_clip)
+    batch = _with_values(_batch())
+    results = []
+    for b in (batch, _wild(batch)):
+        values = (b.values + 0.3 * torch.randn(B, R, generator=torch.Generator().manual_seed(2))).requires_grad_(True)
+        loss, metrics = critic.loss(values, b)
+        SeqMeanTokenMean()(loss, b.loss_mask).backward()
+        assert torch.equal(values.grad[ENV], torch.zeros(int(ENV.sum())))
+        assert (values.grad[ACTIONS] != 0).float().mean() > 0.5  # clipped values have none
+        results.append(metrics)
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty():
+    # RLModule's estimate phase on one transcript: model tokens 0-1 (turn 1), observation 2-3, model tokens 4-5
+    # (turn 2), then a trailing observation 6 (a transcript cut after it) and padding 7. The environment rewarded
+    # turn 1 with -0.25 on its last token; the score 1 lands on the model's last token (5), never on an observation;
+    # the KL penalty (k1, beta 0.5, log pi_old - log ref = 0.2 everywhere) only on the model's tokens.
+    from types import SimpleNamespace
+
+    from lightning_rl.metrics import WeightedMeans
+    from lightning_rl.module import RLModule
+
+    response_mask, action_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]]), torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])
+    env_rewards = torch.tensor([[0.0, -0.25, 0, 0, 0, 0, 0, 0]])
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 8, dtype=torch.long), response_mask=response_mask, action_mask=action_mask, env_rewards=env_rewards,
+        scores=torch.tensor([1.0]), sample_mask=torch.ones(1), old_logprobs=torch.full((1, 8), -1.0), ref_logprobs=torch.full((1, 8), -1.2),
+    )  # fmt: skip
+    module = SimpleNamespace(kl=KLRegularizer(0.5, "k1", "reward"), advantage=ReinforcePlusPlus(gamma=1.0, whiten="none"))
+    out = RLModule._estimate(module, batch, WeightedMeans())
+    expected = torch.tensor([[-0.1, -0.35, 0, 0, -0.1, 0.9, 0, 0]])
+    torch.testing.assert_close(out.token_rewards, expected, atol=1e-6, rtol=0)
+    # reward-to-go over the model's tokens: 0.35, 0.45, -, -, 0.8, 0.9
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.35, 0.45, 0, 0, 0.8, 0.9, 0, 0]]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("surrogate", ["clipped", "cispo", "clip_cov"])
+def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_model_path, monkeypatch, surrogate):
+    # the optimize phase's own policy loss (lightning_rl.update) on a tiny model: surrogate + KL in the loss +
+    # entropy bonus + positive-sample NLL, aggregated over the mini-batch. The gradient reaching the logits that
+    # score environment tokens is exactly zero, and policy/entropy and policy/clipfrac are means over the model's tokens.
+    from types import SimpleNamespace
+
+    import lightning_rl.logprobs as logprobs_module
+    from lightning_rl.metrics import WeightedMeans
+    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.update import UpdatePhase
+
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    g = torch.Generator().manual_seed(4)
+    vocab = policy.config.vocab_size
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(3, vocab, (B, 3), generator=g), prompt_mask=torch.ones(B, 3, dtype=torch.long),
+        response_ids=torch.randint(3, vocab, (B, R), generator=g), response_mask=RESPONSE_MASK, action_mask=ACTION_MASK,
+        advantages=torch.randn(B, R, generator=g), ref_logprobs=-3.0 * torch.rand(B, R, generator=g),
+        rollout_logprobs=-3.0 * torch.rand(B, R, generator=g), scores=torch.ones(B), sample_mask=torch.ones(B), group_ids=torch.tensor([0, 0, 1, 1]),
+    )  # fmt: skip
+    captured = {}
+    response_logits = logprobs_module.response_logits
+
+    def keep(*args, **kwargs):  # the (B, R, V) logits that score the response tokens
+        captured["logits"] = logits = response_logits(*args, **kwargs)
+        logits.retain_grad()
+        return logits
+
+    monkeypatch.setattr(logprobs_module, "response_logits", keep)
+    module = SimpleNamespace(
+        policy=policy, loop=SimpleNamespace(logprob_chunk_rows=None, max_tokens_per_micro_batch=None),
+        surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(),
+    )  # fmt: skip
+    metrics = WeightedMeans()
+    torch.manual_seed(0)
+    mask = batch.loss_mask
+    t = 0.3  # a sharp sampler: the random model's entropies then differ from token to token
+    loss = UpdatePhase._policy_loss(module, batch, mask.sum(), mask.sum(), t, True, metrics)
+    loss.backward()
+    _check(captured["logits"].grad)
+    values = metrics.compute(sync=False)
+    entropy = logprobs_module.policy_logprobs(policy, batch, t, with_entropy=True)[1].detach()
+    over_actions, over_responses = [float((entropy * m).sum() / m.sum()) for m in (mask, RESPONSE_MASK)]
+    assert abs(over_actions - over_responses) > 1e-3
+    assert float(values["policy/entropy"]) == pytest.approx(over_actions, abs=1e-6)

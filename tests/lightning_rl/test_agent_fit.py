@@ -40,10 +40,26 @@ def _samples_text(tmp_path) -> str:
 
 
 @pytest.mark.slow
-def test_agent_calc_trains_three_iterations_with_the_calculator(tmp_path):
+def test_agent_calc_trains_three_iterations_with_the_calculator(tmp_path, monkeypatch):
+    from lightning_rl.module import RLModule
+
+    batches, log_iteration = [], RLModule._log_iteration
+
+    def spy(self, batch, *args):  # the iteration's batch, as the update saw it
+        batches.append(batch)
+        return log_iteration(self, batch, *args)
+
+    monkeypatch.setattr(RLModule, "_log_iteration", spy)
     cli = _fit(tmp_path, extra=["--model.loop.log_samples_every_n_steps", "1"])
     assert isinstance(cli.model.agent, MultiTurnRollout) and cli.trainer.global_step == 3
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    # the last iteration: response_length counts the model's tokens; observations carry no advantage and no reward
+    last = batches[-1]
+    env = (last.response_mask * (1 - last.action_mask)).bool()  # (B, R) the calculator's tokens
+    assert env.any() and metrics["agent/observation_tokens_mean"] == pytest.approx(float(env.sum(-1).float().mean()))
+    lengths = last.action_tokens.sum(-1)
+    assert metrics["response_length/mean"] == pytest.approx(float((lengths * last.sample_mask).sum() / last.sample_mask.sum()))
+    assert not last.advantages[env].any() and not last.token_rewards[env].any()
     assert all(k in metrics for k in AGENT_METRICS), sorted(metrics)
     # the shipped policy calls the calculator on about a third of the problems; every call is well formed
     assert 0.1 < metrics["agent/tool_calls_mean"] < 1.0 and metrics["tool/error_frac"] == 0.0

@@ -66,7 +66,7 @@ def test_missing_data_file(tmp_path, tiny_model_path):
         ("always_fails", RuntimeError, r"always_fails\) raised ValueError: the answer key is corrupt"),
         ("returns_nan", ValueError, r"returns_nan.*returned nan at sample 0.*finite number"),
         ("returns_none", ValueError, r"returns_none.*returned None at sample 0"),
-        ("wrong_length", ValueError, r"wrong_length.*must return 4 scores"),
+        ("wrong_length", ValueError, r"wrong_length.*must return 8 scores"),  # the validation before the first iteration (8 prompts) meets it first
     ],
 )
 def test_bad_reward_functions(tmp_path, tiny_model_path, fn, error, message):
@@ -117,6 +117,8 @@ def test_truncated_prompts_are_counted_and_context_overflow_is_warned(tmp_path, 
     check_context_length(config, dm.longest_prompt, 30, 34)  # 64: fits, silent
     with pytest.warns(UserWarning, match=r"longest prompt \(30 tokens; data.max_prompt_length=30\) \+ model.rollout.init_args.max_new_tokens \(35\) = 65 exceeds the policy's max_position_embeddings \(64\)"):
         check_context_length(config, dm.longest_prompt, 30, 35)
+    with pytest.warns(UserWarning, match=r"\+ model.agent.init_args.max_total_tokens \(40\) = 70 exceeds .* or max_total_tokens so they fit"):
+        check_context_length(config, dm.longest_prompt, 30, 40, "model.agent.init_args.max_total_tokens")  # an agent's whole transcript
 
 
 def test_chat_template_on_a_tokenizer_without_one_names_the_option(tiny_model_path):

@@ -45,3 +45,16 @@ def test_markdown_escapes_pipes_and_console_shows_every_cell():
     print_rows(rows, "samples at iteration 7", Console(file=out, width=120))
     printed = out.getvalue()
     assert "samples at iteration 7" in printed and all(cell in printed for row in rows for cell in row.values())
+
+
+def test_a_transcript_shows_its_marked_observations_and_the_advantage_of_the_models_tokens():
+    # one agent episode: model tokens 0-1, an observation at 2-3, the model's answer at 4; GRPO's advantage 0.8
+    # sits on the model's tokens only, so the row's advantage is 0.8 (not 0.8 * 3/5 diluted by the observation)
+    batch = batch_from_scores([1.0], lengths=[5], action_mask=torch.tensor([[1, 1, 0, 0, 1]]))
+    batch = batch.replace(advantages=torch.tensor([[0.8, 0.8, 0.0, 0.0, 0.8]]))
+    meta = {"prompts": ["12*3="], "completions": ["36"], "transcripts": ["<call>12*3</call>[[env: <result>36</result>]]36"]}
+    rows = sample_rows(meta, batch, 1)
+    assert rows[0]["advantage"] == "+0.800" and rows[0]["completion"] == meta["transcripts"][0]
+    out = io.StringIO()
+    print_rows(rows, "samples", Console(file=out, width=200))
+    assert "<call>12*3</call>[[env: <result>36</result>]]36" in out.getvalue()  # brackets are text, not console markup

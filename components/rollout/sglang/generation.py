@@ -9,6 +9,11 @@ a list of n items; each item has ``output_ids`` and ``meta_info`` with ``finish_
 text], ...]`` and ``weight_version``. The log-probs are log_softmax(logits / T) of the sampled token;
 below temperature 1e-6 SGLang samples greedily (top_k = 1, temperature 1), so greedy log-probs are
 untempered, as in `HFRollout`.
+
+Partial rollouts (``partial=True``): a weight update sent with ``abort_all_requests`` ends the requests in
+flight with finish ``abort`` and the tokens sampled so far. Each such response is continued with the new
+weights (``input_ids`` = prompt + the tokens so far, the remaining ``max_new_tokens``), and every token keeps
+the version that sampled it, with its log-prob under that version.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from .client import Retry, SGLangClient, SGLangError
 class Sample(NamedTuple):
     ids: list[int]
     logprobs: list[float]
-    finish: str  # stop | length
+    finish: str  # stop | length (| abort, before a partial response is continued)
+    versions: list[int]  # per token: the weight version that sampled it
 
 
 def sampling_params(n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int, stop_token_ids: list[int]) -> dict:
@@ -41,12 +47,25 @@ def sampling_params(n: int, temperature: float, top_p: float, top_k: int, max_ne
     }
 
 
-def generate(client: SGLangClient, url: str, input_ids: list[int], params: dict, weight_version: int, lora_name: str | None = None) -> list[Sample]:
-    """The ``params["n"]`` samples of one prompt; aborted requests are sent again (they count as retries).
+def generate(
+    client: SGLangClient, url: str, input_ids: list[int], params: dict, version: int, lora_name: str | None = None, partial: bool = False, check_version: bool = True
+) -> list[Sample]:
+    """The ``params["n"]`` samples of one prompt; aborted requests are sent again (they count as retries), or with
+    ``partial`` continued from where they stopped.
 
-    ``weight_version > 0``: every answer must come from that version (a server that missed an update fails loudly).
+    ``version``: the trainer's weight version when the request is sent. With ``check_version`` every answer must
+    come from that version or a later one (a server that missed an update fails loudly); a server that reports no
+    number (an adapter load does not change it) is taken to hold ``version``.
     ``lora_name``: the LoRA adapter to sample with (a server that does not hold it refuses the request).
     """
+    items = _request(client, url, input_ids, params, lora_name, partial)
+    samples = [_parse(url, item, version, check_version) for item in items]
+    if partial:
+        samples = [_continue(client, url, input_ids, params, s, lora_name, check_version) for s in samples]
+    return samples
+
+
+def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict, lora_name: str | None, partial: bool) -> list[dict]:
     n = params["n"]
 
     def check(answer) -> None:
@@ -54,17 +73,34 @@ def generate(client: SGLangClient, url: str, input_ids: list[int], params: dict,
         if len(items) != n or not all(isinstance(it, dict) and "meta_info" in it for it in items):
             raise SGLangError(f"SGLang server at {url}: /generate returned {len(items)} item(s) for n={n}: {str(answer)[:300]}")
         aborted = [r for r in (it["meta_info"].get("finish_reason") or {} for it in items) if r.get("type") == "abort"]
-        if aborted:
+        if aborted and not partial:
             raise Retry(f"request aborted by the server ({aborted[0].get('message')})")
 
     body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     if lora_name is not None:  # sample with this loaded adapter (its name carries the version)
         body["lora_path"] = lora_name
     answer = client.request(url, "/generate", body, check=check)
-    return [_parse(url, item, weight_version) for item in (answer if isinstance(answer, list) else [answer])]
+    return answer if isinstance(answer, list) else [answer]
 
 
-def _parse(url: str, item: dict, weight_version: int) -> Sample:
+def _continue(client: SGLangClient, url: str, input_ids: list[int], params: dict, sample: Sample, lora_name: str | None, check_version: bool) -> Sample:
+    """A response interrupted by a weight update, finished with the weights now served."""
+    stalls = 0
+    while sample.finish == "abort":
+        remaining = params["max_new_tokens"] - len(sample.ids)
+        if remaining <= 0:
+            return sample._replace(finish="length")
+        more = dict(params, n=1, max_new_tokens=remaining)
+        (item,) = _request(client, url, input_ids + sample.ids, more, lora_name, partial=True)
+        part = _parse(url, item, max(sample.versions, default=0), check_version)
+        stalls = 0 if part.ids else stalls + 1
+        if stalls > client.max_retries:
+            raise SGLangError(f"SGLang server at {url}: a partial response was aborted {stalls} times in a row without a new token")
+        sample = Sample(sample.ids + part.ids, sample.logprobs + part.logprobs, part.finish, sample.versions + part.versions)
+    return sample
+
+
+def _parse(url: str, item: dict, version: int, check_version: bool) -> Sample:
     ids, meta = [int(t) for t in item["output_ids"]], item["meta_info"]
     logprobs = meta.get("output_token_logprobs") or []
     if len(logprobs) != len(ids) or any(int(lp[1]) != t for lp, t in zip(logprobs, ids)):
@@ -72,16 +108,18 @@ def _parse(url: str, item: dict, weight_version: int) -> Sample:
     if any(lp[0] is None for lp in logprobs):  # JSON null: a non-finite log-prob on the server
         raise SGLangError(f"SGLang server at {url} returned a null (non-finite) log-prob for a sampled token")
     served = meta.get("weight_version")
-    if weight_version and served is not None and str(served) != str(weight_version):
+    number = int(served) if str(served).isdigit() else None
+    if check_version and version and (number is None or number < version):
         raise SGLangError(
-            f"SGLang server at {url} sampled with weight_version {served!r} but the trainer pushed {weight_version}: "
+            f"SGLang server at {url} sampled with weight_version {served!r} but the trainer pushed {version}: "
             "it missed a weight update (restarted, or not listed in weight_update_urls)"
         )
-    return Sample(ids, [float(lp[0]) for lp in logprobs], (meta.get("finish_reason") or {}).get("type", "stop"))
+    stamp = number if number is not None and check_version else version
+    return Sample(ids, [float(lp[0]) for lp in logprobs], (meta.get("finish_reason") or {}).get("type", "stop"), [stamp] * len(ids))
 
 
 def to_batch(
-    prompt_ids: Tensor, prompt_mask: Tensor, samples: list[Sample], rows: int, greedy_last: bool, eos_ids: list[int], pad_token_id: int, weight_version: int
+    prompt_ids: Tensor, prompt_mask: Tensor, samples: list[Sample], rows: int, greedy_last: bool, eos_ids: list[int], pad_token_id: int, version: int
 ) -> RolloutBatch:
     """Prompt-major ``samples`` (``rows`` per prompt; the last one greedy when ``greedy_last``) -> a batch of B = P_n * rows.
 
@@ -93,9 +131,11 @@ def to_batch(
     width = max(1, max(len(s.ids) for s in samples))
     response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(b, width)
+    token_versions = torch.full((b, width), version, dtype=torch.long)  # padding: the request's version
     for i, s in enumerate(samples):
         response_ids[i, : len(s.ids)] = torch.tensor(s.ids, dtype=torch.long)
         logprobs[i, : len(s.ids)] = torch.tensor(s.logprobs)
+        token_versions[i, : len(s.ids)] = torch.tensor(s.versions, dtype=torch.long)
     lengths = torch.tensor([len(s.ids) for s in samples])
     eos_mask, no_eos = response_mask_from_eos(response_ids, eos_ids)
     response_mask = eos_mask * (torch.arange(width)[None, :] < lengths[:, None]).long()  # (B, R)
@@ -112,5 +152,6 @@ def to_batch(
         group_ids=torch.arange(n_prompts, device=device).repeat_interleave(rows),
         is_greedy=None if is_greedy is None else is_greedy.to(device),
         sample_mask=None if is_greedy is None else (is_greedy == 0).float().to(device),
-        weight_version=weight_version,
+        versions=torch.tensor([min(s.versions, default=version) for s in samples], dtype=torch.long, device=device),
+        token_versions=token_versions.to(device),
     )

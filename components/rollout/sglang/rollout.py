@@ -39,6 +39,8 @@ class SGLangRollout(Rollout):
     ``rollout/logprob_diff_*`` and TIS/MIS can correct for it.
     """
 
+    samples_in_process = False
+
     def __init__(
         self,
         base_url: str | list[str] | None = None,
@@ -66,6 +68,7 @@ class SGLangRollout(Rollout):
         lora_sync: Literal["adapter", "merged"] = "adapter",
         deadline_s: float = 1800.0,
         progress_every_s: float = 60.0,
+        partial_rollouts: bool = False,
     ):
         """
         Args:
@@ -102,6 +105,11 @@ class SGLangRollout(Rollout):
                 ``lora_target_modules``) or the base with the adapters merged in (``merged``: as ``weight_sync``).
             deadline_s: seconds one rollout (every request of a batch, retries included) may take before it fails.
             progress_every_s: while a rollout is slower than this, log its progress (answered / pending) this often.
+            partial_rollouts: asynchronous training (``loop.max_staleness`` > 0): a weight push interrupts the
+                requests in flight (``abort_all_requests``), which then continue with the new weights; each token
+                keeps the version that sampled it (``token_versions``) and its log-prob under that version, so
+                the off-policy correction is per token. False: a push waits for the requests in flight, and
+                every response comes from one version.
         """
         if (base_url is None) == (launch is None):
             raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
@@ -131,6 +139,8 @@ class SGLangRollout(Rollout):
         self.lora_sync = lora_sync
         self.adapter_name: str | None = None  # the loaded LoRA adapter that samples (adapter sync)
         self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
+        self.partial_rollouts = partial_rollouts
+        self.overlapping = False  # set by asynchronous training: requests may be in flight during a weight push
         self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
         self.server: LaunchedServer | None = None
@@ -211,21 +221,22 @@ class SGLangRollout(Rollout):
         if with_baseline:
             jobs += [(p, 1, 0.0) for p in prompts]
         self._resume_memory()
-        answers = self._run(jobs)
+        version = self.weight_version  # read before the requests: a push may land while they run
+        answers = self._run(jobs, version)
         self._release_memory()
         groups = [answers[i] + (answers[n_prompts + i] if with_baseline else []) for i in range(n_prompts)]
         samples = [s for group in groups for s in group]  # prompt-major
-        return to_batch(prompt_ids, prompt_mask, samples, g + int(with_baseline), with_baseline, self.eos_ids, self.pad_token_id, self.weight_version)
+        return to_batch(prompt_ids, prompt_mask, samples, g + int(with_baseline), with_baseline, self.eos_ids, self.pad_token_id, version)
 
-    def _run(self, jobs: list[tuple[list[int], int, float]]) -> list[list[Sample]]:
+    def _run(self, jobs: list[tuple[list[int], int, float]], version: int) -> list[list[Sample]]:
         """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
         futures = []
+        # an adapter's name carries its version: the server's own weight_version does not change on adapter loads
+        check, partial, adapter = self.adapter_name is None, self.partial_rollouts and self.overlapping, self.adapter_name
         for i, (input_ids, n, temperature) in enumerate(jobs):
             params = sampling_params(n, temperature, self.top_p, self.top_k, self.max_new_tokens, self.stop_token_ids)
-            # an adapter's name carries its version: the server's own weight_version does not change on adapter loads
-            check_version = 0 if self.adapter_name else self.weight_version
             url = self.urls[i % len(self.urls)]
-            futures.append(self._pool.submit(generate, self.client, url, input_ids, params, check_version, self.adapter_name))
+            futures.append(self._pool.submit(generate, self.client, url, input_ids, params, version, adapter, partial, check))
         try:  # never a partial batch: the first failure fails the rollout
             return wait_for_answers(futures, self.deadline_s, self.progress_every_s, self.urls)
         except BaseException:
@@ -252,18 +263,28 @@ class SGLangRollout(Rollout):
             directory = self._checkpoint_dir(version)
             save_checkpoint(policy, str(directory))  # a collective under torch.distributed
             if rank() == 0:
-                push_from_disk(client, urls, str(directory), version)
+                push_from_disk(client, urls, str(directory), version, abort=self.partial_rollouts and self.overlapping)
                 shutil.rmtree(directory.parent / f"v{self.weight_version}", ignore_errors=True)
         elif rank() == 0:
             for url in urls:
-                push_tensors(client, url, policy, version, self.tensor_bucket_mb << 20)
-        if self.flush_cache and rank() == 0:
+                push_tensors(client, url, policy, version, self.tensor_bucket_mb << 20, abort=self.partial_rollouts and self.overlapping)
+        # the updates above flush the cache themselves; a separate flush is refused while requests run (asynchronous)
+        if self.flush_cache and rank() == 0 and not self.overlapping:
             flush_caches(client, urls)
         self._release_memory()
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # no rank samples before every server holds the new weights
         self.weight_version = int(version)
         self._needs_sync = False
+
+    def prepare(self, policy: nn.Module) -> None:
+        """Asynchronous training: connect and push the first weights here, on the trainer's thread."""
+        if is_lora(policy) and self.lora_sync == "adapter" and self.overlapping:
+            raise ValueError("asynchronous training (model.loop.max_staleness > 0) with a LoRA policy needs lora_sync: merged: "
+                             "an adapter push unloads the adapter that requests in flight are sampling with")
+        self._connected()
+        if self._needs_sync and self.sync_before_first_rollout:
+            self.sync_weights(policy)
 
     def _checkpoint_dir(self, version: str) -> Path:
         if self.weight_dir is None and self._own_dir is None:

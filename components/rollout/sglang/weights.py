@@ -108,19 +108,22 @@ def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_v
         }
 
 
-def push_from_disk(client: SGLangClient, urls: list[str], directory: str, version: str) -> None:
-    body = {"model_path": directory, "flush_cache": True, "weight_version": version}
+def push_from_disk(client: SGLangClient, urls: list[str], directory: str, version: str, abort: bool = False) -> None:
+    """``abort``: end the requests in flight first (partial rollouts continue them with the new weights); otherwise
+    the server applies the update once they finish, and holds new requests until it is done."""
+    body = {"model_path": directory, "flush_cache": True, "weight_version": version, "abort_all_requests": abort}
     for url in urls:
         client.request(url, "/update_weights_from_disk", body, check=succeeded(url))
 
 
-def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int) -> None:
+def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False) -> None:
     """One ``/begin_weight_update`` ... ``/end_weight_update`` session of ``/update_weights_from_tensor`` requests."""
     info = client.request(url, "/get_server_info", method="GET")
     tp_size = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1  # server_args.tp_size
     client.request(url, "/begin_weight_update", {}, check=succeeded(url))
     try:
-        for body in tensor_payloads(policy, bucket_bytes, tp_size, version):
+        for i, body in enumerate(tensor_payloads(policy, bucket_bytes, tp_size, version)):
+            body["abort_all_requests"] = abort and i == 0
             client.request(url, "/update_weights_from_tensor", body, check=succeeded(url))
     finally:
         client.request(url, "/end_weight_update", {}, check=succeeded(url))

@@ -1,0 +1,68 @@
+"""`DecoupledClip`: PPO for samples from older weights, with the clip and the staleness correction decoupled."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.ops import masked_mean
+
+from .base import LOG_RATIO_CLAMP, OffPolicyCorrection
+from .clipped import ClippedSurrogate
+
+
+class DecoupledClip(ClippedSurrogate):
+    """Decoupled PPO (Fu et al. 2025, AReaL, arXiv:2505.24298, eq. 5), per token:
+
+        loss = -w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),   r = pi_theta / pi_prox,   w = pi_prox / pi_behav
+
+    pi_behav is the policy version that sampled the token (``rollout_logprobs``: in asynchronous training an older
+    one, ``loop.max_staleness`` versions at most); pi_prox, the proximal policy, is the trainer's weights before
+    this update (``old_logprobs``, recomputed for every batch). The clip bounds the step from pi_prox, the
+    recent policy, instead of from pi_behav, so a stale batch does not shrink the trust region to nothing;
+    w (no gradient) corrects the sampling distribution. ``behaviour_mode="mask"`` zeroes the tokens with
+    w > ``behaviour_cap`` (AReaL), ``"truncate"`` uses min(w, cap). With fresh samples (pi_behav = pi_prox up
+    to the sampler's numerics) this is PPO with the trainer/sampler correction. ``correction`` (TIS/MIS, e.g. a
+    sequence-level rejection) multiplies on top.
+    """
+
+    def __init__(
+        self,
+        eps_low: float = 0.2,
+        eps_high: float = 0.2,
+        behaviour_cap: float = 5.0,
+        behaviour_mode: Literal["mask", "truncate"] = "mask",
+        dual_clip: float | None = None,
+        level: Literal["token", "sequence"] = "token",
+        correction: OffPolicyCorrection | None = None,
+    ):
+        """
+        Args:
+            eps_low: lower clip range around pi_prox, r >= 1 - eps_low.
+            eps_high: upper clip range, r <= 1 + eps_high.
+            behaviour_cap: bound on w = pi_prox / pi_behav.
+            behaviour_mode: mask (w = 0 above the cap, AReaL's choice) or truncate (w = min(w, cap)).
+            dual_clip: c > 1 for dual-clip PPO on negative advantages; None = off.
+            level: token or sequence (GSPO) ratio r.
+            correction: an optional TIS/MIS weight on top.
+        """
+        super().__init__(eps_low, eps_high, dual_clip, level, correction)
+        if behaviour_cap <= 0 or behaviour_mode not in ("mask", "truncate"):
+            raise ValueError(f"DecoupledClip: behaviour_cap must be > 0 and behaviour_mode mask|truncate, got {behaviour_cap}, {behaviour_mode!r}")
+        self.behaviour_cap, self.behaviour_mode = behaviour_cap, behaviour_mode
+        self.requires = self.requires | {"rollout_logprobs"}
+
+    def per_token_loss(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, metrics = super().per_token_loss(logprobs, batch)  # (B, R), clipped around pi_prox
+        mask = batch.loss_mask
+        log_w = ((batch.old_logprobs - batch.rollout_logprobs).float() * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        w = log_w.exp()  # (B, R) pi_prox / pi_behav
+        capped = w > self.behaviour_cap
+        weight = w.clamp(max=self.behaviour_cap) if self.behaviour_mode == "truncate" else torch.where(capped, torch.zeros_like(w), w)
+        with torch.no_grad():
+            metrics["policy/behaviour_weight_mean"] = masked_mean(w, mask)
+            metrics["policy/behaviour_capped_frac"] = masked_mean(capped.float(), mask)
+        return loss * weight.detach(), metrics

@@ -1,0 +1,149 @@
+"""Asynchronous training: the rollout of the next iteration(s) runs on a background thread while this one optimizes.
+
+With ``loop.max_staleness`` = k > 0, `RolloutAhead` keeps k rounds of prompts requested ahead, in data order,
+each sampled and scored as soon as the one before it is done. A round sampled by weight version v is trained by
+a later version; `drop_stale` leaves out the groups older than k versions (counted, never trained on silently),
+and the surrogate corrects the rest (`components.surrogate.DecoupledClip`: the clip against the trainer's weights
+before this update, re-weighted by pi_prox / pi_behav).
+
+The sampler never sees weights change under it: SGLang applies a push once the requests in flight are answered
+(or interrupts them, with ``partial_rollouts``), and an in-process sampler (`HFRollout`) samples from its own
+copy of the policy, refreshed between rounds. Only the rollout and the reward run on the thread: no collective,
+so ranks never interleave them with the update's.
+
+A checkpoint records the data position of the first round not yet trained: a resumed run samples those prompts
+again, with its own weights, so no prompt is lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from components.rollout import Rollout
+
+from .batch import RolloutBatch
+from .ops import masked_mean
+
+Produce = Callable[[dict, nn.Module], tuple[RolloutBatch, dict, dict]]
+"""(prompts, sampler policy) -> (scored batch, per-sample texts and columns, the rollout's and reward's metrics)."""
+
+
+@dataclass
+class _Round:
+    position: dict | None  # the data streams' position before these prompts
+    prompts: dict
+    future: Future
+
+
+class RolloutAhead:
+    """Rounds of (prompts, scored batch) produced ``depth`` ahead of the one being trained, in data order."""
+
+    def __init__(self, rollout: Rollout, produce: Produce, depth: int, position: Callable[[], dict | None]):
+        self.rollout, self.produce, self.depth, self.position = rollout, produce, depth, position
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
+        self._pending: deque[_Round] = deque()  # requested, not yet taken
+        self._first_untrained: dict | None = None  # position of the first round taken by the iteration under way
+        self._sampler: nn.Module | None = None  # an in-process sampler's own copy of the policy
+        self._weights = threading.Lock()  # held by a round while it samples from that copy
+
+    def start(self, policy: nn.Module) -> None:
+        """On the trainer's thread, before the first round: a first push to a server, or the sampler's copy."""
+        if getattr(self.rollout, "samples_in_process", True):
+            self._sampler = copy.deepcopy(policy).eval().requires_grad_(False)
+        else:
+            self.rollout.overlapping = True
+            self.rollout.prepare(policy)
+
+    def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict, dict, float]:
+        """The next round: (prompts, batch, texts, metrics, seconds the trainer waited for it). Requests rounds
+        until ``depth`` are queued behind it; the first failure of a round is raised here, on the trainer's thread."""
+        while len(self._pending) < self.depth + 1:
+            position = self.position()
+            prompts = next_prompts()
+            self._pending.append(_Round(position, prompts, self._pool.submit(self._produce, prompts, policy)))
+        round_ = self._pending.popleft()
+        if self._first_untrained is None:
+            self._first_untrained = round_.position
+        start = time.perf_counter()
+        batch, texts, metrics = round_.future.result()  # a failed rollout (e.g. a dead server) raises here
+        return round_.prompts, batch, texts, metrics, time.perf_counter() - start
+
+    def _produce(self, prompts: dict, policy: nn.Module) -> tuple[RolloutBatch, dict, dict]:
+        start = time.perf_counter()
+        if self._sampler is None:
+            batch, texts, metrics = self.produce(prompts, policy)  # the server holds the weights
+        else:
+            with self._weights:
+                batch, texts, metrics = self.produce(prompts, self._sampler)
+        metrics = dict(metrics, **{"async/rollout_s": torch.tensor(time.perf_counter() - start)})
+        return batch, texts, metrics
+
+    def push(self, policy: nn.Module) -> None:
+        """The new weights to the sampler: a server's push overlaps the requests in flight; an in-process copy is
+        refreshed between rounds."""
+        if self._sampler is None:
+            self.rollout.sync_weights(policy)
+            return
+        with self._weights, torch.no_grad():
+            for mine, theirs in zip(self._sampler.parameters(), policy.parameters()):
+                mine.copy_(theirs)
+            self.rollout.sync_weights(self._sampler)
+
+    def trained(self) -> None:
+        """The iteration under way is done: its rounds will not be sampled again after a resume."""
+        self._first_untrained = None
+
+    @property
+    def untrained_position(self) -> dict | None:
+        """The data position a resumed run must start from: before the first round not yet trained."""
+        if self._first_untrained is not None:
+            return self._first_untrained
+        return self._pending[0].position if self._pending else None
+
+    def close(self) -> None:
+        for round_ in self._pending:
+            round_.future.cancel()
+        self._pending.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)  # a round under way ends on its own (its sampler stops with the rollout)
+        if getattr(self.rollout, "overlapping", False):
+            self.rollout.overlapping = False
+
+
+def drop_stale(batch: RolloutBatch, texts: dict[str, list], version: int, max_staleness: int) -> tuple[RolloutBatch, dict[str, list], dict[str, Tensor]]:
+    """Leave out every group with a sample more than ``max_staleness`` versions older than ``version`` (the weights
+    about to be trained). Whole groups go, so a group baseline never mixes in a dropped sample's reward."""
+    staleness = version - batch.versions  # (B,)
+    too_old = staleness > max_staleness
+    stale_groups = torch.unique(batch.group_ids[too_old])
+    keep = ~torch.isin(batch.group_ids, stale_groups)  # (B,)
+    counted = batch.counted * keep.float()
+    metrics = {
+        "async/staleness_mean": masked_mean(staleness.float(), counted),
+        "async/staleness_max": (staleness * keep).max() if bool(keep.any()) else staleness.new_zeros(()),
+        "async/dropped_frac": (~keep).float().mean() if batch.batch_size else staleness.new_zeros((), dtype=torch.float),
+    }
+    if bool(keep.all()):
+        return batch, texts, metrics
+    kept_rows = keep.nonzero().squeeze(-1).tolist()
+    texts = {k: [v[i] for i in kept_rows] for k, v in texts.items()}
+    return batch.select(keep), texts, metrics
+
+
+def check_asynchronous(rollout: Rollout, trainer: Any) -> None:
+    """Configurations asynchronous training cannot run, named before the first round."""
+    if getattr(rollout, "release_memory", False):
+        raise ValueError("model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
+                         "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0")
+    strategy = type(getattr(trainer, "strategy", None)).__name__
+    if getattr(rollout, "samples_in_process", True) and strategy in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"):
+        raise ValueError(f"model.loop.max_staleness > 0 with an in-process sampler needs a full copy of the policy, which {strategy} "
+                         "shards: sample on SGLang servers (configs/rollout/sglang.yaml), or set max_staleness: 0")

@@ -1,0 +1,167 @@
+"""Asynchronous training (loop.max_staleness, lightning_rl.ahead): the bound, the dropped samples, resume with rounds
+in flight, a dead server, and max_staleness 0 as the synchronous loop."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_rl.ahead import drop_stale
+from lightning_rl.batch import RolloutBatch
+from lightning_rl.module import RLModule
+
+from .cli_runs import cli_args, run_cli, scalars
+from .test_resume import assert_same, compared
+
+REPO = Path(__file__).resolve().parents[2]
+DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
+ASYNC = [
+    "--config", str(REPO / "configs/loop/async.yaml"),
+    *DENSE_REWARD,
+    "--model.rollout.init_args.return_logprobs=true",
+    "--model.rollout.init_args.temperature=3.0",
+]  # fmt: skip
+KEEP = ["--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename={step}"]
+
+
+def test_stale_groups_are_dropped_whole_and_counted():
+    # trainer at version 3, bound 1: group 1 (version 1, staleness 2) goes; groups 0 (staleness 0) and 2 (1) stay
+    batch = RolloutBatch(
+        response_ids=torch.ones(6, 2, dtype=torch.long),
+        response_mask=torch.ones(6, 2, dtype=torch.long),
+        group_ids=torch.tensor([0, 0, 1, 1, 2, 2]),
+        versions=torch.tensor([3, 3, 1, 2, 2, 2]),
+        scores=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]),
+    )
+    texts = {"completions": list("abcdef")}
+    kept, kept_texts, metrics = drop_stale(batch, texts, version=3, max_staleness=1)
+    assert kept.group_ids.tolist() == [0, 0, 2, 2] and kept.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert kept_texts == {"completions": ["a", "b", "e", "f"]}
+    assert float(metrics["async/dropped_frac"]) == pytest.approx(2 / 6)
+    assert float(metrics["async/staleness_mean"]) == pytest.approx(0.5) and int(metrics["async/staleness_max"]) == 1
+    same, _, metrics = drop_stale(batch, texts, version=3, max_staleness=2)
+    assert same is batch and float(metrics["async/dropped_frac"]) == 0.0
+
+
+def test_staleness_without_a_correction_warns_and_a_negative_bound_is_refused():
+    from components.surrogate import ClippedSurrogate, DecoupledClip
+    from lightning_rl.config import LoopConfig
+
+    with pytest.warns(UserWarning, match="nothing corrects for their staleness"):
+        RLModule(surrogate=ClippedSurrogate(), loop=LoopConfig(max_staleness=1))
+    with pytest.raises(ValueError, match="return_logprobs: true"):  # DecoupledClip reads the sampler's log-probs: HFRollout must report them
+        RLModule(surrogate=DecoupledClip(), loop=LoopConfig(max_staleness=1))
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        LoopConfig(max_staleness=-1)
+
+
+@pytest.mark.slow
+def test_max_staleness_zero_is_the_synchronous_loop(tmp_path, tiny_model_path):
+    run_cli("fit", cli_args(tmp_path / "sync", tiny_model_path, 3, *KEEP, "--model.rollout.init_args.temperature=3.0"))
+    run_cli("fit", cli_args(tmp_path / "zero", tiny_model_path, 3, *KEEP, "--model.rollout.init_args.temperature=3.0", "--model.loop.max_staleness=0"))
+    load = lambda run: torch.load(tmp_path / run / "checkpoints" / "step=2.ckpt", weights_only=False)  # noqa: E731
+    assert_same(compared(load("sync")), compared(load("zero")))
+    assert "async/staleness_mean" not in scalars(tmp_path / "zero")
+
+
+@pytest.mark.slow
+def test_staleness_one_trains_within_the_bound_and_logs_it(tmp_path, tiny_model_path):
+    cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 5, *ASYNC))
+    assert cli.trainer.global_step == 5
+    logged = scalars(tmp_path)
+    staleness = [v for _, v in logged["async/staleness_max"]]
+    assert staleness == [0.0, 1.0, 1.0, 1.0, 1.0]  # the first round is sampled by the first weights; each later one, a version behind
+    assert all(v == 0.0 for _, v in logged["async/dropped_frac"])
+    for tag in ("async/staleness_mean", "time/rollout_wait_s", "time/sync_s", "async/rollout_s", "policy/behaviour_weight_mean"):
+        assert tag in logged, tag
+    # the checkpoint's data position is that of the first round not trained, not of the last one requested
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["PromptDataModule"]["position"] == {"epoch": 0, "batch": 5}
+
+
+@pytest.mark.slow
+def test_resume_with_a_round_in_flight_loses_and_repeats_no_prompt(tmp_path, tiny_model_path, monkeypatch):
+    trained: list[list[list[int]]] = []
+    take = RLModule._next_round
+
+    def recording(self, dataloader_iter):
+        prompts, *rest = take(self, dataloader_iter)
+        trained[-1].append(prompts["prompt_ids"].tolist())
+        return prompts, *rest
+
+    monkeypatch.setattr(RLModule, "_next_round", recording)
+    runs = {}
+    for name, steps, resume in [("straight", 4, None), ("stopped", 2, None), ("resumed", 4, "stopped")]:
+        trained.append([])
+        extra = [f"--ckpt_path={tmp_path / resume / 'checkpoints' / 'step=2.ckpt'}"] if resume else []
+        run_cli("fit", cli_args(tmp_path / name, tiny_model_path, steps, *ASYNC, *KEEP, *extra))
+        runs[name] = trained[-1]
+    assert len(runs["straight"]) == 4 and len(runs["stopped"]) == 2 and len(runs["resumed"]) == 2
+    assert runs["stopped"] + runs["resumed"] == runs["straight"]  # same prompts, in order: none lost, none twice
+    stopped = torch.load(tmp_path / "stopped" / "checkpoints" / "step=2.ckpt", weights_only=False)
+    assert stopped["PromptDataModule"]["position"]["batch"] == 2  # round 2 was in flight when it was saved
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_with_a_round_in_flight_fails_the_iteration_clearly(tmp_path, tiny_model_path):
+    from components.rollout.sglang.client import SGLangError
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    server.die_after = 6  # two prompts per round: rounds 0-2 answered, round 3 finds the server gone
+    sglang = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url", server.url,
+              "--model.rollout.init_args.backoff=0.01", "--model.rollout.init_args.max_retries=1", "--trainer.limit_val_batches=0", *DENSE_REWARD]  # fmt: skip
+    start = time.monotonic()
+    try:
+        with pytest.raises(SGLangError, match=server.url):
+            run_cli("fit", cli_args(tmp_path, tiny_model_path, 6, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
+    finally:
+        server.stop()
+    assert time.monotonic() - start < 120
+    # round 3's requests kill it during iteration 2: whichever fails first, round 3 or the weight push after
+    # iteration 2, last.ckpt holds completed iterations only and resumes at the first prompts they did not train
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] in (2, 3)
+    assert last["PromptDataModule"]["position"]["batch"] == last["global_step"]
+
+
+@pytest.mark.slow
+def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    sglang = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url", server.url, *DENSE_REWARD]
+    try:
+        cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
+    finally:
+        server.stop()
+    assert cli.trainer.global_step == 4 and server.weight_version == "5"  # a first push, then one per update
+    logged = scalars(tmp_path)
+    assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
+    assert "/flush_cache" not in server.calls  # refused while requests run; each update flushes the cache itself
+
+
+@pytest.mark.slow
+def test_agent_episodes_are_sampled_ahead_on_the_server(tmp_path):
+    """Multi-turn episodes on the background thread: each turn may come from another version; the bound holds."""
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    tiny_calc = str(REPO / "lightning_rl/assets/tiny-calc")
+    server = FakeSGLangServer(tiny_calc).start()
+    args = ["--config", str(REPO / "configs/agent_calc.yaml"), "--config", str(REPO / "configs/rollout/sglang.yaml"),
+            "--config", str(REPO / "configs/loop/async.yaml"), "--model.rollout.init_args.base_url", server.url,
+            "--model.policy.path", tiny_calc, "--data.batch_size", "4", "--data.val_size", "8", "--trainer.max_steps", "3",
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+            "--trainer.logger.init_args.name", "run", "--trainer.callbacks.init_args.dirpath", str(tmp_path / "ckpt"),
+            "--trainer.enable_progress_bar", "false"]  # fmt: skip
+    try:
+        cli = run_cli("fit", args)
+    finally:
+        server.stop()
+    assert cli.trainer.global_step == 3
+    logged = scalars(tmp_path)
+    assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0]
+    assert logged["agent/turns_mean"] and all(v == 0.0 for _, v in logged["async/dropped_frac"])
