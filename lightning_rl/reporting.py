@@ -55,7 +55,8 @@ class IterationReporting:
         values["policy/old_logprobs_recomputed"] = torch.tensor(float(self.recompute_old))
         seconds = timer.metrics()
         total = sum(seconds.values())
-        done = torch.stack([batch.response_mask.sum().float(), batch.response_mask.new_tensor(float(batch.batch_size))])  # tokens, responses
+        responses = torch.tensor(float(batch.batch_size), device=batch.response_mask.device)
+        done = torch.stack([batch.response_mask.sum().float(), responses])  # tokens, responses
         tokens, samples = all_reduce_sum(done) / max(total, 1e-9)
         values["throughput/tokens_per_s"], values["throughput/samples_per_s"] = tokens, samples
         values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
