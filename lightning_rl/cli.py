@@ -197,7 +197,8 @@ def entry() -> None:
     if sys.argv[1:2] == ["fit"] and "--dry_run" in sys.argv:  # compose and describe, train nothing
         from .dry_run import describe
 
-        print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *[a for a in sys.argv[2:] if a != "--dry_run"]], run=False)))
+        args, sys.argv = [a for a in sys.argv[2:] if a != "--dry_run"], sys.argv[:1]  # given as `args` (Lightning warns of both)
+        print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)))
         return
     main()
 

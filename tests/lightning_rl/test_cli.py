@@ -123,14 +123,18 @@ def _entry(monkeypatch, capsys, *argv) -> str:
     return capsys.readouterr().out
 
 
-def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_model_path, monkeypatch, capsys):
-    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/dapo.yaml", "--dry_run", f"--model.policy.path={tiny_model_path}", f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.save_dir={tmp_path}")
+def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_model_path, monkeypatch, capsys, recwarn):
+    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/dapo.yaml", "--dry_run", f"--model.policy.path={tiny_model_path}", f"--trainer.default_root_dir={tmp_path}",
+                 f"--trainer.logger.save_dir={tmp_path}", f"--trainer.callbacks.dirpath={tmp_path}/dapo/checkpoints")
     # dapo: 8 prompts x group 8 = 64 samples, 1 epoch x 4 mini-batches, 16 samples x 8 tokens per step
     assert "samples            64 per rank (group_size 8) = 64" in out
     assert "optimizer steps    4 (ppo_epochs 1 x num_mini_batches 4)" in out
     assert "per optimizer step 16 samples, at most 128 response tokens" in out
     assert "model.sampling    DynamicSampling" in out and "policy " in out
+    assert f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest will link to it)" in out
+    assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.runs will put them
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
+    assert not [w for w in recwarn if "args parameter" in str(w.message)]  # Lightning's warning of args given twice
 
 
 def test_components_lists_every_kind_with_its_formula(monkeypatch, capsys):
