@@ -167,6 +167,7 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
         parser_class=RLArgumentParser,
         auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
         parser_kwargs={
+            "description": "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option.",
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },

@@ -87,6 +87,7 @@ def test_help_lists_exactly_the_working_subcommands(capsys):
     out = capsys.readouterr().out
     listed = set(re.findall(r"^    (\w+) ", out, flags=re.M))
     assert {"fit", "validate", "export"} <= listed and not {"test", "predict"} & listed
+    assert "Reinforcement learning for language models" in out and "Lightning Trainer command line tool" not in out
 
 
 def test_a_mistyped_option_fails_with_a_suggestion_on_the_last_line(capsys):
