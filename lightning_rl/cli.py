@@ -22,6 +22,7 @@ import difflib
 import logging
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -154,7 +155,9 @@ class RLCLI(LightningCLI):
 def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # --help shows each loop / optimizer field's docstring
+    # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
+    asked = args if args is not None else sys.argv[1:]
+    set_parsing_settings(docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked))
     for pattern in QUIET:
         warnings.filterwarnings("ignore", message=pattern)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed", "lightning.fabric.utilities.rank_zero"):
@@ -180,8 +183,6 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
 
 def entry() -> None:
     """The ``lightning-rl`` console script (returns nothing, so the exit status is 0 on success)."""
-    import sys
-
     if os.getcwd() not in sys.path:  # dotted paths in configs (my_project.rewards.fn) import from the working folder, as with `python cli.py`
         sys.path.insert(0, os.getcwd())
 
