@@ -54,6 +54,9 @@ class RolloutAhead:
         self._first_untrained: dict | None = None  # position of the first round taken by the iteration under way
         self._sampler: nn.Module | None = None  # an in-process sampler's own copy of the policy
         self._weights = threading.Lock()  # held by a round while it samples from that copy
+        self._pusher = ThreadPoolExecutor(1, thread_name_prefix="weight-push")
+        self._push: Future | None = None  # the latest weight push running beside the trainer, which later rounds wait for
+        self.version = 0  # the trainer's weight version: pushes requested (a deferred push may still be running)
 
     def start(self, policy: nn.Module) -> None:
         """On the trainer's thread, before the first round: a first push to a server, or the sampler's copy."""
@@ -62,6 +65,7 @@ class RolloutAhead:
         else:
             self.rollout.overlapping = True
             self.rollout.prepare(policy)
+        self.version = self.rollout.weight_version
 
     def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict, dict, float]:
         """The next round: (prompts, batch, texts, metrics, seconds the trainer waited for it). Requests rounds
@@ -69,7 +73,7 @@ class RolloutAhead:
         while len(self._pending) < self.depth + 1:
             position = self.position()
             prompts = next_prompts()
-            self._pending.append(_Round(position, prompts, self._pool.submit(self._produce, prompts, policy)))
+            self._pending.append(_Round(position, prompts, self._pool.submit(self._produce, prompts, policy, self._push)))
         round_ = self._pending.popleft()
         if self._first_untrained is None:
             self._first_untrained = round_.position
@@ -77,7 +81,9 @@ class RolloutAhead:
         batch, texts, metrics = round_.future.result()  # a failed rollout (e.g. a dead server) raises here
         return round_.prompts, batch, texts, metrics, time.perf_counter() - start
 
-    def _produce(self, prompts: dict, policy: nn.Module) -> tuple[RolloutBatch, dict, dict]:
+    def _produce(self, prompts: dict, policy: nn.Module, push: Future | None) -> tuple[RolloutBatch, dict, dict]:
+        if push is not None:
+            push.result()  # this round samples from the weights pushed before it was requested (a failed push fails it)
         start = time.perf_counter()
         if self._sampler is None:
             batch, texts, metrics = self.produce(prompts, policy)  # the server holds the weights
@@ -88,10 +94,15 @@ class RolloutAhead:
         return batch, texts, metrics
 
     def push(self, policy: nn.Module) -> None:
-        """The new weights to the sampler: a server's push overlaps the requests in flight; an in-process copy is
-        refreshed between rounds."""
+        """The new weights to the sampler: a server's push overlaps the requests in flight (on one process it also
+        runs beside the trainer, on a thread of its own); an in-process copy is refreshed between rounds."""
+        self.version += 1
         if self._sampler is None:
-            self.rollout.sync_weights(policy)
+            push = self.rollout.stage_weights(policy) if hasattr(self.rollout, "stage_weights") else None
+            if push is None:
+                self.rollout.sync_weights(policy)
+            else:
+                self._push = self._pusher.submit(push)
             return
         with self._weights, torch.no_grad():
             for mine, theirs in zip(self._sampler.parameters(), policy.parameters()):
@@ -114,6 +125,7 @@ class RolloutAhead:
             round_.future.cancel()
         self._pending.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)  # a round under way ends on its own (its sampler stops with the rollout)
+        self._pusher.shutdown(wait=True)  # a push under way completes: the server's version stays the one recorded
         if getattr(self.rollout, "overlapping", False):
             self.rollout.overlapping = False
 

@@ -237,7 +237,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             prompts = next(dataloader_iter)[0]
             return prompts, *self._rollout_and_score(prompts, self.policy), time.perf_counter() - start
         prompts, batch, meta, extra, wait = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy)
-        batch, meta, staleness = drop_stale(batch.to(self.device), meta, self.rollout.weight_version, self.loop.max_staleness)
+        batch, meta, staleness = drop_stale(batch.to(self.device), meta, self._ahead.version, self.loop.max_staleness)
         return prompts, batch, meta, {**extra, **staleness}, wait
 
     @torch.no_grad()

@@ -141,6 +141,7 @@ class SGLangRollout(Rollout):
         self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
         self.partial_rollouts = partial_rollouts
         self.overlapping = False  # set by asynchronous training: requests may be in flight during a weight push
+        self._staged = 0  # the last version saved by stage_weights
         self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
         self.server: LaunchedServer | None = None
@@ -276,6 +277,25 @@ class SGLangRollout(Rollout):
             dist.barrier()  # no rank samples before every server holds the new weights
         self.weight_version = int(version)
         self._needs_sync = False
+
+    def stage_weights(self, policy: nn.Module):
+        """Asynchronous training on one process with disk sync: save ``policy``'s weights as the next version now and
+        return the push of them, for another thread to run while the trainer goes on (None where the push must stay
+        on the trainer's thread: several ranks, tensor or adapter sync)."""
+        several_ranks = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if several_ranks or self.weight_sync != "disk" or (is_lora(policy) and self.lora_sync == "adapter"):
+            return None
+        client, urls = self._connected(), self.weight_update_urls or self.urls
+        self._staged = max(self._staged, self.weight_version) + 1
+        version, directory = self._staged, self._checkpoint_dir(str(self._staged))
+        save_checkpoint(policy, str(directory))
+
+        def push() -> None:
+            push_from_disk(client, urls, str(directory), str(version), abort=self.partial_rollouts)
+            shutil.rmtree(directory.parent / f"v{version - 1}", ignore_errors=True)
+            self.weight_version = version
+
+        return push
 
     def prepare(self, policy: nn.Module) -> None:
         """Asynchronous training: connect and push the first weights here, on the trainer's thread."""
