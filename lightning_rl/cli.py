@@ -22,10 +22,12 @@ import difflib
 import logging
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
 import torch
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -49,16 +51,21 @@ QUIET = (
     ".*ModelCheckpoint with manual optimization.*",  # we want the post-update weights in checkpoints
     ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
     ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
+    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.runs): a resumed or validated run's differs
 )
 
 
 class _DropNoise(logging.Filter):
     """Lightning's info lines a researcher cannot act on (a product tip, the seed echo)."""
 
-    NOISE = ("💡 Tip:", "Seed set to")
+    NOISE = ("💡 Tip:", "Seed set to", "`Trainer.fit` stopped: `max_steps=")  # the bar says it; a raw line under it breaks its redraw
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.getMessage()).startswith(self.NOISE)
+
+
+# LightningCLI's own flags for Lightning's optimizer / scheduler, which optimize nothing here: where their settings live
+ROUTED = {"--optimizer": "--model.optimizer", "--lr_scheduler": "--model.optimizer.schedule"}
 
 
 class RLArgumentParser(LightningArgumentParser):
@@ -69,10 +76,9 @@ class RLArgumentParser(LightningArgumentParser):
         if unknown:
             options = {o for action in self._all_actions() for o in action.option_strings if o.startswith("--")}
             hints = []
-            for arg in unknown.group(1).split():
-                if arg.startswith("--"):
-                    close = difflib.get_close_matches(arg.split("=", 1)[0], sorted(options), n=1, cutoff=0.75)
-                    hints += [f"{arg.split('=', 1)[0]} -> did you mean {close[0]}?"] if close else []
+            for name in (arg.split("=", 1)[0] for arg in unknown.group(1).split() if arg.startswith("--")):
+                close = [ROUTED[name]] if name in ROUTED else difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.75)
+                hints += [f"{name} -> did you mean {close[0]}?"] if close else []
             if hints:
                 message = f"{message} ({'; '.join(hints)})"
         super().error(message, ex)
@@ -149,6 +155,9 @@ class RLCLI(LightningCLI):
 def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
+    asked = args if args is not None else sys.argv[1:]
+    set_parsing_settings(docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked))
     for pattern in QUIET:
         warnings.filterwarnings("ignore", message=pattern)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed", "lightning.fabric.utilities.rank_zero"):
@@ -161,6 +170,7 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
         parser_class=RLArgumentParser,
         auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
         parser_kwargs={
+            "description": "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option.",
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },
@@ -173,8 +183,6 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
 
 def entry() -> None:
     """The ``lightning-rl`` console script (returns nothing, so the exit status is 0 on success)."""
-    import sys
-
     if os.getcwd() not in sys.path:  # dotted paths in configs (my_project.rewards.fn) import from the working folder, as with `python cli.py`
         sys.path.insert(0, os.getcwd())
 
@@ -191,7 +199,8 @@ def entry() -> None:
     if sys.argv[1:2] == ["fit"] and "--dry_run" in sys.argv:  # compose and describe, train nothing
         from .dry_run import describe
 
-        print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *[a for a in sys.argv[2:] if a != "--dry_run"]], run=False)))
+        args, sys.argv = [a for a in sys.argv[2:] if a != "--dry_run"], sys.argv[:1]  # given as `args` (Lightning warns of both)
+        print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)))
         return
     main()
 

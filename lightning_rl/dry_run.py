@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
@@ -40,8 +43,18 @@ def describe(cli) -> str:
         lines.append("  reference  the policy with its LoRA adapters off (no second model)")
     logger = trainer.logger
     lines.append("folders:")
+    run = None
     if logger is not None and getattr(logger, "save_dir", None):
-        lines.append(f"  logs         {logger.save_dir}/{logger.name}/version_<next> (runs/<name>/latest links to the newest)")
-    for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)):
-        lines.append(f"  checkpoints  {checkpoint.dirpath} (moved into the run's version folder when under the log folder)")
+        root = Path(logger.save_dir) / logger.name
+        run = root / "version_<next>"
+        lines.append(f"  logs         {_shown(run)} ({_shown(root / 'latest')} will link to it)")
+    for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None):
+        moved = run is not None and Path(checkpoint.dirpath).resolve() == (run.parent / "checkpoints").resolve()  # lightning_rl.runs
+        lines.append(f"  checkpoints  {_shown(run / 'checkpoints' if moved else Path(checkpoint.dirpath))}")
     return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working folder when it is under it, as the config wrote it."""
+    path = Path(os.path.abspath(path))
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)

@@ -92,16 +92,26 @@ class Validation:
             for key, value in sampled_metrics(score(sampled, texts, n).reshape(n_prompts, n)).items():  # (P_n, n)
                 self.log(f"{prefix}{key}", value, **log)
 
+    def on_validation_epoch_end(self) -> None:
+        # `trainer.validate` returns (and prints) one dict per set of what Lightning logged itself: keep those dicts, to
+        # add the scalars logged with logger=False to them in on_validation_end, after Lightning has sent its own to the loggers
+        loop = self.trainer.validate_loop
+        self._validate_results = list(getattr(loop, "_logged_outputs", [])) if self.trainer.state.fn == "validate" else []
+
     def on_validation_end(self) -> None:
         """The validation scalars (reduced over batches and ranks) to the loggers at the step of the weights they
         measure: the iterations done in ``fit`` (0 before training), the checkpoint's step in ``validate``."""
         trainer = self.trainer
-        if trainer.sanity_checking or not trainer.loggers:
+        if trainer.sanity_checking:
             return
         scalars = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
+        names = getattr(getattr(trainer, "datamodule", None), "val_names", None)
+        for index, results in enumerate(getattr(self, "_validate_results", [])):  # `validate` only: its return value
+            prefix = f"val/{names[index]}/" if names else "val/"
+            results.update({k: v for k, v in scalars.items() if k.startswith(prefix)})
 
 
 class ValidateBeforeAndAfter(Callback):

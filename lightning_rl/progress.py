@@ -11,7 +11,7 @@ SHOWN = {  # metric -> (label, format): the training signal first, then health, 
     "policy/entropy": ("entropy", "{:.3f} nats"),
     "policy/clipfrac": ("clip", "{:.1%}"),
     "response_length/mean": ("length", "{:.1f} tok"),
-    "throughput/tokens_per_s": ("speed", "{:,.0f} tok/s"),
+    "throughput/samples_per_s": ("speed", "{:,.1f} samples/s"),  # tokens/s is in TensorBoard (throughput/tokens_per_s)
 }
 
 

@@ -14,7 +14,7 @@ from .samples import markdown, print_rows, sample_rows
 # TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
 LAYOUT = {
     "1 training signal": {
-        "reward (mean, parts, raw)": ["Multiline", [r"^reward/(mean|raw_mean)$", r"^reward/(?!std|mean|raw_mean|timeout|error)"]],
+        "reward (mean, parts, raw, shaped)": ["Multiline", [r"^reward/(mean|raw_mean|shaped_mean)$", r"^reward/(?!std|mean|raw_mean|shaped_mean|timeout|error)"]],
         "validation (greedy reward, pass@k, mean@k)": ["Multiline", [r"^val/.*(reward|pass@|mean@)"]],
         "response length (tokens)": ["Multiline", [r"^response_length/mean$", r"^val/.*response_length$"]],
     },
@@ -46,13 +46,19 @@ class IterationReporting:
         metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
         if self.sampling is None and batch.batch_size and self.rollout.group_size > 1:  # groups of one have no variance to lack; with dynamic sampling, _collect logs it before filtering
             metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
+        if batch.env_rewards is not None or (self.kl is not None and self.kl.placement == "reward"):
+            # the return the advantage sees (score + KL penalty + environment rewards), beside the score: TRL's rlhf_reward
+            metrics.add("reward/shaped_mean", masked_mean(batch.token_rewards.sum(-1), sampled), sampled.sum())
         if self.kl is not None:
             metrics.add("kl/coef", self.kl.coef.float())
         values = metrics.compute()
         values["policy/old_logprobs_recomputed"] = torch.tensor(float(self.recompute_old))
         seconds = timer.metrics()
         total = sum(seconds.values())
-        values["throughput/tokens_per_s"] = all_reduce_sum(batch.response_mask.sum().float()) / max(total, 1e-9)
+        responses = torch.tensor(float(batch.batch_size), device=batch.response_mask.device)
+        done = torch.stack([batch.response_mask.sum().float(), responses])  # tokens, responses
+        tokens, samples = all_reduce_sum(done) / max(total, 1e-9)
+        values["throughput/tokens_per_s"], values["throughput/samples_per_s"] = tokens, samples
         values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
         scalars = dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist()))
         self._write_metrics({**scalars, **seconds})

@@ -77,6 +77,7 @@ def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
 def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
     from lightning_rl.cli import main
     from lightning_rl.lora import is_lora, merged_state_dict
+    from tests.lightning_rl.cli_runs import scalars, texts
     from lightning_rl.models import ModelSpec, load_causal_lm
 
     cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path))])
@@ -94,6 +95,11 @@ def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
         assert "policy/loss" in logged
     bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
     assert not bad, bad
+    # what TensorBoard shows: each part of the Composite reward (here the preset's reward + the dense term), sample text
+    written = scalars(tmp_path)
+    missing = [f"reward/{name}" for name in getattr(module.reward, "names", []) if f"reward/{name}" not in written]
+    assert not missing, missing
+    assert texts(tmp_path)["samples/text_summary"], "no table of sampled completions"
 
 
 def test_every_preset_is_found_and_every_other_yaml_has_its_own_test():

@@ -51,4 +51,5 @@ def texts(root: Path) -> dict[str, list[tuple[int, str]]]:
     (version,) = sorted((root / "run").glob("version_*"))[-1:]
     events = EventAccumulator(str(version), size_guidance={"tensors": 0})
     events.Reload()
-    return {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}
+    tags = [t for t in events.Tags()["tensors"] if t.endswith("/text_summary")]  # not the Custom Scalars layout (a serialised proto)
+    return {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)] for tag in tags}

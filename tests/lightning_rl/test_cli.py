@@ -87,6 +87,7 @@ def test_help_lists_exactly_the_working_subcommands(capsys):
     out = capsys.readouterr().out
     listed = set(re.findall(r"^    (\w+) ", out, flags=re.M))
     assert {"fit", "validate", "export"} <= listed and not {"test", "predict"} & listed
+    assert "Reinforcement learning for language models" in out and "Lightning Trainer command line tool" not in out
 
 
 def test_a_mistyped_option_fails_with_a_suggestion_on_the_last_line(capsys):
@@ -99,9 +100,20 @@ def test_an_abbreviated_option_is_rejected_not_guessed(capsys):
     assert code != 0 and "did you mean --trainer.max_steps?" in last
 
 
-def test_lightnings_optimizer_flag_is_not_offered(capsys):
-    code, last = _cli_error(capsys, "fit", "--optimizer", "Adam")
-    assert code != 0 and "did you mean --model.optimizer?" in last
+@pytest.mark.parametrize("flag, route", [("--optimizer", "--model.optimizer"), ("--lr_scheduler", "--model.optimizer.schedule")])
+def test_lightnings_optimizer_flags_are_not_offered_but_routed(capsys, flag, route):
+    code, last = _cli_error(capsys, "fit", flag, "Adam")
+    assert code != 0 and f"{flag} -> did you mean {route}?" in last
+
+
+def test_fit_help_documents_the_loop_and_optimizer_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # help text is wrapped at the terminal width
+    assert "--model.loop.ppo_epochs PPO_EPOCHS Passes over each rollout batch." in out
+    assert "--model.loop.val_samples VAL_SAMPLES Responses sampled per held-out prompt" in out
+    assert "--model.optimizer.max_grad_norm MAX_GRAD_NORM Clip this group's gradients" in out
+    assert "DESIGN" not in out and "STYLE.md" not in out
 
 
 def _entry(monkeypatch, capsys, *argv) -> str:
@@ -112,14 +124,18 @@ def _entry(monkeypatch, capsys, *argv) -> str:
     return capsys.readouterr().out
 
 
-def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_model_path, monkeypatch, capsys):
-    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/dapo.yaml", "--dry_run", f"--model.policy.path={tiny_model_path}", f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.save_dir={tmp_path}")
+def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_model_path, monkeypatch, capsys, recwarn):
+    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/dapo.yaml", "--dry_run", f"--model.policy.path={tiny_model_path}", f"--trainer.default_root_dir={tmp_path}",
+                 f"--trainer.logger.save_dir={tmp_path}", f"--trainer.callbacks.dirpath={tmp_path}/dapo/checkpoints")
     # dapo: 8 prompts x group 8 = 64 samples, 1 epoch x 4 mini-batches, 16 samples x 8 tokens per step
     assert "samples            64 per rank (group_size 8) = 64" in out
     assert "optimizer steps    4 (ppo_epochs 1 x num_mini_batches 4)" in out
     assert "per optimizer step 16 samples, at most 128 response tokens" in out
     assert "model.sampling    DynamicSampling" in out and "policy " in out
+    assert f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest will link to it)" in out
+    assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.runs will put them
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
+    assert not [w for w in recwarn if "args parameter" in str(w.message)]  # Lightning's warning of args given twice
 
 
 def test_components_lists_every_kind_with_its_formula(monkeypatch, capsys):
@@ -143,7 +159,7 @@ def test_console_has_none_of_the_noise_a_newcomer_cannot_act_on(tmp_path, tiny_m
     run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "fit", *args], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     console = run.stdout + run.stderr
-    for noise in ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name"):
+    for noise in ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name", "`Trainer.fit` stopped"):
         assert noise not in console, noise
     assert "RL iterations" in console  # the bar is there
 

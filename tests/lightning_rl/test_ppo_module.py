@@ -61,6 +61,10 @@ def test_ppo_rlhf_four_models(tmp_path, tiny_model_path, tiny_rm_path):
     logged = scalars(tmp_path)
     missing = [m for m in [*CRITIC_METRICS, "kl/ref", "kl/coef", "policy/loss", "advantage/std", "val/reward"] if m not in logged]
     assert not missing, missing
+    # the reward model's score and the reward PPO maximises (score - beta * KL(pi_old || ref), k1 summed per response) apart
+    for (_, score), (_, coef), (_, kl), (_, shaped) in zip(*(logged[k] for k in ("reward/mean", "kl/coef", "kl/ref", "reward/shaped_mean")), strict=True):
+        assert shaped == pytest.approx(score - coef * kl, abs=1e-5)
+    assert len({v for _, v in logged["kl/ref"]}) > 1  # the KL moved: the two are not equal by accident
     (step, table), = texts(tmp_path)["samples/text_summary"]  # a short run shows its samples too: the first iteration's
     assert step == 1 and table.startswith("| prompt | completion | reward | gold | advantage |") and len(table.splitlines()) == 4
     assert not _equal(snapshots.policy[-1], initial["policy"]) and not _equal(snapshots.critic[-1], initial["critic"])

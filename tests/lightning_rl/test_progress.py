@@ -24,15 +24,19 @@ def test_bar_counts_iterations_for_dynamic_sampling_and_resume(tmp_path, tiny_mo
     assert isinstance(bar, RLProgressBar) and task.description.endswith("RL iterations")
     assert (task.completed, task.total) == (2, 2)  # not the prompt batches dynamic sampling read
     shown = bar.get_metrics(trainer, trainer.lightning_module)
-    assert shown["reward"].count(".") == 1 and shown["length"].endswith(" tok") and shown["speed"].endswith(" tok/s")
+    assert shown["reward"].count(".") == 1 and shown["length"].endswith(" tok") and shown["speed"].endswith(" samples/s")
     bar, task, _ = _fit(tmp_path, tiny_model_path, 4, tmp_path / "checkpoints" / "last.ckpt")
     assert (task.completed, task.total) == (4, 4)  # resumed at 2: never 4/3
 
 
 @pytest.mark.slow
 def test_zero_var_groups_is_logged_only_where_groups_exist(tmp_path, tiny_model_path):
-    for config, logged in (("configs/reinforce.yaml", False), ("configs/grpo.yaml", True)):
+    for config, logged, samples in (("configs/reinforce.yaml", False, 2 * 1), ("configs/grpo.yaml", True, 2 * 8)):  # 2 prompts x G
         args = cli_args(tmp_path / config.split("/")[1], tiny_model_path, 1, "--data.val_data=null", config=config)
         cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        assert ("sampling/zero_var_groups" in cli.trainer.callback_metrics) is logged, config
+        metrics = cli.trainer.callback_metrics
+        assert ("sampling/zero_var_groups" in metrics) is logged, config
+        phases = ("rollout", "score", "estimate", "optimize", "sync")  # the iteration's phases (time/rollout_wait_s is inside rollout)
+        seconds = sum(float(metrics[f"time/{phase}_s"]) for phase in phases if f"time/{phase}_s" in metrics)
+        assert float(metrics["throughput/samples_per_s"]) * seconds == pytest.approx(samples, rel=1e-4), config

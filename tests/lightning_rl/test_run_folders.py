@@ -1,5 +1,8 @@
 """Each fit gets its own run folder; runs/<name>/latest always reaches the newest run's final state."""
 
+import re
+import warnings
+
 import pytest
 import torch
 
@@ -28,7 +31,7 @@ def test_a_rerun_gets_its_own_folder_and_latest_follows_it(tmp_path, tiny_model_
 
 
 @pytest.mark.slow
-def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_model_path):
+def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_model_path, capsys):
     from .cli_runs import run_cli, scalars
 
     args = cli_args(tmp_path, tiny_model_path, 3, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints")  # validates every 2
@@ -42,6 +45,11 @@ def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_mode
     events = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"tensors": 0})
     events.Reload()
     assert "custom_scalars__config__" in events.Tags()["tensors"]  # the Custom Scalars tab: reward, val, policy, cost
-    run_cli("validate", [*args, f"--ckpt_path={tmp_path}/run/latest/checkpoints/last.ckpt"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cli("validate", [*args, f"--ckpt_path={tmp_path}/run/latest/checkpoints/last.ckpt"])
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]  # the run's own folder is no news
+    printed = capsys.readouterr().out  # `validate` prints and returns what it measured, though Lightning did not log it
+    assert re.search(r"val/reward\s+│\s+\d\.\d+", printed) and re.search(r"val/response_length\s+│\s+\d", printed)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["latest", "version_0"]  # no run of its own
     assert [step for step, _ in scalars(tmp_path)["val/reward"]] == [0, 2, 3, 3]  # beside the fit, at its step

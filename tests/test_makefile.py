@@ -1,0 +1,29 @@
+"""`make TORCH=... run` installs that torch build into an existing `.venv`: the install stamp names the torch spec."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+
+
+def _plan(venv: Path, torch: str) -> str:
+    """The commands `make install` would run (make -n runs none of them)."""
+    command = ["make", "--no-print-directory", "-n", "-C", str(ROOT), f"VENV={venv}", f"TORCH={torch}", "install"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_another_torch_build_is_installed_into_an_existing_venv(tmp_path):
+    venv = tmp_path / ".venv"
+    first = _plan(venv, "torch==2.13.0")
+    assert "pip install -q torch==2.13.0" in first
+    stamp = Path(re.search(r"^touch (\S+)$", first, flags=re.M).group(1))
+    stamp.parent.mkdir(parents=True)
+    stamp.touch()  # as if that install had run: the .venv exists with the CPU wheel
+    assert "pip install" not in _plan(venv, "torch==2.13.0")  # nothing left to do for the same build
+    assert f"pip install -q {CUDA}" in _plan(venv, CUDA)  # another build is installed, not ignored
