@@ -69,7 +69,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, root: Path) -> dict:
         "--model.rollout.init_args.base_url", f"http://127.0.0.1:{port}",
         "--seed_everything", str(seed), "--trainer.max_steps", str(args.iterations), "--trainer.val_check_interval", "100000",
         "--data.val_size", str(args.val_size), "--data.batch_size", str(args.prompts), "--model.rollout.init_args.group_size", str(args.group_size),
-        "--model.rollout.init_args.max_concurrency", str(args.max_concurrency), "--trainer.enable_progress_bar", "false", "--model.loop.log_samples_every_n_steps", "0",
+ "--trainer.enable_progress_bar", "false", "--model.loop.log_samples_every_n_steps", "0",
         "--trainer.default_root_dir", str(out), "--trainer.logger.init_args.save_dir", str(out),
         "--trainer.callbacks.init_args.dirpath", str(out / "checkpoints"),
     ]  # fmt: skip
@@ -109,7 +109,6 @@ def main() -> None:
     parser.add_argument("--val-size", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per iteration")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--max-concurrency", type=int, default=2, help="requests in flight (the loopback server answers one at a time)")
     args = parser.parse_args()
     print(f"before: {load_note()}")
     results: dict[str, list[dict]] = {"sync": [], "async": []}
