@@ -5,7 +5,9 @@ for samples, and held-out greedy accuracy after the same number of samples.
     python benchmarks/async_vs_sync.py --seeds 0 --iterations 20
 
 Both variants: the shipped tiny policy, `builtin:arithmetic`, configs/grpo.yaml on configs/rollout/sglang.yaml
-(16 prompts x 8 samples per iteration, 8 new tokens), the same seed, iterations and held-out set. The async variant
+(4 prompts x 32 samples per iteration, 8 new tokens), the same seed, iterations and held-out set. Overlap pays
+most when sampling and training take about as long: on 2 CPU cores with this tiny model, 4 x 32 balances them
+(16 x 8 costs the server twice as many requests for the same samples; try --prompts 16 --group-size 8). The async variant
 stacks configs/loop/async.yaml (loop.max_staleness 1, DecoupledClip, old log-probs recomputed). The server is the
 loopback stand-in the tests use (tests/fixtures/sglang_server.py: SGLang's native API over a transformers model),
 one process, one torch thread; the trainer is another process with one torch thread. Samples/s counts the
@@ -107,8 +109,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--val-size", type=int, default=256)
-    parser.add_argument("--prompts", type=int, default=16, help="prompts per iteration")
-    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per iteration")
+    parser.add_argument("--group-size", type=int, default=32, help="samples per prompt")
     args = parser.parse_args()
     print(f"before: {load_note()}")
     results: dict[str, list[dict]] = {"sync": [], "async": []}
