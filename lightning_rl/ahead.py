@@ -8,8 +8,9 @@ before this update, re-weighted by pi_prox / pi_behav).
 
 The sampler never sees weights change under it: SGLang applies a push once the requests in flight are answered
 (or interrupts them, with ``partial_rollouts``), and an in-process sampler (`HFRollout`) samples from its own
-copy of the policy, refreshed between rounds. Only the rollout and the reward run on the thread: no collective,
-so ranks never interleave them with the update's.
+copy of the policy, refreshed between rounds. Only sampling runs on the thread; scoring stays on the trainer's (a
+reward may keep state or run collectives). Validation waits for the rounds in flight (`drain`): it changes the
+sampler's settings for a while.
 
 A checkpoint records the data position of the first round not yet trained: a resumed run samples those prompts
 again, with its own weights, so no prompt is lost or trained twice.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from .batch import RolloutBatch
 from .ops import masked_mean
 
 Produce = Callable[[dict, nn.Module], tuple[RolloutBatch, dict, dict]]
-"""(prompts, sampler policy) -> (scored batch, per-sample texts and columns, the rollout's and reward's metrics)."""
+"""(prompts, sampler policy) -> (batch, per-sample texts and data columns, the rollout's metrics)."""
 
 
 @dataclass
@@ -45,18 +47,20 @@ class _Round:
 
 
 class RolloutAhead:
-    """Rounds of (prompts, scored batch) produced ``depth`` ahead of the one being trained, in data order."""
+    """Rounds of (prompts, sampled batch) produced ``depth`` ahead of the one being trained, in data order."""
 
     def __init__(self, rollout: Rollout, produce: Produce, depth: int, position: Callable[[], dict | None]):
         self.rollout, self.produce, self.depth, self.position = rollout, produce, depth, position
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
+        init = _same_device_initializer()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead", initializer=init)
         self._pending: deque[_Round] = deque()  # requested, not yet taken
         self._first_untrained: dict | None = None  # position of the first round taken by the iteration under way
         self._sampler: nn.Module | None = None  # an in-process sampler's own copy of the policy
         self._weights = threading.Lock()  # held by a round while it samples from that copy
-        self._pusher = ThreadPoolExecutor(1, thread_name_prefix="weight-push")
+        self._pusher = ThreadPoolExecutor(1, thread_name_prefix="weight-push", initializer=init)
         self._push: Future | None = None  # the latest weight push running beside the trainer, which later rounds wait for
         self.version = 0  # the trainer's weight version: pushes requested (a deferred push may still be running)
+        self._started = False
 
     def start(self, policy: nn.Module) -> None:
         """On the trainer's thread, before the first round: a first push to a server, or the sampler's copy."""
@@ -66,10 +70,13 @@ class RolloutAhead:
             self.rollout.overlapping = True
             self.rollout.prepare(policy)
         self.version = self.rollout.weight_version
+        self._started = True
 
-    def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict, dict, float]:
-        """The next round: (prompts, batch, texts, metrics, seconds the trainer waited for it). Requests rounds
-        until ``depth`` are queued behind it; the first failure of a round is raised here, on the trainer's thread."""
+    def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict, dict]:
+        """The next round: (prompts, batch, texts, metrics). Requests rounds until ``depth`` are queued behind it;
+        the first failure of a round is raised here, on the trainer's thread."""
+        if not self._started:  # at the first iteration: every strategy has restored a checkpoint's weights by then
+            self.start(policy)
         while len(self._pending) < self.depth + 1:
             position = self.position()
             prompts = next_prompts()
@@ -77,9 +84,14 @@ class RolloutAhead:
         round_ = self._pending.popleft()
         if self._first_untrained is None:
             self._first_untrained = round_.position
-        start = time.perf_counter()
         batch, texts, metrics = round_.future.result()  # a failed rollout (e.g. a dead server) raises here
-        return round_.prompts, batch, texts, metrics, time.perf_counter() - start
+        return round_.prompts, batch, texts, metrics
+
+    def drain(self) -> None:
+        """Wait until no round is sampling (the queued ones are done); rounds are requested again only by `take`."""
+        for round_ in self._pending:
+            if round_.future.exception() is not None:
+                break  # raised by the take that reaches it
 
     def _produce(self, prompts: dict, policy: nn.Module, push: Future | None) -> tuple[RolloutBatch, dict, dict]:
         if push is not None:
@@ -97,6 +109,8 @@ class RolloutAhead:
         """The new weights to the sampler: a server's push overlaps the requests in flight (on one process it also
         runs beside the trainer, on a thread of its own); an in-process copy is refreshed between rounds."""
         self.version += 1
+        if self._push is not None and self._push.done() and self._push.exception() is not None:
+            raise self._push.exception()  # the previous push failed and no round has met it yet
         if self._sampler is None:
             push = self.rollout.stage_weights(policy) if hasattr(self.rollout, "stage_weights") else None
             if push is None:
@@ -121,18 +135,33 @@ class RolloutAhead:
         return self._pending[0].position if self._pending else None
 
     def close(self) -> None:
+        """Cancel the queued rounds and wait for the one sampling and the push under way (each bounded by the
+        rollout's own deadlines): the rollout they use is closed next."""
         for round_ in self._pending:
             round_.future.cancel()
         self._pending.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)  # a round under way ends on its own (its sampler stops with the rollout)
-        self._pusher.shutdown(wait=True)  # a push under way completes: the server's version stays the one recorded
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pusher.shutdown(wait=True)
+        if self._push is not None and self._push.exception() is not None:
+            warnings.warn(f"the last weight push to the sampler failed: {self._push.exception()}")
         if getattr(self.rollout, "overlapping", False):
             self.rollout.overlapping = False
+
+
+def _same_device_initializer():
+    """The current CUDA device is per thread: the background threads use the trainer's."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    device = torch.cuda.current_device()
+    return lambda: torch.cuda.set_device(device)
 
 
 def drop_stale(batch: RolloutBatch, texts: dict[str, list], version: int, max_staleness: int) -> tuple[RolloutBatch, dict[str, list], dict[str, Tensor]]:
     """Leave out every group with a sample more than ``max_staleness`` versions older than ``version`` (the weights
     about to be trained). Whole groups go, so a group baseline never mixes in a dropped sample's reward."""
+    if batch.versions is None:
+        raise ValueError("asynchronous training needs the rollout to stamp RolloutBatch.versions (the policy version that "
+                         "sampled each sample); this rollout does not: set them in its generate, or use max_staleness: 0")
     staleness = version - batch.versions  # (B,)
     too_old = staleness > max_staleness
     stale_groups = torch.unique(batch.group_ids[too_old])
@@ -150,8 +179,11 @@ def drop_stale(batch: RolloutBatch, texts: dict[str, list], version: int, max_st
     return batch.select(keep), texts, metrics
 
 
-def check_asynchronous(rollout: Rollout, trainer: Any) -> None:
+def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> None:
     """Configurations asynchronous training cannot run, named before the first round."""
+    if agent is not None and getattr(trainer, "world_size", 1) > 1:
+        raise ValueError("model.loop.max_staleness > 0 with model.agent on several ranks: the episodes' turns are a collective "
+                         "(every rank takes as many turns as the busiest), which cannot run beside the update; use one rank, or max_staleness: 0")
     if getattr(rollout, "release_memory", False):
         raise ValueError("model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
                          "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0")

@@ -180,16 +180,18 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             with timer("optimize"):
                 steps = self._optimize(batch, metrics)
         with timer("sync"):
-            if steps:
-                self._ahead.push(self.policy) if self._ahead is not None else self.rollout.sync_weights(self.policy)
+            if steps and self._ahead is not None:
+                self._ahead.push(self.policy)
+            elif steps:
+                self.rollout.sync_weights(self.policy)
             if self.kl is not None and self.kl.refresh_due(iterations_done):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self._update_kl(batch)
         self._count_iteration(steps)
-        if self._ahead is not None:
-            self._ahead.trained()
         self._log_iteration(batch, meta, metrics, timer)
+        if self._ahead is not None:
+            self._ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
 
     def _collect(self, dataloader_iter: Iterator, metrics: WeightedMeans) -> tuple[RolloutBatch, dict]:
         """Rollout and reward; with dynamic sampling, keep informative groups until the batch is full."""
@@ -204,10 +206,10 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
                 self._ptx_text = (prompts["ptx"]["ids"].to(self.device), prompts["ptx"]["mask"].to(self.device))
             batch = batch.replace(group_ids=batch.group_ids + groups_seen)
             metrics.add_all({k: v.to(self.device) for k, v in extra.items()})  # e.g. reward/timeout_frac, agent/turns_mean
-            metrics.add("time/rollout_wait_s", torch.tensor(waited))  # the trainer idle on samples (all of the rollout when synchronous)
             target = target or prompts["prompt_ids"].shape[0]
             groups_seen += prompts["prompt_ids"].shape[0]
             if self.sampling is None:
+                metrics.add("time/rollout_wait_s", torch.tensor(waited))  # the trainer idle on samples (all of the rollout when synchronous)
                 return batch, meta
             keep = self.sampling.keep(batch, {k.removeprefix("reward/"): torch.tensor(v) for k, v in meta.items() if k.startswith("reward/")})
             metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
@@ -227,23 +229,29 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             meta = {k: v[: target * rows] for k, v in meta.items()}
         metrics.add("sampling/kept_frac", torch.tensor(min(n_kept, target) / target))
         metrics.add("sampling/rounds", torch.tensor(float(round_ + 1)))
+        metrics.add("time/rollout_wait_s", torch.tensor(waited))
         return batch, meta
 
     def _next_round(self, dataloader_iter: Iterator) -> tuple[dict, RolloutBatch, dict, dict, float]:
         """Prompts and their scored samples: sampled now, or (asynchronous) taken from the rounds sampled ahead,
-        with the groups older than ``loop.max_staleness`` versions left out."""
+        with the groups older than ``loop.max_staleness`` versions left out. Scoring runs here, on the trainer's
+        thread: a reward may hold state or run collectives (running normalisation, a sharded reward model)."""
+        start = time.perf_counter()
         if self._ahead is None:
-            start = time.perf_counter()
             prompts = next(dataloader_iter)[0]
-            return prompts, *self._rollout_and_score(prompts, self.policy), time.perf_counter() - start
-        prompts, batch, meta, extra, wait = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy)
-        batch, meta, staleness = drop_stale(batch.to(self.device), meta, self._ahead.version, self.loop.max_staleness)
-        return prompts, batch, meta, {**extra, **staleness}, wait
+            batch, meta, extra = self._rollout(prompts, self.policy)
+            staleness = {}
+        else:
+            prompts, batch, meta, extra = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy)
+            batch, meta, staleness = drop_stale(batch.to(self.device), meta, self._ahead.version, self.loop.max_staleness)
+        waited = time.perf_counter() - start
+        batch, meta, scored = self._score(batch, meta)
+        return prompts, batch, meta, {**extra, **staleness, **scored}, waited
 
     @torch.no_grad()
-    def _rollout_and_score(self, prompts: dict, policy: nn.Module) -> tuple[RolloutBatch, dict, dict]:
-        """Sample (with ``policy``: the trainer's, or an asynchronous sampler's copy) and score; also the metrics
-        of this round's reward and agent. Runs on the background thread in asynchronous training: no collective."""
+    def _rollout(self, prompts: dict, policy: nn.Module) -> tuple[RolloutBatch, dict, dict]:
+        """Sample with ``policy`` (the trainer's, or an asynchronous sampler's copy): the batch, each sample's texts and
+        data columns, and the agent's metrics. Runs on the background thread in asynchronous training."""
         prompt_ids, prompt_mask = prompts["prompt_ids"].to(self.device), prompts["prompt_mask"].to(self.device)
         batch, texts = self._sample(prompt_ids, prompt_mask, prompts["meta"], policy=policy)
         rows = batch.batch_size // prompt_ids.shape[0]
@@ -254,11 +262,14 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         meta = {k: [v for v in vals for _ in range(rows)] for k, vals in prompts["meta"].items()}
         meta.update(texts)
         meta["prompts"] = meta["prompt"] if "prompt" in meta else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
+        return batch, meta, dict(self.agent.last_metrics) if self.agent is not None else {}
+
+    @torch.no_grad()
+    def _score(self, batch: RolloutBatch, meta: dict) -> tuple[RolloutBatch, dict, dict]:
         scores = as_scores(self.reward(batch, meta), batch.batch_size, _name(self.reward), meta)
         for name, part in getattr(self.reward, "last_parts", {}).items():  # a Composite's parts, per sample
             meta[f"reward/{name}"] = part.tolist()
-        extra = dict(self.reward.last_metrics, **(self.agent.last_metrics if self.agent is not None else {}))
-        return batch.replace(scores=scores.to(self.device)), meta, extra
+        return batch.replace(scores=scores.to(self.device)), meta, dict(self.reward.last_metrics)
 
     def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, columns: dict[str, list], greedy: bool = False, policy: nn.Module | None = None) -> tuple[RolloutBatch, dict[str, list]]:
         """The rollout's samples and their ``completions``; with ``agent``, whole episodes through its environment,
@@ -369,12 +380,17 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
 
     def on_fit_start(self) -> None:
-        if self.loop.max_staleness > 0:  # lightning_rl.ahead
-            check_asynchronous(self.rollout, self.trainer)
+        """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.ahead): the rounds sampled ahead. They start
+        at the first iteration, once every strategy has restored the checkpoint's weights."""
+        if self.loop.max_staleness > 0:
+            check_asynchronous(self.rollout, self.trainer, self.agent)
             data = self.trainer.datamodule
             position = data.state_dict if hasattr(data, "rewind") else (lambda: None)
-            self._ahead = RolloutAhead(self.rollout, self._rollout_and_score, self.loop.max_staleness, position)
-            self._ahead.start(self.policy)
+            self._ahead = RolloutAhead(self.rollout, self._rollout, self.loop.max_staleness, position)
+
+    def on_validation_start(self) -> None:
+        if self._ahead is not None:  # validation changes the sampler's settings for a while: no round may sample meanwhile
+            self._ahead.drain()
 
     def teardown(self, stage: str) -> None:
         if self._ahead is not None:

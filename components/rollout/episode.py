@@ -73,6 +73,7 @@ def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tens
     response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
     logprobs = torch.zeros(b, width) if all(e.logprobs is not None for e in episodes) else None
     versions = torch.zeros(b, width, dtype=torch.long)  # (B, R)
+    newest = max((v for e in episodes for v in e.versions), default=0)
     for i, e in enumerate(episodes):
         n = len(e.ids)
         versions[i, :n] = torch.tensor(e.versions, dtype=torch.long)
@@ -90,7 +91,8 @@ def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tens
         rollout_logprobs=None if logprobs is None else logprobs.to(device),
         truncated=torch.tensor([e.truncated for e in episodes], device=device),
         group_ids=torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(g),
-        versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=0) for e in episodes], device=device),
+        # an episode without a model token has nothing to be stale: it gets the newest version of the batch
+        versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=newest) for e in episodes], device=device),
         token_versions=versions.to(device),
     )
 

@@ -25,8 +25,8 @@ class DecoupledClip(ClippedSurrogate):
     recent policy, instead of from pi_behav, so a stale batch does not shrink the trust region to nothing;
     w (no gradient) corrects the sampling distribution. ``behaviour_mode="mask"`` zeroes the tokens with
     w > ``behaviour_cap`` (AReaL), ``"truncate"`` uses min(w, cap). With fresh samples (pi_behav = pi_prox up
-    to the sampler's numerics) this is PPO with the trainer/sampler correction. ``correction`` (TIS/MIS, e.g. a
-    sequence-level rejection) multiplies on top.
+    to the sampler's numerics) this is PPO with the trainer/sampler correction (TIS/MIS use the same w, so only a
+    rejection, ``correction: {mode: reject}``, e.g. of whole sequences with an extreme weight, stacks on top).
     """
 
     def __init__(
@@ -47,8 +47,13 @@ class DecoupledClip(ClippedSurrogate):
             behaviour_mode: mask (w = 0 above the cap, AReaL's choice) or truncate (w = min(w, cap)).
             dual_clip: c > 1 for dual-clip PPO on negative advantages; None = off.
             level: token or sequence (GSPO) ratio r.
-            correction: an optional TIS/MIS weight on top.
+            correction: an optional rejection on top (``mode: reject``, e.g. ``level: sequence``).
         """
+        if correction is not None and correction.mode != "reject":
+            raise ValueError(
+                f"DecoupledClip: its behaviour weight is already pi_prox / pi_behav, the weight of a {correction.mode!r} correction, so "
+                "the two would square it; keep correction for rejection (mode: reject), or use ClippedSurrogate with that correction"
+            )
         super().__init__(eps_low, eps_high, dual_clip, level, correction)
         if behaviour_cap <= 0 or behaviour_mode not in ("mask", "truncate"):
             raise ValueError(f"DecoupledClip: behaviour_cap must be > 0 and behaviour_mode mask|truncate, got {behaviour_cap}, {behaviour_mode!r}")

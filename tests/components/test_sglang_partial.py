@@ -38,8 +38,10 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
     rollout.prepare(old)  # version 1
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     with ThreadPoolExecutor(1) as pool:
+        server.sampling.clear()
         future = pool.submit(rollout.generate, enc.input_ids, enc.attention_mask, old)
-        time.sleep(0.2)  # a few tokens into the first request
+        assert server.sampling.wait(30)  # the first request has sampled a token
+        time.sleep(2 * server.token_delay_s)  # and a few more: 12 at most, so the push lands mid-request
         rollout.sync_weights(new)  # version 2
         batch = future.result()
     rollout.close()

@@ -76,4 +76,6 @@ def test_a_correction_multiplies_on_top():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="behaviour_cap"):
         DecoupledClip(behaviour_cap=0)
+    with pytest.raises(ValueError, match="square it"):  # TIS/MIS weigh by the same pi_prox / pi_behav
+        DecoupledClip(correction=OffPolicyCorrection(mode="tis"))
     assert "rollout_logprobs" in DecoupledClip().requires and "old_logprobs" in DecoupledClip().requires

@@ -88,19 +88,25 @@ def test_resume_with_a_round_in_flight_loses_and_repeats_no_prompt(tmp_path, tin
     take = RLModule._next_round
 
     def recording(self, dataloader_iter):
-        prompts, *rest = take(self, dataloader_iter)
+        prompts, batch, *rest = take(self, dataloader_iter)
         trained[-1].append(prompts["prompt_ids"].tolist())
-        return prompts, *rest
+        sizes.append(batch.batch_size)
+        return prompts, batch, *rest
+
+    sizes: list[int] = []
 
     monkeypatch.setattr(RLModule, "_next_round", recording)
     runs = {}
     for name, steps, resume in [("straight", 4, None), ("stopped", 2, None), ("resumed", 4, "stopped")]:
         trained.append([])
         extra = [f"--ckpt_path={tmp_path / resume / 'checkpoints' / 'step=2.ckpt'}"] if resume else []
-        run_cli("fit", cli_args(tmp_path / name, tiny_model_path, steps, *ASYNC, *KEEP, *extra))
+        # validation every 2 iterations samples 3 responses per prompt: it must wait for the round in flight, never
+        # change the group size or temperature it samples with
+        run_cli("fit", cli_args(tmp_path / name, tiny_model_path, steps, *ASYNC, *KEEP, "--model.loop.val_samples=3", *extra))
         runs[name] = trained[-1]
     assert len(runs["straight"]) == 4 and len(runs["stopped"]) == 2 and len(runs["resumed"]) == 2
     assert runs["stopped"] + runs["resumed"] == runs["straight"]  # same prompts, in order: none lost, none twice
+    assert set(sizes) == {2 * 8}  # 2 prompts x group_size 8 in every round
     stopped = torch.load(tmp_path / "stopped" / "checkpoints" / "step=2.ckpt", weights_only=False)
     assert stopped["PromptDataModule"]["position"]["batch"] == 2  # round 2 was in flight when it was saved
 
@@ -141,7 +147,9 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
     assert cli.trainer.global_step == 4 and server.weight_version == "5"  # a first push, then one per update
     logged = scalars(tmp_path)
     assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
-    assert "/flush_cache" not in server.calls  # refused while requests run; each update flushes the cache itself
+    # a separate flush is refused while requests run: only the push before training (validation's) sends one; the
+    # later updates flush the cache themselves
+    assert server.calls.count("/flush_cache") == 1
 
 
 @pytest.mark.slow
@@ -165,3 +173,34 @@ def test_agent_episodes_are_sampled_ahead_on_the_server(tmp_path):
     logged = scalars(tmp_path)
     assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0]
     assert logged["agent/turns_mean"] and all(v == 0.0 for _, v in logged["async/dropped_frac"])
+
+
+def test_validation_waits_for_the_round_in_flight():
+    """`drain` (called when validation starts) returns only once no round is sampling: validation then changes the
+    sampler's settings (group size, temperature) without a round sampling under them."""
+    import threading
+    from types import SimpleNamespace
+
+    from lightning_rl.ahead import RolloutAhead
+
+    gate, finished = threading.Event(), []
+    batch = RolloutBatch(response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long))
+
+    def produce(prompts, policy):
+        if prompts["round"] > 0:
+            gate.wait(10)
+        finished.append(prompts["round"])
+        return batch, {}, {}
+
+    counter = iter(range(10))
+    ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), produce, depth=1, position=lambda: None)
+    prompts, *_ = ahead.take(lambda: {"round": next(counter)}, torch.nn.Linear(1, 1))
+    assert prompts["round"] == 0  # round 1 is now sampling, held at the gate
+    drained = threading.Thread(target=ahead.drain)
+    drained.start()
+    drained.join(0.3)
+    assert drained.is_alive() and finished == [0]
+    gate.set()
+    drained.join(10)
+    assert not drained.is_alive() and finished == [0, 1]
+    ahead.close()

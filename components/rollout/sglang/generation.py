@@ -108,8 +108,8 @@ def _parse(url: str, item: dict, version: int, check_version: bool) -> Sample:
     if any(lp[0] is None for lp in logprobs):  # JSON null: a non-finite log-prob on the server
         raise SGLangError(f"SGLang server at {url} returned a null (non-finite) log-prob for a sampled token")
     served = meta.get("weight_version")
-    number = int(served) if str(served).isdigit() else None
-    if check_version and version and (number is None or number < version):
+    number = None if served is None else int(served) if str(served).isdigit() else 0  # 0: a server still on its launch weights ("default")
+    if check_version and version and number is not None and number < version:
         raise SGLangError(
             f"SGLang server at {url} sampled with weight_version {served!r} but the trainer pushed {version}: "
             "it missed a weight update (restarted, or not listed in weight_update_urls)"
