@@ -10,7 +10,8 @@ most when sampling and training take about as long: on 2 CPU cores with this tin
 (16 x 8 costs the server twice as many requests for the same samples; try --prompts 16 --group-size 8). The async variant
 stacks configs/loop/async.yaml (loop.max_staleness 1, DecoupledClip, old log-probs recomputed). The server is the
 loopback stand-in the tests use (tests/fixtures/sglang_server.py: SGLang's native API over a transformers model),
-one process, one torch thread; the trainer is another process with one torch thread. Samples/s is over the
+one process, one torch thread, pinned to one core; the trainer is another process with one torch thread, pinned to
+the other core. Samples/s is over the
 iterations' wall clock (first iteration's end to the last's: everything between them counted), not start-up or
 the validation before and after. Accuracy is `val/reward` after the last iteration (greedy, exact match). Not part of the test suite.
 """
@@ -43,10 +44,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pinned(core: int):
+    """Run the child on one core (the server on one, the trainer on the other), where the machine has two or more."""
+    return (lambda: os.sched_setaffinity(0, {core})) if len(os.sched_getaffinity(0)) >= 2 else None
+
+
 def start_server(port: int) -> subprocess.Popen:
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.fixtures.sglang_server", "--model-path", str(MODEL), "--port", str(port)],
-        cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(0),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -76,7 +82,7 @@ def run(variant: str, seed: int, args: argparse.Namespace, root: Path) -> dict:
         "--trainer.callbacks.init_args.dirpath", str(out / "checkpoints"),
     ]  # fmt: skip
     try:
-        proc = subprocess.run(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True)
+        proc = subprocess.run(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, preexec_fn=pinned(1))
     finally:
         server.terminate()
         server.wait()
