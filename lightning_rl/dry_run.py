@@ -31,6 +31,8 @@ def describe(cli) -> str:
         f"  optimizer steps    {steps} (ppo_epochs {loop.ppo_epochs} x num_mini_batches {loop.num_mini_batches})",
         f"  per optimizer step {per_step * world} samples, at most {per_step * world * rollout.max_new_tokens} response tokens",
         f"  iterations         {trainer.max_steps} (trainer.max_steps)",
+        "  sampling           " + (f"asynchronous: {loop.max_staleness} round(s) ahead, on weights at most {loop.max_staleness} version(s) older "
+                                   "(loop.max_staleness); old log-probs recomputed" if loop.max_staleness else "synchronous (loop.max_staleness 0)"),
     ]
     model.configure_model()
     lines.append("models:")

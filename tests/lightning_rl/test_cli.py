@@ -132,10 +132,18 @@ def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_m
     assert "optimizer steps    4 (ppo_epochs 1 x num_mini_batches 4)" in out
     assert "per optimizer step 16 samples, at most 128 response tokens" in out
     assert "model.sampling    DynamicSampling" in out and "policy " in out
+    assert "sampling           synchronous (loop.max_staleness 0)" in out
     assert f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest will link to it)" in out
     assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.runs will put them
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
     assert not [w for w in recwarn if "args parameter" in str(w.message)]  # Lightning's warning of args given twice
+
+
+def test_dry_run_names_asynchronous_sampling(tmp_path, tiny_model_path, monkeypatch, capsys):
+    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/grpo.yaml", "--config", "configs/loop/async.yaml", "--dry_run",
+                 f"--model.policy.path={tiny_model_path}", "--model.rollout.init_args.return_logprobs=true", f"--trainer.default_root_dir={tmp_path}")
+    assert "model.surrogate   DecoupledClip" in out
+    assert "sampling           asynchronous: 1 round(s) ahead, on weights at most 1 version(s) older" in out
 
 
 def test_components_lists_every_kind_with_its_formula(monkeypatch, capsys):
