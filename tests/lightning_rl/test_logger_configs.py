@@ -54,3 +54,21 @@ def test_mlflow_to_a_local_folder(tmp_path, tiny_model_path):
     logger = cli.trainer.logger
     metrics = logger.experiment.get_run(logger.run_id).data.metrics
     assert "reward/mean" in metrics and "time/rollout_s" in metrics
+
+
+@pytest.mark.slow
+def test_reruns_with_a_logger_without_folders_keep_their_checkpoints_apart(tmp_path, tiny_model_path):
+    """MLflow on a database has no run folder: the checkpoints get versioned folders and a `latest` link of their own,
+    so a rerun never writes last-v1.ckpt beside the first run's last.ckpt."""
+    import torch
+
+    pytest.importorskip("mlflow")
+    fragment = next(f for f in FRAGMENTS if f.stem == "mlflow")
+    for steps in (1, 2):
+        args = [f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path}/mlflow.db", f"--trainer.max_steps={steps}",
+                f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints"]
+        _fit(tmp_path, tiny_model_path, fragment, *args)
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir()) == ["latest", "version_0", "version_1"]
+    assert torch.load(run / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert torch.load(run / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
