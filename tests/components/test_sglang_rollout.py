@@ -379,6 +379,7 @@ def test_sglang_yaml_runs_grpo_end_to_end_against_a_server(server, tiny_model_pa
             "--model.reward.init_args.fn", "tests.components.test_sglang_rollout.completion_length",
             "--model.optimizer.lr", "0.01",
             "--data.batch_size", "2",
+            "--data.val_size", "8",  # validation before and after training: 8 held-out prompts, not the whole test split
             "--trainer.max_steps", "2",
             "--trainer.default_root_dir", str(tmp_path),
             "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
