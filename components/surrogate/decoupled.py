@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import masked_mean
 
-from .base import LOG_RATIO_CLAMP, OffPolicyCorrection
+from .base import OffPolicyCorrection
 from .clipped import ClippedSurrogate
 
 
@@ -57,17 +55,14 @@ class DecoupledClip(ClippedSurrogate):
         super().__init__(eps_low, eps_high, dual_clip, level, correction)
         if behaviour_cap <= 0 or behaviour_mode not in ("mask", "truncate"):
             raise ValueError(f"DecoupledClip: behaviour_cap must be > 0 and behaviour_mode mask|truncate, got {behaviour_cap}, {behaviour_mode!r}")
+        # w = pi_prox / pi_behav is the trainer/sampler weight of TIS (truncate) and MIS without a lower bound (mask)
+        self.behaviour = OffPolicyCorrection(mode="mis" if behaviour_mode == "mask" else "tis", cap=behaviour_cap)
         self.behaviour_cap, self.behaviour_mode = behaviour_cap, behaviour_mode
-        self.requires = self.requires | {"rollout_logprobs"}
+        self.requires = self.requires | self.behaviour.requires
 
     def per_token_loss(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         loss, metrics = super().per_token_loss(logprobs, batch)  # (B, R), clipped around pi_prox
-        mask = batch.loss_mask
-        log_w = ((batch.old_logprobs - batch.rollout_logprobs).float() * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        w = log_w.exp()  # (B, R) pi_prox / pi_behav
-        capped = w > self.behaviour_cap
-        weight = w.clamp(max=self.behaviour_cap) if self.behaviour_mode == "truncate" else torch.where(capped, torch.zeros_like(w), w)
-        with torch.no_grad():
-            metrics["policy/behaviour_weight_mean"] = masked_mean(w, mask)
-            metrics["policy/behaviour_capped_frac"] = masked_mean(capped.float(), mask)
-        return loss * weight.detach(), metrics
+        weight, behaviour = self.behaviour(batch)  # (B, R), detached
+        metrics["policy/behaviour_weight_mean"] = behaviour["offpolicy/weight_mean"]
+        metrics["policy/behaviour_capped_frac"] = behaviour["offpolicy/affected_frac"]
+        return loss * weight, metrics
