@@ -32,16 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import load_note  # noqa: E402
+from components.rollout.sglang.server import free_port  # noqa: E402
 
 MODEL = ROOT / "lightning_rl" / "assets" / "tiny-arith"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 PHASES = ("time/rollout_s", "time/score_s", "time/estimate_s", "time/optimize_s", "time/sync_s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pinned(core: int):

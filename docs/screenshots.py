@@ -20,7 +20,6 @@ import os
 import pty
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from components.rollout.sglang.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # pyte's colour names -> rich's (pyte says brown for ANSI yellow)
@@ -93,7 +94,7 @@ def tensorboard_png(logdir: Path, out: Path, size: str = "1700,1000") -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if chromium is None:
         raise SystemExit("no chromium on PATH (apt-get install chromium)")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir.relative_to(ROOT)), "--port", str(port), "--host", "127.0.0.1"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proxy = _proxy(f"http://127.0.0.1:{port}", b"<script>localStorage.setItem('_ignoreYOutliers', 'false')</script>")
@@ -106,12 +107,6 @@ def tensorboard_png(logdir: Path, out: Path, size: str = "1700,1000") -> None:
         proxy.shutdown()
         server.terminate()
         server.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _proxy(upstream: str, head_script: bytes) -> http.server.ThreadingHTTPServer:

@@ -64,7 +64,7 @@ class RolloutAhead:
 
     def start(self, policy: nn.Module) -> None:
         """On the trainer's thread, before the first round: a first push to a server, or the sampler's copy."""
-        if getattr(self.rollout, "samples_in_process", True):
+        if self.rollout.samples_in_process:
             self._sampler = copy.deepcopy(policy).eval().requires_grad_(False)
         else:
             self.rollout.overlapping = True
@@ -112,7 +112,7 @@ class RolloutAhead:
         if self._push is not None and self._push.done() and self._push.exception() is not None:
             raise self._push.exception()  # the previous push failed and no round has met it yet
         if self._sampler is None:
-            push = self.rollout.stage_weights(policy) if hasattr(self.rollout, "stage_weights") else None
+            push = self.rollout.stage_weights(policy)
             if push is None:
                 self.rollout.sync_weights(policy)
             else:
@@ -188,6 +188,6 @@ def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> Non
         raise ValueError("model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
                          "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0")
     strategy = type(getattr(trainer, "strategy", None)).__name__
-    if getattr(rollout, "samples_in_process", True) and strategy in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"):
+    if rollout.samples_in_process and strategy in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"):
         raise ValueError(f"model.loop.max_staleness > 0 with an in-process sampler needs a full copy of the policy, which {strategy} "
                          "shards: sample on SGLang servers (configs/rollout/sglang.yaml), or set max_staleness: 0")

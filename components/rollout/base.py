@@ -46,6 +46,11 @@ class Rollout(ABC):
         sampler reads the weights it is given at each ``generate``; it only counts the version."""
         self.weight_version += 1
 
+    def stage_weights(self, policy: nn.Module):
+        """Asynchronous training: take ``policy``'s weights now and return the push of them for another thread to run
+        while the trainer goes on, or None when the push must run on the trainer's thread (``sync_weights``)."""
+        return None
+
     def close(self) -> None:
         """Release what the rollout started (servers, threads)."""
 
