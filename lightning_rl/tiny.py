@@ -59,3 +59,19 @@ def save_tiny(path: str | Path, hidden_size: int = 32, layers: int = 2, heads: i
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def supervised_step(model, optimizer, ids, labels, pad_token_id: int, step: int, lr: float, warmup: int, max_steps: int) -> float:
+    """One next-token cross-entropy step of the scripts that train the shipped tiny models (``labels`` -100 = not
+    trained on), at ``lr`` with linear warmup over ``warmup`` steps times a cosine decay over ``max_steps``. Returns
+    the loss."""
+    import math
+
+    model.train()
+    for group in optimizer.param_groups:
+        group["lr"] = lr * min(1.0, step / warmup) * 0.5 * (1 + math.cos(math.pi * step / max_steps))
+    loss = model(input_ids=ids, attention_mask=(ids != pad_token_id).long(), labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()

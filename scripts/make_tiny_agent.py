@@ -19,7 +19,6 @@ through the same multi-turn rollout RL uses, lies in [--low, --high].
 from __future__ import annotations
 
 import argparse
-import math
 import random
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 from components.env import Calculator, ToolEnvironment
 from components.rollout import HFRollout, MultiTurnRollout
 from lightning_rl.tasks import calc_rows
-from lightning_rl.tiny import TOOL_TAGS, build_char_tokenizer, build_tiny_llama
+from lightning_rl.tiny import TOOL_TAGS, build_char_tokenizer, build_tiny_llama, supervised_step
 
 OUT = Path(__file__).resolve().parents[1] / "lightning_rl" / "assets" / "tiny-calc"
 
@@ -105,17 +104,11 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     accuracy = calls = 0.0
     for step in range(1, args.max_steps + 1):
-        model.train()
-        for group in optimizer.param_groups:  # linear warmup then cosine decay over --max-steps
-            group["lr"] = args.lr * min(1.0, step / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / args.max_steps))
         ids, labels = batch(tokenizer, rng.sample(train, args.batch_size), args.p_call_high, args.p_call_low, rng)
-        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss = supervised_step(model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
         if step % args.eval_every == 0 or step == args.max_steps:
             accuracy, calls = greedy_accuracy(model.eval(), tokenizer, test)
-            print(f"step {step}: loss {loss.item():.3f}  held-out greedy accuracy {accuracy:.3f}  tool calls {calls:.2f}", flush=True)
+            print(f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}  tool calls {calls:.2f}", flush=True)
     if not args.low <= accuracy <= args.high:
         raise SystemExit(f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --p-call-high/low, --max-steps or --lr")
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ final accuracy lies in [--low, --high]. The shipped weights came from the defaul
 from __future__ import annotations
 
 import argparse
-import math
 import random
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 
 from lightning_rl.models import TINY_MODEL_PATH
 from lightning_rl.tasks import arithmetic_rows
-from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama
+from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama, supervised_step
 
 def careless_sum(a: int, b: int, forget: float, rng: random.Random) -> int:
     """Column addition by a teacher who drops each carry with probability ``forget``."""
@@ -94,17 +93,11 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     accuracy = greedy_accuracy(model.eval(), tokenizer, test)
     for step in range(1, args.max_steps + 1):
-        model.train()
-        for group in optimizer.param_groups:  # linear warmup then cosine decay over --max-steps
-            group["lr"] = args.lr * min(1.0, step / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / args.max_steps))
         ids, labels = encode(tokenizer, demonstrations(rng.sample(train, args.batch_size), args.forget_carry, rng))
-        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss = supervised_step(model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
         if step % args.eval_every == 0:
             accuracy = greedy_accuracy(model.eval(), tokenizer, test)
-            print(f"step {step}: loss {loss.item():.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
+            print(f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
             if args.stop_early and args.low <= accuracy <= args.high:
                 break
     if not args.low <= accuracy <= args.high:
