@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .batch import RolloutBatch
+from .ops import masked_mean
 
 MAX_CHARS = 200  # a cell longer than this is cut: the table is for reading at a glance
 
@@ -16,7 +17,7 @@ def sample_rows(meta: dict, batch: RolloutBatch, n: int) -> list[dict[str, str]]
     mask = batch.action_tokens  # (B, R): a multi-turn transcript's observations carry no advantage
     advantages = None
     if batch.advantages is not None:  # the sequence's mean advantage over the model's tokens (GRPO: the one scalar)
-        advantages = (batch.advantages.float() * mask).sum(1) / mask.sum(1).clamp_min(1)  # (B,)
+        advantages = masked_mean(batch.advantages.float(), mask, dim=1)  # (B,)
     greedy = batch.is_greedy if batch.is_greedy is not None else torch.zeros(batch.batch_size)
     rows, seen = [], set()
     for i, (group, is_greedy) in enumerate(zip(batch.group_ids.tolist(), greedy.tolist())):
