@@ -67,7 +67,6 @@ class RolloutAhead:
         if self.rollout.samples_in_process:
             self._sampler = copy.deepcopy(policy).eval().requires_grad_(False)
         else:
-            self.rollout.overlapping = True
             self.rollout.prepare(policy)
         self.version = self.rollout.weight_version
         self._started = True
@@ -144,8 +143,6 @@ class RolloutAhead:
         self._pusher.shutdown(wait=True)
         if self._push is not None and self._push.exception() is not None:
             warnings.warn(f"the last weight push to the sampler failed: {self._push.exception()}")
-        if getattr(self.rollout, "overlapping", False):
-            self.rollout.overlapping = False
 
 
 def _same_device_initializer():

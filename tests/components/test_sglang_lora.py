@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from components.rollout import SGLangRollout
 from components.rollout.sglang.client import SGLangError
 from lightning_rl.lora import LoraSpec
 from lightning_rl.logprobs import policy_logprobs
@@ -62,3 +63,10 @@ def test_a_server_that_refuses_the_adapter_says_which_flags_it_needs(server, lor
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4)
     with pytest.raises(SGLangError, match="refused LoRA adapter 'policy-v1'.*--enable-lora.*lora_sync: merged"):
         rollout.generate(*prompts, lora_policy)
+
+
+def test_asynchronous_training_refuses_adapter_sync(lora_policy):
+    """An adapter push unloads the adapter that requests in flight sample with: asynchronous runs need merged sync."""
+    rollout = SGLangRollout(base_url="http://127.0.0.1:9", lora_sync="adapter")
+    with pytest.raises(ValueError, match="lora_sync: merged"):
+        rollout.prepare(lora_policy)

@@ -34,8 +34,7 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
             p.add_(torch.randn_like(p) * 0.1)
     rollout = SGLangRollout(base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01)
     rollout.setup(tokenizer)
-    rollout.overlapping = True
-    rollout.prepare(old)  # version 1
+    rollout.prepare(old)  # version 1; from now on pushes overlap requests
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     with ThreadPoolExecutor(1) as pool:
         server.sampling.clear()

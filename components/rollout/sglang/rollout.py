@@ -140,7 +140,7 @@ class SGLangRollout(Rollout):
         self.adapter_name: str | None = None  # the loaded LoRA adapter that samples (adapter sync)
         self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
         self.partial_rollouts = partial_rollouts
-        self.overlapping = False  # set by asynchronous training: requests may be in flight during a weight push
+        self.overlapping = False  # asynchronous training (from prepare to close): requests may be in flight during a push
         self._staged = 0  # the last version saved by stage_weights
         self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
@@ -183,6 +183,7 @@ class SGLangRollout(Rollout):
             self.client.request(url, "/health_generate", method="GET")
 
     def close(self) -> None:
+        self.overlapping = False
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -298,13 +299,15 @@ class SGLangRollout(Rollout):
         return push
 
     def prepare(self, policy: nn.Module) -> None:
-        """Asynchronous training: connect and push the first weights here, on the trainer's thread."""
-        if is_lora(policy) and self.lora_sync == "adapter" and self.overlapping:
+        """Asynchronous training: connect and push the first weights here, on the trainer's thread; from now until
+        ``close`` requests may be in flight during a push (no separate cache flush; partial rollouts interrupt them)."""
+        if is_lora(policy) and self.lora_sync == "adapter":
             raise ValueError("asynchronous training (model.loop.max_staleness > 0) with a LoRA policy needs lora_sync: merged: "
                              "an adapter push unloads the adapter that requests in flight are sampling with")
         self._connected()
         if self._needs_sync and self.sync_before_first_rollout:
             self.sync_weights(policy)
+        self.overlapping = True
 
     def _checkpoint_dir(self, version: str) -> Path:
         if self.weight_dir is None and self._own_dir is None:
