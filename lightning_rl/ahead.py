@@ -49,8 +49,10 @@ class _Round:
 class RolloutAhead:
     """Rounds of (prompts, sampled batch) produced ``depth`` ahead of the one being trained, in data order."""
 
-    def __init__(self, rollout: Rollout, produce: Produce, depth: int, position: Callable[[], dict | None]):
-        self.rollout, self.produce, self.depth, self.position = rollout, produce, depth, position
+    def __init__(self, rollout: Rollout, produce: Produce, depth: int, data: Any = None):
+        """``data``: the data module; its ``state_dict`` before each round's prompts is where a resume starts."""
+        self.rollout, self.produce, self.depth = rollout, produce, depth
+        self.position = data.state_dict if hasattr(data, "rewind") else (lambda: None)
         init = _same_device_initializer()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead", initializer=init)
         self._pending: deque[_Round] = deque()  # requested, not yet taken
@@ -132,6 +134,12 @@ class RolloutAhead:
         if self._first_untrained is not None:
             return self._first_untrained
         return self._pending[0].position if self._pending else None
+
+    def save_untrained_position(self, checkpoint: dict, data: Any) -> None:
+        """Replace the data module's state in ``checkpoint`` (saved by Lightning before the module's hook) with the
+        position of the first round not trained."""
+        if self.untrained_position is not None and type(data).__qualname__ in checkpoint:
+            checkpoint[type(data).__qualname__] = dict(self.untrained_position)
 
     def close(self) -> None:
         """Cancel the queued rounds and wait for the one sampling and the push under way (each bounded by the

@@ -356,9 +356,8 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         checkpoint["optimizer_steps"] = dict(self.optimizer_steps)
         checkpoint["hf_export"] = export_info(self)  # architecture + tokenizer for `lightning-rl export`
         checkpoint["lora_base"] = base_fingerprints(self)
-        data = getattr(self._trainer, "datamodule", None)
-        if self._ahead is not None and self._ahead.untrained_position is not None and type(data).__qualname__ in checkpoint:
-            checkpoint[type(data).__qualname__] = dict(self._ahead.untrained_position)  # rounds sampled ahead are sampled again
+        if self._ahead is not None:
+            self._ahead.save_untrained_position(checkpoint, self._trainer.datamodule)  # rounds sampled ahead are sampled again
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict")
@@ -384,9 +383,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         at the first iteration, once every strategy has restored the checkpoint's weights."""
         if self.loop.max_staleness > 0:
             check_asynchronous(self.rollout, self.trainer, self.agent)
-            data = self.trainer.datamodule
-            position = data.state_dict if hasattr(data, "rewind") else (lambda: None)
-            self._ahead = RolloutAhead(self.rollout, self._rollout, self.loop.max_staleness, position)
+            self._ahead = RolloutAhead(self.rollout, self._rollout, self.loop.max_staleness, self.trainer.datamodule)
 
     def on_validation_start(self) -> None:
         if self._ahead is not None:  # validation changes the sampler's settings for a while: no round may sample meanwhile

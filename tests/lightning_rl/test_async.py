@@ -193,7 +193,7 @@ def test_validation_waits_for_the_round_in_flight():
         return batch, {}, {}
 
     counter = iter(range(10))
-    ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), produce, depth=1, position=lambda: None)
+    ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), produce, depth=1)
     prompts, *_ = ahead.take(lambda: {"round": next(counter)}, torch.nn.Linear(1, 1))
     assert prompts["round"] == 0  # round 1 is now sampling, held at the gate
     drained = threading.Thread(target=ahead.drain)
