@@ -87,7 +87,10 @@ def test_agent_calc_on_the_sglang_server(tmp_path):
     finally:
         server.stop()
     assert isinstance(cli.model.rollout, SGLangRollout) and isinstance(cli.model.agent, MultiTurnRollout)
-    assert cli.trainer.global_step == 3 and server.weight_version == "4"  # pushed before the first rollout and after each update
+    # pushed before the first rollout and after each update (the server samples concurrent requests in arrival order,
+    # so an iteration may draw only degenerate groups and skip its update)
+    updates = cli.model.optimizer_steps["policy"]
+    assert cli.trainer.global_step == 3 and updates >= 1 and server.weight_version == str(1 + updates)
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert metrics["agent/tool_calls_mean"] > 0
     # the trainer's log-probs of the model's tokens agree with the server's, sampled over several turns

@@ -144,7 +144,8 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
         cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
     finally:
         server.stop()
-    assert cli.trainer.global_step == 4 and server.weight_version == "5"  # a first push, then one per update
+    updates = cli.model.optimizer_steps["policy"]
+    assert cli.trainer.global_step == 4 and updates == 4 and server.weight_version == "5"  # a first push, then one per update
     logged = scalars(tmp_path)
     assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
     # a separate flush is refused while requests run: only the push before training (validation's) sends one; the
