@@ -52,7 +52,7 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, bat
 
     from components.reward import ExactMatch
     from components.rollout import HFRollout
-    from lightning_rl.data import collate_prompts
+    from lightning_rl.data.prompts import collate_prompts
 
     rollout = HFRollout(group_size=1, max_new_tokens=max_new_tokens)
     rollout.setup(tokenizer)

@@ -51,7 +51,7 @@ def reference_gae(rewards, values, mask, gamma: float, lam: float):
 
 def make_batch(b: int, t_len: int, seed: int):
     """A RolloutBatch with token_rewards, values and a prefix response_mask of random lengths 1..T."""
-    from lightning_rl.batch import RolloutBatch, terminal_rewards
+    from lightning_rl.core.batch import RolloutBatch, terminal_rewards
 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, t_len + 1, (b,), generator=g)

@@ -1,4 +1,4 @@
-"""Log-probs of the sampled tokens: ``lightning_rl.logprobs.sampled_logprobs`` (chunked, custom backward)
+"""Log-probs of the sampled tokens: ``lightning_rl.core.logprobs.sampled_logprobs`` (chunked, custom backward)
 against the full fp32 ``log_softmax`` path, forward + backward, peak memory and time.
 
     python benchmarks/bench_logprobs.py                        # V = 32768, B x T = 16384 rows, bf16 logits
@@ -64,7 +64,7 @@ def full_path(logits, targets, temperature: float):
 
 
 def chunked_path(logits, targets, temperature: float):
-    from lightning_rl.logprobs import sampled_logprobs
+    from lightning_rl.core.logprobs import sampled_logprobs
 
     return sampled_logprobs(logits, targets, temperature)
 

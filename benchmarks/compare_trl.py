@@ -7,7 +7,7 @@
 Needs the ``bench`` extra (``pip install -e ".[bench]"``: TRL). Both runs get the same job:
 
 * the same causal LM (``--model``, default the shipped tiny-arith policy, which starts near 30% held-out
-  accuracy), the same task (``lightning_rl.tasks.arithmetic_rows``: train split for training, the
+  accuracy), the same task (``lightning_rl.data.tasks.arithmetic_rows``: train split for training, the
   first ``--eval-prompts`` of the held-out test split for evaluation);
 * GRPO with 8 prompts x 8 samples per iteration, max_new_tokens 8, temperature 1 (no top-k / top-p),
   beta 0 (no reference model), one inner epoch and one mini-batch (on-policy: neither recomputes old
@@ -54,7 +54,7 @@ SAMPLES = PROMPTS * GROUP
 
 
 def _eval_rows(n: int) -> list[dict]:
-    from lightning_rl.tasks import arithmetic_rows
+    from lightning_rl.data.tasks import arithmetic_rows
 
     return arithmetic_rows("test")[:n]
 
@@ -113,8 +113,8 @@ def run_trl(args) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lightning_rl.models import load_tokenizer
-    from lightning_rl.tasks import arithmetic_rows
+    from lightning_rl.core.models import load_tokenizer
+    from lightning_rl.data.tasks import arithmetic_rows
 
     torch.set_num_threads(args.threads)
     stamps: list[tuple[float, float]] = []
@@ -154,7 +154,7 @@ def run_trl(args) -> dict:
 
 # ---------------------------------------------------------------------------------------------- parent
 def main() -> None:
-    from lightning_rl.models import TINY_MODEL_PATH
+    from lightning_rl.core.models import TINY_MODEL_PATH
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30, help="RL iterations per run (each: 8 prompts x 8 samples)")
@@ -173,7 +173,7 @@ def main() -> None:
 
     import torch
 
-    from lightning_rl.models import ModelSpec, load_causal_lm, load_tokenizer
+    from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
 
     torch.set_num_threads(args.threads)
     print(f"before: {load_note()}", flush=True)

@@ -28,7 +28,7 @@ if [[ "$DEVICES" -lt 1 ]]; then echo "no CUDA GPU visible: DeepSpeed in Lightnin
 mkdir -p "$RUN_DIR"
 if [[ -z "${MODEL:-}" ]]; then
   MODEL="$RUN_DIR/tiny"
-  "$PYTHON" -c "from lightning_rl.tiny import save_tiny; save_tiny('$MODEL', hidden_size=64, layers=2, heads=2, seed=0)"
+  "$PYTHON" -c "from lightning_rl.recipes.tiny import save_tiny; save_tiny('$MODEL', hidden_size=64, layers=2, heads=2, seed=0)"
 fi
 echo "DeepSpeed smoke: $DEVICES GPU(s), stages $STAGES, $STEPS iterations, model $MODEL"
 
@@ -78,7 +78,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
-from lightning_rl.export import export_checkpoint
+from lightning_rl.cli.export import export_checkpoint
 
 out, steps, max_diff, model = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 

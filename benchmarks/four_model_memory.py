@@ -48,12 +48,12 @@ def peak_rss_mb() -> float:
 def models(scratch: Path, hidden: int, layers: int, shipped: bool) -> tuple[str, str]:
     """(policy path, reward model path): the shipped pair, or a random pair of the given size."""
     if shipped:
-        from lightning_rl.models import TINY_MODEL_PATH
+        from lightning_rl.core.models import TINY_MODEL_PATH
 
         return TINY_MODEL_PATH, str(ROOT / "lightning_rl" / "assets" / "tiny-arith-rm")
     from transformers import LlamaForSequenceClassification
 
-    from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama
+    from lightning_rl.recipes.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     policy = build_tiny_llama(tokenizer, hidden_size=hidden, layers=layers, heads=8)

@@ -70,7 +70,7 @@ def pareto_lengths(n: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def trainer_batch(samples: int, group: int, seed: int = 0):
-    from lightning_rl.batch import RolloutBatch
+    from lightning_rl.core.batch import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     lengths = pareto_lengths(samples, g)
@@ -87,8 +87,8 @@ def trainer_batch(samples: int, group: int, seed: int = 0):
 def trainer_phases(policy, batch, packed: bool, budget: int) -> None:
     """Old log-probs (no grad), then the clipped surrogate forward + backward over micro-batches."""
     from components.aggregator import TokenMean
-    from lightning_rl.logprobs import policy_logprobs
-    from lightning_rl.microbatch import micro_batches, pad_to
+    from lightning_rl.core.logprobs import policy_logprobs
+    from lightning_rl.core.microbatch import micro_batches, pad_to
 
     max_tokens = budget if packed else None
     with torch.no_grad():

@@ -86,7 +86,7 @@ def run_preset(args) -> dict:
 
     from components.reward.model import TINY_REWARD_MODEL_PATH
     from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main as cli_main
-    from lightning_rl.models import TINY_MODEL_PATH
+    from lightning_rl.core.models import TINY_MODEL_PATH
 
     torch.set_num_threads(args.threads)
     def sync() -> None:

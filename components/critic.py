@@ -14,13 +14,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.config import OptimizerConfig
-from lightning_rl.logprobs import sequence_inputs
-from lightning_rl.lora import LoraSpec, apply_lora, is_lora
-from lightning_rl.models import _DTYPES, _load, disable_dropout
-from lightning_rl.ops import masked_mean
-from lightning_rl.packing import attention_backend, pack, packable, packed_outputs
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.config import OptimizerConfig
+from lightning_rl.core.logprobs import sequence_inputs
+from lightning_rl.core.lora import LoraSpec, apply_lora, is_lora
+from lightning_rl.core.models import _DTYPES, _load, disable_dropout
+from lightning_rl.core.ops import masked_mean
+from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs
 
 
 class ValueCritic(nn.Module):

@@ -18,7 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 Estimator = Literal["k1", "k2", "k3"]
 _LOG_RHO_CLAMP = 20.0

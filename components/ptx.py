@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from lightning_rl.logprobs import mask_positions, sampled_logprobs
-from lightning_rl.ops import masked_mean
+from lightning_rl.core.logprobs import mask_positions, sampled_logprobs
+from lightning_rl.core.ops import masked_mean
 
 
 class PretrainMix:

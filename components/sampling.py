@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import group_view
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import group_view
 
 
 class DynamicSampling:

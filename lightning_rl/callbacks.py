@@ -19,9 +19,10 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from fsspec.implementations.local import LocalFileSystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from .distributed import replace_path, trainable_state_dict
-from .export import export_info, export_state
-from .models import _DTYPES
+from lightning_rl.distributed import replace_path, trainable_state_dict
+from lightning_rl.checkpoint import export_info
+from lightning_rl.cli.export import export_state
+from lightning_rl.core.models import _DTYPES
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -93,7 +94,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class HFExport(Callback):
-    """At the end of ``fit``, write the policy (and critic) with ``save_pretrained`` (see ``lightning_rl.export``)."""
+    """At the end of ``fit``, write the policy (and critic) with ``save_pretrained`` (see ``lightning_rl.cli.export``)."""
 
     def __init__(self, dirpath: str = "runs/hf", dtype: Literal["float32", "bfloat16", "float16"] | None = None):
         """

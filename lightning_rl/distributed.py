@@ -32,7 +32,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 
-from .ops import dist_ready
+from lightning_rl.core.ops import dist_ready
 
 # ---------------------------------------------------------------------------------------------- FSDP2
 
@@ -105,7 +105,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     Checkpoints are folders of shards (``torch.distributed.checkpoint``) plus ``meta.pt``. Frozen models
     (reference, reward) are reloaded from their paths, so they are neither saved nor expected on load.
     A save writes ``.<name>.tmp`` and swaps it in when every rank has finished: a crash during a save
-    leaves the previous checkpoint whole. ``python -m lightning_rl.export`` turns a folder into a
+    leaves the previous checkpoint whole. ``python -m lightning_rl.cli.export`` turns a folder into a
     Hugging Face model.
     """
 

@@ -5,7 +5,7 @@
     python scripts/make_reward_model.py --policy lightning_rl/assets/tiny-arith   # also rank that policy's own samples
 
 Pairs: every training problem's correct answer against one wrong answer (near misses, digit
-slips, random numbers: `lightning_rl.reward_model.arithmetic_pairs`); held-out pairs come from the
+slips, random numbers: `lightning_rl.recipes.reward_model.arithmetic_pairs`); held-out pairs come from the
 RL task's test split. Reports held-out pair accuracy before and after training, the time taken,
 and with ``--policy`` how often the reward model ranks the policy's correct samples above its
 wrong ones on held-out prompts (what PPO-RLHF actually relies on). Deterministic on CPU for a seed.
@@ -22,10 +22,10 @@ import torch
 from lightning import Callback, Trainer, seed_everything
 
 from components.reward.model import TINY_REWARD_MODEL_PATH, RewardModel
-from lightning_rl.models import TINY_MODEL_PATH, ModelSpec, load_causal_lm, load_tokenizer
-from lightning_rl.reward_model import BradleyTerryRewardModel, PairDataModule
-from lightning_rl.tasks import arithmetic_rows
-from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama
+from lightning_rl.core.models import TINY_MODEL_PATH, ModelSpec, load_causal_lm, load_tokenizer
+from lightning_rl.recipes.reward_model import BradleyTerryRewardModel, PairDataModule
+from lightning_rl.data.tasks import arithmetic_rows
+from lightning_rl.recipes.tiny import build_char_tokenizer, build_tiny_llama
 
 
 def random_init(directory: str, seed: int) -> str:
@@ -45,7 +45,7 @@ class PrintAccuracy(Callback):
 def rank_policy_samples(rm_path: str, policy_path: str, n_prompts: int, samples: int, seed: int) -> dict[str, float]:
     """Sample the policy on held-out prompts; how well does the RM separate its correct and wrong answers?"""
     from components.rollout import HFRollout
-    from lightning_rl.data import collate_prompts
+    from lightning_rl.data.prompts import collate_prompts
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(policy_path)

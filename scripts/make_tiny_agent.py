@@ -26,8 +26,8 @@ import torch
 
 from components.env import Calculator, ToolEnvironment
 from components.rollout import HFRollout, MultiTurnRollout
-from lightning_rl.tasks import calc_rows
-from lightning_rl.tiny import TOOL_TAGS, build_char_tokenizer, build_tiny_llama, supervised_step
+from lightning_rl.data.tasks import calc_rows
+from lightning_rl.recipes.tiny import TOOL_TAGS, build_char_tokenizer, build_tiny_llama, supervised_step
 
 OUT = Path(__file__).resolve().parents[1] / "lightning_rl" / "assets" / "tiny-calc"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from lightning_rl.models import TINY_MODEL_PATH
-from lightning_rl.tasks import arithmetic_rows
-from lightning_rl.tiny import build_char_tokenizer, build_tiny_llama, supervised_step
+from lightning_rl.core.models import TINY_MODEL_PATH
+from lightning_rl.data.tasks import arithmetic_rows
+from lightning_rl.recipes.tiny import build_char_tokenizer, build_tiny_llama, supervised_step
 
 def careless_sum(a: int, b: int, forget: float, rng: random.Random) -> int:
     """Column addition by a teacher who drops each carry with probability ``forget``."""

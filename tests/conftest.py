@@ -15,7 +15,7 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
     """A random 2-layer, hidden-32 character-level Llama with the built-in task's tokenizer."""
-    from lightning_rl.tiny import save_tiny
+    from lightning_rl.recipes.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny-llama"), hidden_size=32, layers=2, heads=2, seed=0)
 
@@ -23,13 +23,13 @@ def tiny_model_path(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_model_path_b(tmp_path_factory) -> str:
     """A second tiny model with different weights (a reference that differs from the policy)."""
-    from lightning_rl.tiny import save_tiny
+    from lightning_rl.recipes.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny-llama-b"), hidden_size=32, layers=2, heads=2, seed=1)
 
 
 @pytest.fixture
 def tokenizer(tiny_model_path):
-    from lightning_rl.models import load_tokenizer
+    from lightning_rl.core.models import load_tokenizer
 
     return load_tokenizer(tiny_model_path)

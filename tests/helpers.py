@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_rl.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.batch import RolloutBatch, terminal_rewards
 
 
 def batch_from_scores(scores, lengths=None, width: int | None = None, group_size: int | None = None, **fields) -> RolloutBatch:

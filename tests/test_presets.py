@@ -36,7 +36,7 @@ def digit_fraction(completions, **_):
 
 def _reward_override(reward: dict, tmp_path: Path) -> dict:
     if reward["class_path"].endswith("RewardModel"):
-        from lightning_rl.reward_model import save_tiny_reward_model
+        from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
         path = save_tiny_reward_model(tmp_path / "tiny-rm", seed=3)
         return {**reward, "init_args": {**(reward.get("init_args") or {}), "path": path}}
@@ -45,7 +45,7 @@ def _reward_override(reward: dict, tmp_path: Path) -> dict:
 
 
 def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
-    from lightning_rl.tasks import arithmetic_rows
+    from lightning_rl.data.tasks import arithmetic_rows
 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows("train")[:32]))
@@ -76,9 +76,9 @@ def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
     from lightning_rl.cli import main
-    from lightning_rl.lora import is_lora, merged_state_dict
+    from lightning_rl.core.lora import is_lora, merged_state_dict
     from tests.lightning_rl.cli_runs import scalars, texts
-    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path))])
     module, trainer = cli.model, cli.trainer

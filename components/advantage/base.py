@@ -7,8 +7,8 @@ from typing import Literal, NamedTuple
 
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import masked_whiten
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import masked_whiten
 
 Whiten = Literal["none", "batch", "global"]
 

@@ -25,8 +25,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import reverse_scan, steps_first
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import reverse_scan, steps_first
 
 from .base import Advantages, AdvantageEstimator, Whiten
 

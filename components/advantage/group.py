@@ -6,8 +6,8 @@ from typing import Literal
 
 import torch
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import broadcast_to_tokens, group_view, sequence_rewards
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
 from .base import Advantages, AdvantageEstimator, Whiten
 

@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import all_reduce_sum, broadcast_to_tokens, sequence_rewards
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import all_reduce_sum, broadcast_to_tokens, sequence_rewards
 
 from .base import Advantages, AdvantageEstimator, Whiten
 from .group import _reject_greedy_rows

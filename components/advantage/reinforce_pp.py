@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import group_view, reverse_scan, sequence_rewards, steps_first
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import group_view, reverse_scan, sequence_rewards, steps_first
 
 from .base import Advantages, AdvantageEstimator, Whiten
 from .group import _reject_greedy_rows

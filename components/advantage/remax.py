@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import broadcast_to_tokens, group_view, sequence_rewards
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
 from .base import Advantages, AdvantageEstimator, Whiten
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 RewardInputs = dict[str, list[Any]]
 """Per-sample lists: ``prompts`` and ``completions`` (decoded text) plus every dataset column (e.g. ``answer``)."""

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from .base import Reward, RewardInputs, as_scores
 from .deadline import DeadlineExceeded, deadline

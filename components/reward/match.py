@@ -7,7 +7,7 @@ import re
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from .base import Reward, RewardInputs
 

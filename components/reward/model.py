@@ -17,9 +17,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import mask_positions, sequence_inputs
-from lightning_rl.models import _DTYPES, _load, disable_dropout
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.logprobs import mask_positions, sequence_inputs
+from lightning_rl.core.models import _DTYPES, _load, disable_dropout
 
 from .base import Reward, RewardInputs
 from .shaping import ScoreNormalizer
@@ -80,7 +80,7 @@ class RewardModel(ScoreNormalizer, Reward):
         """
         Args:
             path: a save_pretrained sequence classifier with num_labels=1 (``python -m
-                lightning_rl.reward_model fit`` makes one); the default is the built-in task's.
+                lightning_rl.recipes.reward_model fit`` makes one); the default is the built-in task's.
             dtype: parameter dtype at load time (a frozen model can be bfloat16: 2 bytes/parameter).
             batch_size: sequences per no-grad forward pass.
             normalize: none, static (``mean``, ``std``) or running statistics.
@@ -114,7 +114,7 @@ class RewardModel(ScoreNormalizer, Reward):
         if head_keys & set(info.get("missing_keys", ())):
             raise ValueError(
                 f"{what}: '{self.path}' has no trained scalar head (it looks like a plain causal LM); train a reward model "
-                "first: python -m lightning_rl.reward_model fit --config configs/reward_model.yaml (or scripts/make_reward_model.py)"
+                "first: python -m lightning_rl.recipes.reward_model fit --config configs/reward_model.yaml (or scripts/make_reward_model.py)"
             )
         self._check_tokenizer(tokenizer, what)
         self.model = disable_dropout(model).requires_grad_(False).eval()

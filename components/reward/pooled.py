@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from .base import Reward, RewardInputs, as_scores
 from .deadline import DeadlineExceeded, deadline

@@ -16,8 +16,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import all_reduce_sum
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import all_reduce_sum
 
 from .base import Reward, RewardInputs, as_scores
 

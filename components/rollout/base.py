@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 class Rollout(ABC):

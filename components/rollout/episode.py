@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 ENV_MARK = ("[[env: ", "]]")
 """How an observation is marked in the transcripts shown as samples."""

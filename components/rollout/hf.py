@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import forward_accepts, mask_positions
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.logprobs import forward_accepts, mask_positions
 
 from .base import Rollout, response_mask_from_eos
 

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from components.env import Environment, Step, Turn
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import all_reduce_sum
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import all_reduce_sum
 
 from .base import Rollout
 from .chat_turns import ChatTurns

@@ -11,8 +11,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import masked_mean
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import masked_mean
 
 LOG_RATIO_CLAMP = 20.0
 """|log ratio| is clamped before exp so one numerical blip cannot produce an inf ratio."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import masked_mean
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import masked_mean
 
 from .base import OffPolicyCorrection, Surrogate, ratio_metrics, token_log_ratio
 

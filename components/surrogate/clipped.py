@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.ops import masked_mean
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import masked_mean
 
 from .base import LOG_RATIO_CLAMP, OffPolicyCorrection, Surrogate, ratio_metrics, token_log_ratio
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from .base import OffPolicyCorrection
 from .clipped import ClippedSurrogate

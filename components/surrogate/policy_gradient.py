@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from .base import OffPolicyCorrection, Surrogate, ratio_metrics, token_log_ratio
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from components.advantage import ReinforceBaseline, ReinforcePlusPlus, reward_to_go
-from lightning_rl.ops import masked_whiten
+from lightning_rl.core.ops import masked_whiten
 from tests.helpers import batch_from_scores
 
 
@@ -38,7 +38,7 @@ def test_moving_average_survives_a_checkpoint():
     restored.load_state_dict(est.state_dict())
     torch.testing.assert_close(_adv(restored, [0.0, 0.0]), _adv(est, [0.0, 0.0]))
     # and the module's checkpoint carries it, since the estimator is a submodule of RLModule
-    from lightning_rl.module import RLModule
+    from lightning_rl.loop.module import RLModule
 
     state = RLModule(advantage=ReinforceBaseline()).state_dict()
     assert {"advantage.running_mean", "advantage.batches_seen"} <= set(state)

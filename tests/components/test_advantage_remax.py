@@ -64,7 +64,7 @@ def test_a_group_with_two_greedy_rows_is_rejected():
 
 
 def test_config_without_greedy_rollout_fails_at_construction():
-    from lightning_rl.module import RLModule
+    from lightning_rl.loop.module import RLModule
 
     with pytest.raises(ValueError, match="greedy_baseline"):
         RLModule(rollout=HFRollout(group_size=2), advantage=ReMax())

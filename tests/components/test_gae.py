@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from components.advantage import GAE
-from lightning_rl.batch import RolloutBatch, terminal_rewards
-from lightning_rl.requirements import check_requirements
+from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+from lightning_rl.loop.requirements import check_requirements
 
 VALUES = [0.5, 0.6, 0.7, 0.8]
 

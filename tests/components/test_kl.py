@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from components.kl import KLRegularizer, kl_estimate
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 def test_seed_numbers_for_one_token():

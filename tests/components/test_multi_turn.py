@@ -9,9 +9,9 @@ import torch
 from components.env import Environment, Step
 from components.rollout import HFRollout, MultiTurnRollout, Rollout, SGLangRollout
 from components.rollout.base import response_mask_from_eos
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 
 
 class Echo(Environment):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components.surrogate import CISPO, ClippedSurrogate, OffPolicyCorrection, PolicyGradient
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 # w = pi_old(trainer) / pi_rollout(sampler) per token; row 1's last token is padding (its w of 100 must be ignored)
 W = torch.tensor([[3.0, 0.5, 1.5], [1.2, 0.25, 100.0]])
@@ -93,7 +93,7 @@ def test_bad_settings_are_rejected():
 
 def test_a_rollout_without_sampler_logprobs_fails_at_construction():
     from components.rollout import HFRollout
-    from lightning_rl.module import RLModule
+    from lightning_rl.loop.module import RLModule
 
     with pytest.raises(ValueError, match="return_logprobs"):
         RLModule(rollout=HFRollout(group_size=2), surrogate=PolicyGradient(correction=OffPolicyCorrection()))

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from components.reward import RewardModel
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.models import load_tokenizer
-from lightning_rl.reward_model import save_tiny_reward_model
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.models import load_tokenizer
+from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components.reward import FunctionReward, Shaped
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 def lengths_as_scores(completions, **_):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from components.reward import Composite, ExactMatch, Format, FunctionReward, MathVerify, MissingEOSPenalty, OverlongPenalty
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 def _batch(lengths, width=None, truncated=None):

@@ -1,8 +1,8 @@
 import torch
 
 from components.rollout import HFRollout, response_mask_from_eos
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 
 
 def test_mask_stops_after_the_first_eos_and_flags_truncation():

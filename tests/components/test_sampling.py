@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components.sampling import DynamicSampling
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 from tests.helpers import batch_from_scores
 
 
@@ -45,9 +45,9 @@ def _fit(tiny_model_path, tmp_path, sampling):
     from components.reward import FunctionReward
     from components.rollout import HFRollout
     from components.surrogate import PolicyGradient
-    from lightning_rl.data import PromptDataModule
-    from lightning_rl.models import ModelSpec, load_causal_lm
-    from lightning_rl.module import RLModule
+    from lightning_rl.data.prompts import PromptDataModule
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from lightning_rl.loop.module import RLModule
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(8)))

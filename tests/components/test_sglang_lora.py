@@ -7,9 +7,9 @@ import torch
 
 from components.rollout import SGLangRollout
 from components.rollout.sglang.client import SGLangError
-from lightning_rl.lora import LoraSpec
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.lora import LoraSpec
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.components.test_sglang_rollout import _server_logprobs_match, make_rollout, prompts, server  # noqa: F401 (fixtures)
 
 

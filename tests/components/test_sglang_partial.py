@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
 
 

@@ -19,8 +19,8 @@ from components.rollout.sglang import SGLangError
 from components.rollout.sglang.generation import Sample, to_batch
 from components.rollout.sglang.server import free_port, server_argv
 from components.rollout.sglang.weights import tensor_payloads
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
 
 REPO = Path(__file__).resolve().parents[2]

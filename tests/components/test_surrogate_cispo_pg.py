@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from components.surrogate import CISPO, ClippedSurrogate, PolicyGradient
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 def _batch(advantages, old, mask=None):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from components.surrogate import ClippedSurrogate
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 def _batch(advantages, old, mask=None):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components.surrogate import CovariancePG
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 # one sample, 4 valid tokens: log pi = [-1, -2, -0.5, -0.5] (mean -1), A = [2, 0, -2, 4] (mean 1)
 # Cov = [0 * 1, -1 * -1, 0.5 * -3, 0.5 * 3] = [0, 1, -1.5, 1.5]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components.surrogate import ClippedSurrogate, DecoupledClip, OffPolicyCorrection
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 
 def _batch(theta, prox, behav, advantages):

@@ -13,7 +13,7 @@ import torch
 from lightning import Callback
 
 from components.rollout import HFRollout
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.distributed import trainable_state_dict
 
 

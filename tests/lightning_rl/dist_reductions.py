@@ -15,8 +15,8 @@ def reductions_worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
-    from lightning_rl.metrics import WeightedMeans
-    from lightning_rl.ops import all_reduce_sum, masked_whiten, world_size
+    from lightning_rl.loop.metrics import WeightedMeans
+    from lightning_rl.core.ops import all_reduce_sum, masked_whiten, world_size
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

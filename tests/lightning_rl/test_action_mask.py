@@ -10,7 +10,7 @@ from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, 
 from components.kl import KLRegularizer
 from components.loss_terms import EntropyBonus, PositiveNLL
 from components.surrogate import CISPO, ClippedSurrogate, CovariancePG, OffPolicyCorrection, PolicyGradient
-from lightning_rl.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.batch import RolloutBatch, terminal_rewards
 
 B, R, V = 4, 7, 11
 RESPONSE_MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]])
@@ -198,8 +198,8 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
     # the KL penalty (k1, beta 0.5, log pi_old - log ref = 0.2 everywhere) only on the model's tokens.
     from types import SimpleNamespace
 
-    from lightning_rl.metrics import WeightedMeans
-    from lightning_rl.module import RLModule
+    from lightning_rl.loop.metrics import WeightedMeans
+    from lightning_rl.loop.module import RLModule
 
     response_mask, action_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]]), torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])
     env_rewards = torch.tensor([[0.0, -0.25, 0, 0, 0, 0, 0, 0]])
@@ -217,15 +217,15 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
 
 @pytest.mark.parametrize("surrogate", ["clipped", "cispo", "clip_cov"])
 def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_model_path, monkeypatch, surrogate):
-    # the optimize phase's own policy loss (lightning_rl.update) on a tiny model: surrogate + KL in the loss +
+    # the optimize phase's own policy loss (lightning_rl.loop.optimize) on a tiny model: surrogate + KL in the loss +
     # entropy bonus + positive-sample NLL, aggregated over the mini-batch. The gradient reaching the logits that
     # score environment tokens is exactly zero, and policy/entropy and policy/clipfrac are means over the model's tokens.
     from types import SimpleNamespace
 
-    import lightning_rl.logprobs as logprobs_module
-    from lightning_rl.metrics import WeightedMeans
-    from lightning_rl.models import ModelSpec, load_causal_lm
-    from lightning_rl.update import UpdatePhase
+    import lightning_rl.core.logprobs as logprobs_module
+    from lightning_rl.loop.metrics import WeightedMeans
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from lightning_rl.loop.optimize import UpdatePhase
 
     policy = load_causal_lm(ModelSpec(path=tiny_model_path))
     g = torch.Generator().manual_seed(4)

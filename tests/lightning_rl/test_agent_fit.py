@@ -41,7 +41,7 @@ def _samples_text(tmp_path) -> str:
 
 @pytest.mark.slow
 def test_agent_calc_trains_three_iterations_with_the_calculator(tmp_path, monkeypatch):
-    from lightning_rl.module import RLModule
+    from lightning_rl.loop.module import RLModule
 
     batches, log_iteration = [], RLModule._log_iteration
 
@@ -101,8 +101,8 @@ def test_agent_calc_on_the_sglang_server(tmp_path):
 
 
 def test_calc_task_splits_and_the_tiny_policys_vocabulary():
-    from lightning_rl.models import load_tokenizer
-    from lightning_rl.tasks import calc_rows
+    from lightning_rl.core.models import load_tokenizer
+    from lightning_rl.data.tasks import calc_rows
 
     train, test = calc_rows("train"), calc_rows("test")
     assert len(test) == 500 and len(train) + len(test) == 900 * 90

@@ -1,4 +1,4 @@
-"""Asynchronous training (loop.max_staleness, lightning_rl.ahead): the bound, the dropped samples, resume with rounds
+"""Asynchronous training (loop.max_staleness, lightning_rl.loop.ahead): the bound, the dropped samples, resume with rounds
 in flight, a dead server, and max_staleness 0 as the synchronous loop."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_rl.ahead import drop_stale
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.module import RLModule
+from lightning_rl.loop.ahead import drop_stale
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.loop.module import RLModule
 
 from .cli_runs import cli_args, run_cli, scalars
 from .test_resume import assert_same, compared
@@ -48,7 +48,7 @@ def test_stale_groups_are_dropped_whole_and_counted():
 
 def test_staleness_without_a_correction_warns_and_a_negative_bound_is_refused():
     from components.surrogate import ClippedSurrogate, DecoupledClip
-    from lightning_rl.config import LoopConfig
+    from lightning_rl.core.config import LoopConfig
 
     with pytest.warns(UserWarning, match="nothing corrects for their staleness"):
         RLModule(surrogate=ClippedSurrogate(), loop=LoopConfig(max_staleness=1))
@@ -182,7 +182,7 @@ def test_validation_waits_for_the_round_in_flight():
     import threading
     from types import SimpleNamespace
 
-    from lightning_rl.ahead import RolloutAhead
+    from lightning_rl.loop.ahead import RolloutAhead
 
     gate, finished = threading.Event(), []
     batch = RolloutBatch(response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long))

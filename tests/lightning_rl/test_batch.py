@@ -1,6 +1,6 @@
 import torch
 
-from lightning_rl.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.batch import RolloutBatch, terminal_rewards
 
 
 def test_terminal_rewards_sit_on_the_last_valid_token():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_rl.cli import main
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 
 from .cli_runs import cli_args, run_cli, scalars
 
@@ -134,7 +134,7 @@ def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_m
     assert "model.sampling    DynamicSampling" in out and "policy " in out
     assert "sampling           synchronous (loop.max_staleness 0)" in out
     assert f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest will link to it)" in out
-    assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.runs will put them
+    assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.loop.runs will put them
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
     assert not [w for w in recwarn if "args parameter" in str(w.message)]  # Lightning's warning of args given twice
 

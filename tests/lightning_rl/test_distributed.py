@@ -38,7 +38,7 @@ SEEDED = [
 
 def probe_args(root: Path, model_path: str, devices: int, batch_size: int, steps: int = 2) -> list[str]:
     """A run of ``steps`` iterations on 64 built-in prompts (tokenising all 9,500 costs seconds per process)."""
-    from lightning_rl.tasks import arithmetic_rows
+    from lightning_rl.data.tasks import arithmetic_rows
 
     root.mkdir(parents=True, exist_ok=True)
     prompts = root / "prompts.jsonl"
@@ -106,7 +106,7 @@ def _free_port() -> int:
 def test_cross_rank_reductions_equal_single_process_statistics(tmp_path):
     """Global whitening, the aggregators' global normalisers and the metrics, on 2 gloo ranks, vs the whole batch."""
     from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
-    from lightning_rl.ops import masked_whiten
+    from lightning_rl.core.ops import masked_whiten
 
     out = tmp_path / "reductions.pt"
     torch.multiprocessing.spawn(reductions_worker, args=(2, _free_port(), str(out)), nprocs=2)
@@ -167,7 +167,7 @@ def test_fsdp2_grpo_steps_equal_one_process_and_generation_works_sharded(tmp_pat
     # the checkpoint is a folder of shards without the frozen reference; it exports to a Hugging Face policy
     from safetensors.torch import load_file
 
-    from lightning_rl.export import export_checkpoint
+    from lightning_rl.cli.export import export_checkpoint
 
     folder = tmp_path / "checkpoints" / "step=2.ckpt"
     assert (folder / "meta.pt").is_file() and len(list(folder.glob("*.distcp"))) == 2
@@ -235,7 +235,7 @@ def test_ddp_critic_pretraining_and_global_whitening_equal_one_process(tmp_path,
 def test_fsdp2_ppo_rlhf_four_models_equal_one_process(tmp_path, tiny_model_path):
     """Policy, critic (from the reward model), reference and reward model all sharded: the same 2 PPO iterations
     (2 epochs, KL in the reward, GAE whitened over all ranks) as one process."""
-    from lightning_rl.reward_model import save_tiny_reward_model
+    from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
     reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)
     extra = [

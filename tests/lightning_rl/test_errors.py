@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lightning_rl.cli import main
-from lightning_rl.data import PromptDataModule
+from lightning_rl.data.prompts import PromptDataModule
 
 from .cli_runs import cli_args, run_cli
 
@@ -77,7 +77,7 @@ def test_bad_reward_functions(tmp_path, tiny_model_path, fn, error, message):
 
 def test_gae_without_critic_fails_before_any_model_loads():
     from components.critic import ValueCritic  # noqa: F401  (the hint names it)
-    from lightning_rl.module import RLModule
+    from lightning_rl.loop.module import RLModule
 
     class NeedsValues:
         requires = frozenset({"values", "token_rewards"})
@@ -105,7 +105,7 @@ def test_unreadable_jsonl_names_the_file_line_and_fix(tmp_path, tiny_model_path,
 def test_truncated_prompts_are_counted_and_context_overflow_is_warned(tmp_path, tiny_model_path):
     from transformers import AutoConfig
 
-    from lightning_rl.requirements import check_context_length
+    from lightning_rl.loop.requirements import check_context_length
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "1+1="}\n{"prompt": "' + "9" * 40 + '="}\n{"prompt": "' + "8" * 50 + '="}\n')
@@ -122,7 +122,7 @@ def test_truncated_prompts_are_counted_and_context_overflow_is_warned(tmp_path, 
 
 
 def test_chat_template_on_a_tokenizer_without_one_names_the_option(tiny_model_path):
-    from lightning_rl.data import PromptDataModule
+    from lightning_rl.data.prompts import PromptDataModule
 
     data = PromptDataModule(tokenizer=tiny_model_path, chat_template=True)
     with pytest.raises(ValueError, match="data.chat_template is true but the tokenizer .* has no chat template"):

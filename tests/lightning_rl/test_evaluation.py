@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-from lightning_rl.evaluation import ks, pass_at_k, sampled_metrics
+from lightning_rl.loop.validation import ks, pass_at_k, sampled_metrics
 
 from . import rewards
 from .cli_runs import cli_args

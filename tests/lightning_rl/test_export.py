@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.export import export_checkpoint
-from lightning_rl.logprobs import policy_logprobs, sequence_inputs
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.cli.export import export_checkpoint
+from lightning_rl.core.logprobs import policy_logprobs, sequence_inputs
 
 from .cli_runs import cli_args, run_cli
 
@@ -90,7 +90,7 @@ def test_exported_critic_reloads_as_a_token_classifier_with_the_same_values(tmp_
 def test_reward_model_checkpoint_exports_as_a_sequence_classifier(tmp_path, tiny_model_path):
     from transformers import AutoModelForSequenceClassification
 
-    from lightning_rl.reward_model import BradleyTerryRewardModel
+    from lightning_rl.recipes.reward_model import BradleyTerryRewardModel
 
     module = BradleyTerryRewardModel(path=tiny_model_path, output_dir=None)
     module.configure_model()

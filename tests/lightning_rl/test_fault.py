@@ -1,5 +1,5 @@
 """Stopping ``fit`` never loses completed iterations: last.ckpt holds the final iteration at the end of a run, and
-the last completed one after an exception in a component, a Ctrl-C or a SIGTERM (lightning_rl.fault)."""
+the last completed one after an exception in a component, a Ctrl-C or a SIGTERM (lightning_rl.loop.fault)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 import pytest
 import torch
 
-from lightning_rl.module import RLModule
+from lightning_rl.loop.module import RLModule
 
 from .cli_runs import cli_args, run_cli
 from .test_resume import assert_same

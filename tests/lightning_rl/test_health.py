@@ -1,5 +1,5 @@
 """Non-finite updates are skipped on every rank, counted, stop the run after a few in a row, and never reach a
-checkpoint; a run that stopped learning says so once (lightning_rl.health)."""
+checkpoint; a run that stopped learning says so once (lightning_rl.loop.health)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightning_rl.health import FiniteCheckpoints, NonFiniteTrainingError, TrainingHealth
+from lightning_rl.loop.health import FiniteCheckpoints, NonFiniteTrainingError, TrainingHealth
 
 from .cli_runs import cli_args, run_cli, scalars
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from components.kl import KLRegularizer
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.update import UpdatePhase
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.loop.optimize import UpdatePhase
 
 
 def _batch():

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import policy_logprobs, sampled_logprobs, sequence_inputs, token_entropy
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.logprobs import policy_logprobs, sampled_logprobs, sequence_inputs, token_entropy
 
 
 def test_chunked_logprobs_equal_full_log_softmax_in_value_and_gradient():
@@ -48,7 +48,7 @@ def test_position_ids_skip_left_padding():
 
 def test_trainer_logprobs_ignore_left_padding(tiny_model_path):
     """The same prompt with and without extra left padding gives the same response log-probs."""
-    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
     prompt = torch.tensor([[5, 6, 7]])
@@ -63,7 +63,7 @@ def test_trainer_logprobs_ignore_left_padding(tiny_model_path):
 
 
 def test_shared_prompts_finds_runs_of_identical_rows():
-    from lightning_rl.logprobs import shared_prompts
+    from lightning_rl.core.logprobs import shared_prompts
 
     ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9], [7, 8, 9], [0, 5, 6]])
     assert shared_prompts(ids, (ids > 0).long()) == [2, 3, 1]
@@ -92,7 +92,7 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
     """Runs of 2 left-padded prompts, responses right-padded: same log-probs, same parameter gradients, whichever
     layout shares the prompt (one packed call per group, or the prompts' KV cache repeated to their rows)."""
     from lightning_rl import logprobs
-    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     runs, attention, max_tokens = LAYOUTS[layout]
     monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)
@@ -119,7 +119,7 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
 
 def test_packing_needs_a_mask_taking_attention_a_short_row_and_no_shorter_sliding_window(tiny_model_path, monkeypatch):
     from lightning_rl import logprobs
-    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
     assert logprobs._packable(model, p=10, r=20, g=8)  # 170 tokens
@@ -133,8 +133,8 @@ def test_packing_needs_a_mask_taking_attention_a_short_row_and_no_shorter_slidin
 
 
 def test_shared_prefix_with_one_response_token(tiny_model_path):
-    from lightning_rl.logprobs import response_logits
-    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.core.logprobs import response_logits
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
     prompts = torch.tensor([[5, 6, 7]]).repeat(4, 1)
@@ -149,7 +149,7 @@ def test_shared_prefix_under_activation_checkpointing(tiny_model_path, max_token
     """transformers drops the KV cache in checkpointed layers while training: the packed layout (no cache) still
     shares the prompt; without it the full forward runs instead."""
     from lightning_rl import logprobs
-    from lightning_rl.models import ModelSpec, load_causal_lm
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)
     model = load_causal_lm(ModelSpec(path=tiny_model_path, gradient_checkpointing=True)).train()

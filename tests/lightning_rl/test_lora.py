@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_rl.lora import LoraSpec, adapters_disabled, is_lora, reference_model
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.models import ModelSpec, load_causal_lm
+from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora, reference_model
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 
 from .cli_runs import cli_args, run_cli
 from .test_export import DENSE_REWARD, probe_batch
@@ -18,7 +18,7 @@ WITH_KL = ["--model.kl.init_args.coef=0.1", "--model.optimizer.lr=1e-2"]
 
 def count_loads(monkeypatch) -> list[str]:
     """Every causal LM the module builds, by config key."""
-    import lightning_rl.module as module
+    import lightning_rl.loop.module as module
 
     built: list[str] = []
 
@@ -99,7 +99,7 @@ def test_merged_and_adapter_only_exports_reload_with_the_lora_models_logprobs(lo
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lightning_rl.export import main as export
+    from lightning_rl.cli.export import main as export
 
     module, root, _ = lora_grpo
     checkpoint = root / "checkpoints" / "last.ckpt"
@@ -127,7 +127,7 @@ def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, ti
 
 def _export_on(root, base: str, tmp_path):
     """Export after pointing the checkpoint's recorded base at another model (as if the path now held other weights)."""
-    from lightning_rl.export import export_checkpoint
+    from lightning_rl.cli.export import export_checkpoint
 
     checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     checkpoint["hf_export"]["policy"]["path"] = base
@@ -149,8 +149,8 @@ def test_lora_resume_is_exact_and_checkpoints_hold_adapters_only(tmp_path, tiny_
 
 @pytest.mark.slow
 def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, tiny_model_path):
-    from lightning_rl.export import export_checkpoint
-    from lightning_rl.reward_model import save_tiny_reward_model
+    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
     reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)
     critic = ["--model.critic.init_args.init_from=policy", "--model.critic.init_args.lora.rank=4", "--model.critic.init_args.lora.target_modules=[q_proj,v_proj]"]
@@ -171,7 +171,7 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
 
     exported = AutoModelForTokenClassification.from_pretrained(written["critic"]).eval()
     batch = probe_batch(module.tokenizer)
-    from lightning_rl.logprobs import sequence_inputs
+    from lightning_rl.core.logprobs import sequence_inputs
 
     ids, mask, positions = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     with torch.no_grad():

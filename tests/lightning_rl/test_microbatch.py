@@ -5,9 +5,9 @@ import torch
 
 from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
 from lightning_rl import packing
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.logprobs import policy_logprobs
-from lightning_rl.microbatch import micro_batches, token_budget_groups, trim
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.microbatch import micro_batches, token_budget_groups, trim
 
 
 def test_token_budget_groups_are_consecutive_and_within_budget():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_rl.ops import reverse_scan
+from lightning_rl.core.ops import reverse_scan
 
 
 def _loop(x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:

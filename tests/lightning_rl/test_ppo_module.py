@@ -7,7 +7,7 @@ import torch
 from lightning import Callback
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-from lightning_rl.reward_model import save_tiny_reward_model
+from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
 from .cli_runs import cli_args, scalars, texts
 

@@ -4,7 +4,7 @@ iteration and for a resumed run) and shows the watched metrics with units."""
 import pytest
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-from lightning_rl.progress import RLProgressBar
+from lightning_rl.cli.progress import RLProgressBar
 
 from .cli_runs import cli_args
 

@@ -25,7 +25,7 @@ def test_ptx_without_text_is_a_clear_error(tmp_path, tiny_model_path):
 
 
 def test_rewind_sets_both_streams_back(tiny_model_path):
-    from lightning_rl.data import PromptDataModule
+    from lightning_rl.data.prompts import PromptDataModule
 
     data = PromptDataModule(tokenizer=tiny_model_path, batch_size=2, ptx_data="builtin:arithmetic", ptx_columns=["prompt", "answer"], ptx_batch_size=2)
     data.setup("fit")

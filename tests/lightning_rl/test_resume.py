@@ -106,7 +106,7 @@ def test_resume_vc_ppo_with_critic_pretraining_across_the_stop(tmp_path, tiny_mo
 
 @pytest.mark.slow
 def test_resume_ppo_rlhf_keeps_the_reward_models_running_statistics(tmp_path, tiny_model_path):
-    from lightning_rl.reward_model import save_tiny_reward_model
+    from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
     reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)
     final, middle = _resume_matches_straight(tmp_path, tiny_model_path, "configs/ppo_rlhf.yaml", [*PPO_RLHF, f"--model.reward.init_args.path={reward_model}"])

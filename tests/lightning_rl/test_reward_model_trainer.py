@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from components.reward import RewardModel
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.reward_model import BradleyTerryRewardModel, PairDataModule, arithmetic_pairs, main, pair_loss
-from lightning_rl.tasks import arithmetic_rows
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.recipes.reward_model import BradleyTerryRewardModel, PairDataModule, arithmetic_pairs, main, pair_loss
+from lightning_rl.data.tasks import arithmetic_rows
 
 
 def _write_pairs(path, n: int, seed: int, columns=("prompt", "chosen", "rejected")) -> str:

@@ -7,7 +7,7 @@ import io
 import torch
 from rich.console import Console
 
-from lightning_rl.samples import markdown, print_rows, sample_rows
+from lightning_rl.loop.samples import markdown, print_rows, sample_rows
 from tests.helpers import batch_from_scores
 
 

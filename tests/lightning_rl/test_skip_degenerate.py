@@ -8,9 +8,9 @@ import torch
 
 from components.kl import KLRegularizer
 from components.loss_terms import EntropyBonus, PositiveNLL
-from lightning_rl.batch import RolloutBatch
-from lightning_rl.config import LoopConfig
-from lightning_rl.module import RLModule
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.config import LoopConfig
+from lightning_rl.loop.module import RLModule
 
 
 def _degenerate_batch(scores):

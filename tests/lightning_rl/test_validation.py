@@ -6,9 +6,9 @@ import pytest
 
 from components.advantage import GroupNormalized, LeaveOneOut, ReinforceBaseline, ReinforcePlusPlus
 from components.rollout import HFRollout
-from lightning_rl.config import LoopConfig, OptimizerConfig
-from lightning_rl.data import PromptDataModule
-from lightning_rl.module import RLModule
+from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.data.prompts import PromptDataModule
+from lightning_rl.loop.module import RLModule
 
 
 @pytest.mark.parametrize("key, value", [("batch_size", -2), ("batch_size", 0), ("val_batch_size", 0), ("max_prompt_length", 0), ("val_size", 0)])

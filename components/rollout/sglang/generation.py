@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from ..base import response_mask_from_eos
 from .client import Retry, SGLangClient, SGLangError

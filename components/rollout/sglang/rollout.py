@@ -19,7 +19,7 @@ from typing import Literal
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_rl.batch import RolloutBatch
+from lightning_rl.core.batch import RolloutBatch
 
 from ..base import Rollout
 from .client import SGLangClient, wait_for_answers

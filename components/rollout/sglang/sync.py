@@ -13,7 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch import nn
 
-from lightning_rl.lora import is_lora
+from lightning_rl.core.lora import is_lora
 
 from .weights import flush_caches, push_adapter, push_from_disk, push_tensors, rank, save_adapter_version, save_checkpoint
 

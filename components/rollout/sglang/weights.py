@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_rl.lora import adapter_state, is_lora, merged_state_dict, save_adapter
+from lightning_rl.core.lora import adapter_state, is_lora, merged_state_dict, save_adapter
 
 from .client import RETRY_STATUSES, SGLangClient, SGLangError
 

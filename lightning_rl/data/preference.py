@@ -15,9 +15,9 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
-from .data import check_columns, load_rows
-from .models import load_tokenizer
-from .tasks import arithmetic_rows
+from lightning_rl.data.prompts import check_columns, load_rows
+from lightning_rl.core.models import load_tokenizer
+from lightning_rl.data.tasks import arithmetic_rows
 
 
 def arithmetic_pairs(split: str = "train", seed: int = 0, max_operand: int = 99, operators: str = "+") -> list[dict]:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from .ops import all_reduce_sum, dist_ready
+from lightning_rl.core.ops import all_reduce_sum, dist_ready
 
 
 class WeightedMeans:

@@ -15,8 +15,8 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
-from .models import load_tokenizer
-from .tasks import BUILTIN_TASKS
+from lightning_rl.core.models import load_tokenizer
+from lightning_rl.data.tasks import BUILTIN_TASKS
 
 
 def load_rows(source: str, split: str):

@@ -1,7 +1,7 @@
 """Train the reward model PPO-RLHF needs, from preference pairs (Bradley-Terry).
 
-    python -m lightning_rl.reward_model fit --config configs/reward_model.yaml
-    python -m lightning_rl.reward_model fit --config configs/reward_model.yaml --data.train_data prefs.jsonl \\
+    python -m lightning_rl.recipes.reward_model fit --config configs/reward_model.yaml
+    python -m lightning_rl.recipes.reward_model fit --config configs/reward_model.yaml --data.train_data prefs.jsonl \\
         --data.val_data prefs_test.jsonl --data.columns '{prompt: question, chosen: good, rejected: bad}'
 
 Loss (Ouyang et al. 2022, arXiv:2203.02155, eq. 1, one pair at a time instead of all K-choose-2
@@ -24,8 +24,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from components.reward.model import last_token_scores
 
-from .models import _DTYPES, TINY_MODEL_PATH, _load, load_tokenizer
-from .preference_data import PairDataModule, arithmetic_pairs
+from lightning_rl.core.models import _DTYPES, TINY_MODEL_PATH, _load, load_tokenizer
+from lightning_rl.data.preference import PairDataModule, arithmetic_pairs
 
 __all__ = ["BradleyTerryRewardModel", "PairDataModule", "arithmetic_pairs", "main", "pair_loss", "save_tiny_reward_model"]
 
@@ -39,7 +39,7 @@ def save_tiny_reward_model(path: str | Path, hidden_size: int = 32, layers: int 
     """A random tiny Llama sequence classifier (num_labels=1) + the built-in task's tokenizer: a test fixture."""
     from transformers import LlamaForSequenceClassification
 
-    from .tiny import build_char_tokenizer, build_tiny_llama
+    from lightning_rl.recipes.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     config = build_tiny_llama(tokenizer, hidden_size, layers, heads, seed).config

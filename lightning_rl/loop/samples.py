@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .batch import RolloutBatch
-from .ops import masked_mean
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import masked_mean
 
 MAX_CHARS = 200  # a cell longer than this is cut: the table is for reading at a glance
 

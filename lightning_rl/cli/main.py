@@ -4,7 +4,7 @@
     lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
     lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
     lightning-rl fit --config configs/dapo.yaml --print_config
-    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
+    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.cli.export)
     lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run   # the components, batch arithmetic, models, folders
     lightning-rl components                            # every component, with the first line of its formula
 
@@ -32,11 +32,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from .callbacks import AtomicCheckpointIO
-from .data import PromptDataModule
-from .module import RLModule
-from .progress import RLProgressBar
-from .runs import log_into_run
+from lightning_rl.callbacks import AtomicCheckpointIO
+from lightning_rl.data.prompts import PromptDataModule
+from lightning_rl.loop.module import RLModule
+from lightning_rl.cli.progress import RLProgressBar
+from lightning_rl.loop.runs import log_into_run
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -51,7 +51,7 @@ QUIET = (
     ".*ModelCheckpoint with manual optimization.*",  # we want the post-update weights in checkpoints
     ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
     ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
-    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.runs): a resumed or validated run's differs
+    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.loop.runs): a resumed or validated run's differs
 )
 
 
@@ -116,12 +116,12 @@ class RLCLI(LightningCLI):
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
-        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.export)
+        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.cli.export)
         parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
         parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
-        # the RL progress bar (lightning_rl.progress) unless the bar is off or the config brings its own
+        # the RL progress bar (lightning_rl.cli.progress) unless the bar is off or the config brings its own
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in [*configured, *callbacks]):
@@ -129,7 +129,7 @@ class RLCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def before_validate(self) -> None:
-        # validate --ckpt_path runs/grpo/latest/checkpoints/last.ckpt: the points go into that run's folder (lightning_rl.runs)
+        # validate --ckpt_path runs/grpo/latest/checkpoints/last.ckpt: the points go into that run's folder (lightning_rl.loop.runs)
         log_into_run(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -187,17 +187,17 @@ def entry() -> None:
         sys.path.insert(0, os.getcwd())
 
     if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
-        from .export import main as export
+        from lightning_rl.cli.export import main as export
 
         export(sys.argv[2:])
         return
     if sys.argv[1:2] == ["components"]:  # every component a config can name, with its formula's first line
-        from .catalog import main as components
+        from lightning_rl.cli.catalog import main as components
 
         components()
         return
     if sys.argv[1:2] == ["fit"] and "--dry_run" in sys.argv:  # compose and describe, train nothing
-        from .dry_run import describe
+        from lightning_rl.cli.dry_run import describe
 
         args, sys.argv = [a for a in sys.argv[2:] if a != "--dry_run"], sys.argv[:1]  # given as `args` (Lightning warns of both)
         print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)))

@@ -1,7 +1,7 @@
 """The optimize phase of an RL iteration: epochs x mini-batches x micro-batches of surrogate + KL + loss terms
 (+ critic), one optimizer step per mini-batch, and the adaptive KL step that follows it.
 
-A mixin of `RLModule` (lightning_rl.module): it reads the module's components and models.
+A mixin of `RLModule` (lightning_rl.loop.module): it reads the module's components and models.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .batch import RolloutBatch
-from .distributed import touch, uses_ddp, uses_deepspeed
-from .logprobs import policy_logprobs
-from .metrics import WeightedMeans
-from .microbatch import micro_batches
-from .ops import all_reduce_sum, masked_mean, sequence_kl, world_size
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.distributed import touch, uses_ddp, uses_deepspeed
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.loop.metrics import WeightedMeans
+from lightning_rl.core.microbatch import micro_batches
+from lightning_rl.core.ops import all_reduce_sum, masked_mean, sequence_kl, world_size
 
 
 class UpdatePhase:
@@ -101,7 +101,7 @@ class UpdatePhase:
 
     def _step(self, opt, train_policy: bool, metrics: WeightedMeans, losses: list[Tensor]) -> bool:
         """Clip each group's gradients on its own, set its scheduled LR, step; False when the step was skipped
-        because a loss or gradient norm is NaN/inf (lightning_rl.health: every rank agrees).
+        because a loss or gradient norm is NaN/inf (lightning_rl.loop.health: every rank agrees).
 
         Under DeepSpeed the engine clips (one global norm, ``gradient_clipping`` in its config)."""
         deepspeed = uses_deepspeed(self._trainer)

@@ -1,14 +1,14 @@
 """Iteration logging for `RLModule`: metrics reduced over ranks in one host sync, straight to the loggers,
-and a table of sampled completions (lightning_rl.samples) on the console and as TensorBoard text."""
+and a table of sampled completions (lightning_rl.loop.samples) on the console and as TensorBoard text."""
 
 from __future__ import annotations
 
 import torch
 
-from .batch import RolloutBatch
-from .metrics import PhaseTimer, WeightedMeans
-from .ops import all_reduce_sum, masked_mean, zero_variance_fraction
-from .samples import markdown, print_rows, sample_rows
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
+from lightning_rl.core.ops import all_reduce_sum, masked_mean, zero_variance_fraction
+from lightning_rl.loop.samples import markdown, print_rows, sample_rows
 
 
 # TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
@@ -62,7 +62,7 @@ class IterationReporting:
         values["optim/lr_policy"] = torch.tensor(self.optimizers().param_groups[0]["lr"])
         scalars = dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist()))
         self._write_metrics({**scalars, **seconds})
-        self.health.observe(scalars, self.global_step)  # divergence, said once (lightning_rl.health)
+        self.health.observe(scalars, self.global_step)  # divergence, said once (lightning_rl.loop.health)
         if self.trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
             self.log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
         every = self.loop.log_samples_every_n_steps

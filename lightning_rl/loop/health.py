@@ -20,7 +20,7 @@ import torch
 from lightning import Callback
 from torch import Tensor
 
-from .ops import all_reduce_sum
+from lightning_rl.core.ops import all_reduce_sum
 
 
 class NonFiniteTrainingError(RuntimeError):

@@ -2,7 +2,7 @@
 
 Consecutive samples are grouped so that the real prompt + response tokens of a micro-batch stay within
 the budget (a sample longer than the budget is a micro-batch of its own); each micro-batch is cut to
-its own widest prompt and response, and the trainer runs it packed (lightning_rl.packing), so its cost
+its own widest prompt and response, and the trainer runs it packed (lightning_rl.core.packing), so its cost
 follows the tokens it holds, not rows x the longest response of the batch. Samples stay in order, so a
 group's samples stay together and share their prompt in the packed row.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .batch import PER_TOKEN, PROMPT, RolloutBatch
+from lightning_rl.core.batch import PER_TOKEN, PROMPT, RolloutBatch
 
 
 def token_budget_groups(lengths: list[int], budget: int) -> list[tuple[int, int]]:

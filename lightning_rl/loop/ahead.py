@@ -32,8 +32,8 @@ from torch import Tensor, nn
 
 from components.rollout import Rollout
 
-from .batch import RolloutBatch
-from .ops import masked_mean
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.ops import masked_mean
 
 Produce = Callable[[dict, nn.Module], tuple[RolloutBatch, dict, dict]]
 """(prompts, sampler policy) -> (batch, per-sample texts and data columns, the rollout's metrics)."""

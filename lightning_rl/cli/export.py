@@ -1,6 +1,6 @@
 """Write trained models in Hugging Face format (``save_pretrained``), from a checkpoint or from a live module.
 
-    python -m lightning_rl.export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf
+    python -m lightning_rl.cli.export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf
     lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf --dtype bfloat16
 
 Output folders (each loads with ``from_pretrained``):
@@ -14,14 +14,14 @@ Output folders (each loads with ``from_pretrained``):
   it, so ``policy/`` and ``critic/`` are full models as above. ``--adapter_only`` writes the adapters
   instead: ``policy/`` loads with ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "policy")``;
   ``critic/`` holds the backbone's adapter and ``value_head.safetensors``.
-* ``reward_model/`` (checkpoints of the reward-model trainer, ``lightning_rl.reward_model``):
+* ``reward_model/`` (checkpoints of the reward-model trainer, ``lightning_rl.recipes.reward_model``):
   ``AutoModelForSequenceClassification`` + tokenizer.
 
 Checkpoints: a Lightning ``.ckpt`` file (single device, DDP), a folder of shards written by
 ``FSDP2Strategy``, or a DeepSpeed folder (consolidated with Lightning's ZeRO converter first).
 The architecture is rebuilt from the config stored in the checkpoint; the tokenizer is read from
 the policy's original path (``--tokenizer`` overrides it). Checkpoints are read with
-``torch.load(weights_only=True)``: tensors, plain containers and the few types in `SAFE_GLOBALS`, never
+``torch.load(weights_only=True)`` (`lightning_rl.checkpoint`): tensors, plain containers and a few path types, never
 arbitrary pickled code, so a crafted ``.ckpt`` cannot run anything.
 """
 
@@ -29,49 +29,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import pathlib
-import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .lora import LoraSpec, is_lora, merged_state_dict
+from lightning_rl.checkpoint import load_checkpoint
+from lightning_rl.core.lora import LoraSpec, merged_state_dict
 
 POLICY, CRITIC = "policy.", "critic."
-
-SAFE_GLOBALS = [pathlib.PosixPath, pathlib.PurePosixPath]
-"""Types besides tensors and plain containers a checkpoint may hold (a path in a callback's state)."""
-
-
-def _safe_load(path: Path) -> dict[str, Any]:
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(
-            f"{str(path)!r} holds Python objects that are not plain data, so it is not loaded (unpickling could run code). "
-            f"Checkpoints written by lightning_rl never do; this one came from elsewhere or was altered. Details: {str(err).splitlines()[0]}"
-        ) from None
-
-
-def export_info(module) -> dict[str, Any]:
-    """What an export needs besides the weights, stored in every ``RLModule`` checkpoint (``hf_export``)."""
-    info: dict[str, Any] = {
-        "policy": {"config": module.policy.config.to_dict(), "tokenizer": module.policy_spec.path, **dataclasses.asdict(module.policy_spec)},
-    }
-    if is_lora(module.policy):
-        info["policy"]["base_fingerprint"] = module.policy.lora_base_fingerprint
-    critic = module.critic
-    if critic is not None and critic.backbone is not None:
-        info["critic"] = {"config": critic.backbone.config.to_dict()}
-        if is_lora(critic.backbone):
-            reward_path = getattr(module.reward, "path", None)
-            info["critic"].update(init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora))
-            info["critic"].update(reward_path=reward_path, base_fingerprint=critic.backbone.lora_base_fingerprint)
-    return info
 
 
 def _config(values: dict[str, Any]):
@@ -111,7 +78,7 @@ def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | 
     """Write the models of an ``RLModule`` state dict (``policy.*``, ``critic.*`` keys) under ``out_dir``."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from .models import load_tokenizer
+    from lightning_rl.core.models import load_tokenizer
 
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
@@ -140,8 +107,8 @@ def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | 
 
 def _lora_policy(policy_info: dict[str, Any], adapters: dict[str, Tensor]):
     """The policy's base, reloaded from its recorded path and checked, with the trained adapters loaded into it."""
-    from .lora import check_base
-    from .models import ModelSpec, load_causal_lm
+    from lightning_rl.core.lora import check_base
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     fields = {f.name for f in dataclasses.fields(ModelSpec)}
     spec = ModelSpec(**{**{k: v for k, v in policy_info.items() if k in fields}, "lora": LoraSpec(**policy_info["lora"])})
@@ -155,7 +122,7 @@ def _lora_critic(critic_info: dict[str, Any], policy_path: str, trained: dict[st
     """The critic's backbone reloaded (as ``ValueCritic.build`` does) with its adapters and value head loaded."""
     from components.critic import ValueCritic
 
-    from .lora import check_base
+    from lightning_rl.core.lora import check_base
 
     critic = ValueCritic(init_from=critic_info["init_from"], path=critic_info["path"], dtype=critic_info["dtype"], lora=LoraSpec(**critic_info["lora"]))
     critic.build(policy_path, critic_info.get("reward_path"))
@@ -188,8 +155,8 @@ def export_adapters(state: dict[str, Tensor], info: dict[str, Any], out_dir: str
     """Write the LoRA adapters alone: ``policy/`` (peft adapter + tokenizer) and, for a LoRA critic, ``critic/``."""
     from safetensors.torch import save_file
 
-    from .lora import save_adapter
-    from .models import load_tokenizer
+    from lightning_rl.core.lora import save_adapter
+    from lightning_rl.core.models import load_tokenizer
 
     if info["policy"].get("lora") is None:
         raise ValueError("--adapter_only: this checkpoint's policy was trained without LoRA (model.policy.lora is null); export it without --adapter_only")
@@ -210,7 +177,7 @@ def export_reward_model(checkpoint: dict[str, Any], out_dir: str | Path, dtype: 
     """Write the sequence classifier of a ``BradleyTerryRewardModel`` checkpoint to ``out_dir/reward_model``."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from .models import load_tokenizer
+    from lightning_rl.core.models import load_tokenizer
 
     path = checkpoint["hyper_parameters"]["path"]
     tok = load_tokenizer(path, "hyper_parameters.path (the reward model's base)")
@@ -223,33 +190,9 @@ def export_reward_model(checkpoint: dict[str, Any], out_dir: str | Path, dtype: 
     return {"reward_model": target}
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint as one dict with a full ``state_dict`` (file, FSDP2 shard folder or DeepSpeed folder)."""
-    path = Path(path)
-    if path.is_file():
-        return _safe_load(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    if (path / "meta.pt").is_file() and (path / ".metadata").is_file():  # torch.distributed.checkpoint (FSDP2Strategy)
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-        weights: dict[str, Any] = {}
-        _load_state_dict(weights, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
-        return {**_safe_load(path / "meta.pt"), "state_dict": weights["state_dict"]}
-    if (path / "latest").is_file() or (path / "checkpoint").is_dir():  # DeepSpeed
-        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-        with tempfile.TemporaryDirectory() as tmp:
-            convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "consolidated.ckpt")
-            return _safe_load(Path(tmp) / "consolidated.ckpt")
-    raise ValueError(f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)")
-
-
 def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None = None, tokenizer: str | None = None, adapter_only: bool = False) -> dict[str, Path]:
     """Export every trained model in a checkpoint (or, with ``adapter_only``, its LoRA adapters); returns {name: folder}."""
-    from .models import _DTYPES
+    from lightning_rl.core.models import _DTYPES
 
     torch_dtype = _DTYPES[dtype] if dtype else None
     checkpoint = load_checkpoint(path)

@@ -93,7 +93,7 @@ class ResumableCheckpoints(Callback):
             if checkpoint._last_global_step_saved != trainer.global_step:
                 try:
                     path = save_last(trainer, checkpoint)
-                except Exception as err:  # e.g. non-finite weights (lightning_rl.health): the original error matters more
+                except Exception as err:  # e.g. non-finite weights (lightning_rl.loop.health): the original error matters more
                     warnings.warn(f"{what}: last.ckpt not updated ({err})")
                     return
                 rank_zero_info(f"{what}: saved the last completed iteration ({trainer.global_step}) to {path}; resume with --ckpt_path {path}")

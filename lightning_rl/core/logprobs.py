@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .packing import attention_backend, pack, packable, packed_outputs
+from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
@@ -241,7 +241,7 @@ def policy_logprobs(
     """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R), zero on padding.
 
     ``entropy_grad=False`` computes the entropy as a detached metric (no checkpointing cost).
-    ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.packing) when the model
+    ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.core.packing) when the model
     allows it; log-probs and entropy are then chunked over the real tokens only.
     """
     if packed and packable(model, batch.prompt_mask, batch.response_mask):

@@ -32,24 +32,24 @@ from components.rollout import HFRollout, MultiTurnRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 
-from .ahead import RolloutAhead, check_asynchronous, drop_stale
-from .batch import RolloutBatch, terminal_rewards
-from .config import LoopConfig, OptimizerConfig
-from .distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
-from .evaluation import ValidateBeforeAndAfter, Validation
-from .export import export_info
-from .fault import ResumableCheckpoints, TeardownOnException
-from .health import FiniteCheckpoints, TrainingHealth
-from .logprobs import policy_logprobs
-from .lora import base_fingerprints, check_bases, frozen_base_names, reference_is_base, reference_model
-from .metrics import PhaseTimer, WeightedMeans
-from .microbatch import micro_batches, pad_to
-from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
-from .ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
-from .reporting import IterationReporting
-from .requirements import ContextLengthCheck, check_requirements
-from .runs import RunFolders
-from .update import UpdatePhase
+from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous, drop_stale
+from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
+from lightning_rl.loop.validation import ValidateBeforeAndAfter, Validation
+from lightning_rl.checkpoint import export_info
+from lightning_rl.loop.fault import ResumableCheckpoints, TeardownOnException
+from lightning_rl.loop.health import FiniteCheckpoints, TrainingHealth
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.lora import base_fingerprints, check_bases, frozen_base_names, reference_is_base, reference_model
+from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
+from lightning_rl.core.microbatch import micro_batches, pad_to
+from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm, load_tokenizer
+from lightning_rl.core.ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
+from lightning_rl.loop.reporting import IterationReporting
+from lightning_rl.loop.requirements import ContextLengthCheck, check_requirements
+from lightning_rl.loop.runs import RunFolders
+from lightning_rl.loop.optimize import UpdatePhase
 
 FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
 """Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored in checkpoints."""
@@ -120,8 +120,8 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         self.optimizer_steps = {"policy": 0, "critic": 0}  # per group, for the LR schedules (host ints: no device sync)
         self._shuffle = torch.Generator().manual_seed(0)
         self._rng = IterationRNG()  # torch's global random state inside iterations (lightning_rl.distributed)
-        self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)  # lightning_rl.health
-        self._ahead: RolloutAhead | None = None  # asynchronous training (loop.max_staleness > 0): lightning_rl.ahead
+        self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)  # lightning_rl.loop.health
+        self._ahead: RolloutAhead | None = None  # asynchronous training (loop.max_staleness > 0): lightning_rl.loop.ahead
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -339,7 +339,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Greedy accuracy on held-out prompts, pass@k / mean@k from sampled responses (lightning_rl.evaluation)."""
+        """Greedy accuracy on held-out prompts, pass@k / mean@k from sampled responses (lightning_rl.loop.validation)."""
         self._validate(batch, dataloader_idx)
 
     # ------------------------------------------------------------------ checkpoints
@@ -373,13 +373,13 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
 
     def configure_callbacks(self) -> list:
-        """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.fault); no checkpoint of
-        non-finite weights (lightning_rl.health); prompt + response lengths against the policy's positions (lightning_rl.requirements);
-        each fit in its own run folder with a ``latest`` link (lightning_rl.runs); validation before and after training (lightning_rl.evaluation)."""
+        """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.loop.fault); no checkpoint of
+        non-finite weights (lightning_rl.loop.health); prompt + response lengths against the policy's positions (lightning_rl.loop.requirements);
+        each fit in its own run folder with a ``latest`` link (lightning_rl.loop.runs); validation before and after training (lightning_rl.loop.validation)."""
         return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
 
     def on_fit_start(self) -> None:
-        """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.ahead): the rounds sampled ahead. They start
+        """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.loop.ahead): the rounds sampled ahead. They start
         at the first iteration, once every strategy has restored the checkpoint's weights."""
         if self.loop.max_staleness > 0:
             check_asynchronous(self.rollout, self.trainer, self.agent)

@@ -10,9 +10,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .lora import LoraSpec, apply_lora
+from lightning_rl.core.lora import LoraSpec, apply_lora
 
-TINY_MODEL_PATH = str(Path(__file__).parent / "assets" / "tiny-arith")
+TINY_MODEL_PATH = str(Path(__file__).parents[1] / "assets" / "tiny-arith")
 """The embedded default policy: a small causal LM trained on the built-in arithmetic task (scripts/make_tiny_model.py)."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

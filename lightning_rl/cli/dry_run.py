@@ -51,7 +51,7 @@ def describe(cli) -> str:
         run = root / "version_<next>"
         lines.append(f"  logs         {_shown(run)} ({_shown(root / 'latest')} will link to it)")
     for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None):
-        moved = run is not None and Path(checkpoint.dirpath).resolve() == (run.parent / "checkpoints").resolve()  # lightning_rl.runs
+        moved = run is not None and Path(checkpoint.dirpath).resolve() == (run.parent / "checkpoints").resolve()  # lightning_rl.loop.runs
         lines.append(f"  checkpoints  {_shown(run / 'checkpoints' if moved else Path(checkpoint.dirpath))}")
     return "\n".join(lines)
 
