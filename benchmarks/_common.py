@@ -47,7 +47,9 @@ def mean_std(values: list[float]) -> str:
 
 def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, batch_size: int = 128) -> float:
     """Held-out greedy exact-match accuracy with the code `RLModule.validation_step` runs:
-    ``HFRollout.generate(greedy=True)``, decode the valid tokens, ``ExactMatch`` on the ``answer`` column."""
+    ``HFRollout.generate`` with greedy settings, decode the valid tokens, ``ExactMatch`` on the ``answer`` column."""
+    from dataclasses import replace
+
     import torch
 
     from components.reward import ExactMatch
@@ -62,10 +64,10 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, bat
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
             chunk = rows[i : i + batch_size]
-            prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"]} for r in chunk], tokenizer.pad_token_id)
-            batch = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], model, greedy=True)
+            prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"], "answer": r["answer"]} for r in chunk], tokenizer.pad_token_id)["prompts"]
+            batch = rollout.generate(prompts, model, replace(rollout.params, greedy=True))
             lengths = batch.response_lengths.tolist()
             texts = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
-            correct += float(reward(batch, {"completions": texts, "answer": [r["answer"] for r in chunk]}).sum())
+            correct += float(reward(batch.with_columns(completions=texts)).sum())
     model.train(was_training)
     return correct / len(rows)

@@ -19,7 +19,7 @@ Needs the ``bench`` extra (``pip install -e ".[bench]"``: TRL). Both runs get th
 * reward: exact match of the stripped completion with the answer (our ``ExactMatch``; for TRL a
   reward function doing the same comparison);
 * held-out accuracy: after training, both policies are evaluated by the same code, ours
-  (``HFRollout.generate(greedy=True)`` + ``ExactMatch``, as ``RLModule.validation_step`` does).
+  (``HFRollout.generate`` with greedy settings + ``ExactMatch``, as validation does).
 
 Overheads: neither run logs to disk, checkpoints or validates during training (ours: no logger, no
 checkpoint callback, no validation data, no progress bar; TRL: ``report_to="none"``,

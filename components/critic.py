@@ -16,9 +16,9 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import OptimizerConfig
-from lightning_rl.core.logprobs import sequence_inputs
+from lightning_rl.core.inputs import sequence_inputs
 from lightning_rl.core.lora import LoraSpec, apply_lora, is_lora
-from lightning_rl.core.models import _DTYPES, _load, disable_dropout
+from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained
 from lightning_rl.core.ops import masked_mean
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs
 
@@ -65,7 +65,7 @@ class ValueCritic(nn.Module):
         base a LoRA critic shares when that is exact."""
         if self.backbone is not None:
             return
-        if self.lora is not None and self.init_from == "policy" and is_lora(policy) and policy.dtype == _DTYPES[self.dtype]:
+        if self.lora is not None and self.init_from == "policy" and is_lora(policy) and policy.dtype == DTYPES[self.dtype]:
             self.backbone = apply_lora(shared_backbone(policy), self.lora, "model.critic.init_args")
             self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=torch.float32)
             nn.init.zeros_(self.head.weight)
@@ -76,9 +76,9 @@ class ValueCritic(nn.Module):
         source = {"policy": policy_path, "reward_model": reward_model_path, "path": self.path}[self.init_from]
         if source is None:
             raise ValueError("ValueCritic: init_from='reward_model' needs a RewardModel reward (or use init_from='policy')")
-        kwargs = dict(dtype=_DTYPES[self.dtype])
+        kwargs = dict(dtype=DTYPES[self.dtype])
         if self.init_from == "reward_model":
-            scorer = _load(AutoModelForSequenceClassification.from_pretrained, source, "model.critic", num_labels=1, **kwargs)
+            scorer = load_pretrained(AutoModelForSequenceClassification.from_pretrained, source, "model.critic", num_labels=1, **kwargs)
             self.backbone = getattr(scorer, scorer.base_model_prefix)
             head = scorer.score if hasattr(scorer, "score") else scorer.classifier
             self.head = nn.Linear(head.in_features, 1, bias=True, dtype=torch.float32)
@@ -86,7 +86,7 @@ class ValueCritic(nn.Module):
                 self.head.weight.copy_(head.weight.float()[:1])
                 self.head.bias.copy_(head.bias.float()[:1] if head.bias is not None else torch.zeros(1))
         else:
-            self.backbone = _load(AutoModel.from_pretrained, source, "model.critic", **kwargs)
+            self.backbone = load_pretrained(AutoModel.from_pretrained, source, "model.critic", **kwargs)
             self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=torch.float32)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from lightning_rl.core.logprobs import mask_positions, sampled_logprobs
+from lightning_rl.core.inputs import mask_positions
+from lightning_rl.core.logprobs import sampled_logprobs
 from lightning_rl.core.ops import masked_mean
 
 

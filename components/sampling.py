@@ -33,12 +33,13 @@ class DynamicSampling:
             raise ValueError(f"DynamicSampling: max_rounds must be >= 1, got {max_rounds}")
         self.max_rounds, self.tol, self.part = max_rounds, tol, part
 
-    def keep(self, batch: RolloutBatch, parts: dict[str, Tensor] | None = None) -> Tensor:
-        """(B,) bool: samples whose group has a spread in the filtered score (``parts[on]``, or the total
-        score). Greedy baseline rows follow their group."""
+    def keep(self, batch: RolloutBatch) -> Tensor:
+        """(B,) bool: samples whose group has a spread in the filtered score (the reward's part ``part`` from
+        ``batch.score_parts``, or the total score). Greedy baseline rows follow their group."""
         batch.require(["scores", "group_ids"], "DynamicSampling")
         scores = batch.scores.float()
         if self.part is not None:
+            parts = batch.score_parts
             if not parts or self.part not in parts:
                 raise ValueError(
                     f"DynamicSampling(part={self.part!r}): the reward has no part named {self.part!r} (parts: {sorted(parts or {})}); "

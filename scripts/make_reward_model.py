@@ -55,9 +55,9 @@ def rank_policy_samples(rm_path: str, policy_path: str, n_prompts: int, samples:
     reward = RewardModel(path=rm_path, batch_size=256)
     reward.setup(tokenizer)
     rows = arithmetic_rows("test")[:n_prompts]
-    prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"]} for r in rows], tokenizer.pad_token_id)
-    batch = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], policy)
-    scores = reward(batch, {})
+    prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"]} for r in rows], tokenizer.pad_token_id)["prompts"]
+    batch = rollout.generate(prompts, policy)
+    scores = reward(batch)
     lengths = batch.response_lengths.tolist()
     texts = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
     correct = torch.tensor([t.strip() == rows[i // samples]["answer"] for i, t in enumerate(texts)])

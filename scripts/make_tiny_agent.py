@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from components.env import Calculator, ToolEnvironment
 from components.rollout import HFRollout, MultiTurnRollout
+from lightning_rl.core.batch import Prompts
 from lightning_rl.data.tasks import calc_rows
 from lightning_rl.recipes.tiny import TOOL_TAGS, build_char_tokenizer, build_tiny_llama, supervised_step
 
@@ -76,9 +78,10 @@ def greedy_accuracy(model, tokenizer, rows) -> tuple[float, float]:
     """Held-out greedy accuracy and tool calls per problem, through the multi-turn rollout."""
     sampler, agent = calc_agent(tokenizer)
     enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
-    _, texts = agent.generate(sampler, enc.input_ids, enc.attention_mask, model, rows, greedy=True)
-    accuracy = sum(c.strip() == r["answer"] for c, r in zip(texts["completions"], rows)) / len(rows)
-    return accuracy, float(agent.last_metrics["agent/tool_calls_mean"])
+    prompts = Prompts(enc.input_ids, enc.attention_mask, {k: [r[k] for r in rows] for k in rows[0]})
+    batch, metrics = agent.generate(sampler, prompts, model, replace(sampler.params, greedy=True))
+    accuracy = sum(c.strip() == r["answer"] for c, r in zip(batch.columns["completions"], rows)) / len(rows)
+    return accuracy, float(metrics["agent/tool_calls_mean"])
 
 
 def main() -> None:

@@ -24,3 +24,14 @@ def batch_from_scores(scores, lengths=None, width: int | None = None, group_size
         sample_mask=torch.ones(b),
         **fields,
     )
+
+
+def prompts(ids, mask=None, rows: list[dict] | None = None):
+    """A `Prompts` batch from token ids (a (P_n, P) tensor or nested lists), an optional mask (default all ones) and
+    each prompt's data row (default none)."""
+    from lightning_rl.core.batch import Prompts
+
+    ids = torch.as_tensor(ids)
+    mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+    rows = rows or [{} for _ in range(ids.shape[0])]
+    return Prompts(ids, mask, {k: [r[k] for r in rows] for k in rows[0]})

@@ -59,3 +59,9 @@ class AdvantageEstimator(ABC):
         if self.clip is not None:
             advantages = advantages.clamp(-self.clip, self.clip)
         return Advantages(advantages, returns)
+
+
+def reject_greedy_rows(batch: RolloutBatch, who: str) -> None:
+    """Fail naming ``who`` when the batch holds greedy baseline rows (only ReMax reads them)."""
+    if batch.is_greedy is not None and bool(batch.is_greedy.any()):
+        raise ValueError(f"{who} got greedy baseline rows; they belong to components.advantage.ReMax (set greedy_baseline=false on the rollout)")

@@ -9,12 +9,7 @@ import torch
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten
-
-
-def _reject_greedy_rows(batch: RolloutBatch, who: str) -> None:
-    if batch.is_greedy is not None and bool(batch.is_greedy.any()):
-        raise ValueError(f"{who} got greedy baseline rows; they belong to components.advantage.ReMax (set greedy_baseline=false on the rollout)")
+from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
 
 
 class GroupNormalized(AdvantageEstimator):
@@ -57,7 +52,7 @@ class GroupNormalized(AdvantageEstimator):
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
         batch.require(["group_ids"], "GroupNormalized")
-        _reject_greedy_rows(batch, "GroupNormalized")
+        reject_greedy_rows(batch, "GroupNormalized")
         rewards = sequence_rewards(batch)  # (B,)
         grouped = group_view(rewards, batch.group_ids)  # (n_groups, G)
         # shift by the group's first reward before averaging: a group of identical non-dyadic rewards

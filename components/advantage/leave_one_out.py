@@ -5,8 +5,7 @@ from __future__ import annotations
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten
-from .group import _reject_greedy_rows
+from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
 
 
 class LeaveOneOut(AdvantageEstimator):
@@ -33,7 +32,7 @@ class LeaveOneOut(AdvantageEstimator):
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
         batch.require(["group_ids"], "LeaveOneOut")
-        _reject_greedy_rows(batch, "LeaveOneOut")
+        reject_greedy_rows(batch, "LeaveOneOut")
         rewards = sequence_rewards(batch)  # (B,)
         grouped = group_view(rewards, batch.group_ids)  # (n_groups, G)
         g = grouped.shape[1]

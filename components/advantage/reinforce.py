@@ -10,8 +10,7 @@ from torch import nn
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum, broadcast_to_tokens, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten
-from .group import _reject_greedy_rows
+from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
 
 
 class ReinforceBaseline(AdvantageEstimator, nn.Module):
@@ -48,7 +47,7 @@ class ReinforceBaseline(AdvantageEstimator, nn.Module):
         self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
-        _reject_greedy_rows(batch, "ReinforceBaseline")
+        reject_greedy_rows(batch, "ReinforceBaseline")
         rewards = sequence_rewards(batch)  # (B,)
         counted = (batch.loss_mask.sum(-1) > 0).float()  # (B,)
         # fp64 sums: the mean of equal rewards is then exactly that reward, and their advantage exactly 0

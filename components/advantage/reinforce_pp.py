@@ -8,8 +8,7 @@ from torch import Tensor
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import group_view, reverse_scan, sequence_rewards, steps_first
 
-from .base import Advantages, AdvantageEstimator, Whiten
-from .group import _reject_greedy_rows
+from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
 
 
 def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
@@ -56,7 +55,7 @@ class ReinforcePlusPlus(AdvantageEstimator):
         self.group_relative = group_baseline
 
     def estimate(self, batch: RolloutBatch) -> Advantages:
-        _reject_greedy_rows(batch, "ReinforcePlusPlus")
+        reject_greedy_rows(batch, "ReinforcePlusPlus")
         mask = batch.action_tokens  # (B, R): a multi-turn transcript's observations are not steps
         if batch.action_mask is None:
             advantages = reward_to_go(batch.token_rewards, mask, self.gamma)  # (B, R)

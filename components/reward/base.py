@@ -1,10 +1,10 @@
-"""The reward contract: a `RolloutBatch` plus per-sample text and dataset columns in, scores (B,) out."""
+"""The reward contract: a `RolloutBatch` in (its ``columns`` hold each sample's text and data row), scores (B,) out."""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -12,7 +12,32 @@ from torch import Tensor
 from lightning_rl.core.batch import RolloutBatch
 
 RewardInputs = dict[str, list[Any]]
-"""Per-sample lists: ``prompts`` and ``completions`` (decoded text) plus every dataset column (e.g. ``answer``)."""
+"""A batch's ``columns``, per-sample lists: ``prompts`` and ``completions`` (decoded text) plus every dataset column
+(e.g. ``answer``); an agent's episodes add ``transcripts``."""
+
+
+class Scores(NamedTuple):
+    """What the loop takes from a reward for one batch."""
+
+    total: Tensor  # (B,) the scores
+    parts: dict[str, Tensor]  # name -> (B,): a Composite's unweighted parts ({} for a single reward)
+    metrics: dict[str, Tensor]  # detached metrics of the call (e.g. reward/timeout_frac)
+
+
+def columns(batch: RolloutBatch, who: str) -> RewardInputs:
+    """The batch's per-sample columns, or an error naming ``who`` when the batch carries none."""
+    if batch.columns is None:
+        raise ValueError(f"{who} reads the batch's columns (completions, dataset columns), but this RolloutBatch has none: "
+                         "build it with columns={'completions': [...], ...}")
+    return batch.columns
+
+
+def column(batch: RolloutBatch, key: str, who: str) -> list:
+    """One per-sample column, or an error naming the column, ``who`` reads it and what the data provides."""
+    values = columns(batch, who)
+    if key not in values:
+        raise KeyError(f"{who} reads the dataset column '{key}', which the data does not provide; columns: {sorted(values)}")
+    return values[key]
 
 
 class Reward(ABC):
@@ -26,8 +51,14 @@ class Reward(ABC):
         """Called once the tokenizer exists."""
 
     @abstractmethod
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
         """Shape: (B,) float."""
+
+    def score(self, batch: RolloutBatch) -> Scores:
+        """The scores checked (B finite numbers, else an error naming this reward and the sample), with their named
+        parts and the call's metrics: what the loop reads."""
+        total = as_scores(self(batch), batch.batch_size, self.name, batch.columns)
+        return Scores(total, {}, dict(self.last_metrics))
 
     @property
     def name(self) -> str:

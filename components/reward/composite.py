@@ -7,15 +7,16 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs, as_scores
+from .base import Reward, Scores, as_scores
 
 
 class Composite(Reward):
     """R = sum_k w_k R_k: e.g. correctness plus a format bonus plus DAPO's overlong penalty.
 
-    Each part is checked like a top-level reward (B finite scores, errors name the part). After each call
-    ``last_parts`` holds every part's unweighted scores by name: the trainer logs them as ``reward/<name>``
-    and `DynamicSampling(part=<name>)` filters on one of them (DAPO filters on accuracy, not on the sum).
+    Each part is checked like a top-level reward (B finite scores, errors name the part). ``score`` returns every
+    part's unweighted scores by name with the sum: the batch carries them (``score_parts``), the trainer logs them
+    as ``reward/<name>`` and `DynamicSampling(part=<name>)` filters on one of them (DAPO filters on accuracy, not on
+    the sum).
     """
 
     def __init__(self, rewards: list[Reward], weights: list[float] | None = None, names: list[str] | None = None):
@@ -40,7 +41,6 @@ class Composite(Reward):
         if len(names) != len(rewards) or len(set(names)) != len(names):
             raise ValueError(f"Composite: names must be one distinct name per reward, got {names}; give `names` explicitly")
         self.rewards, self.weights, self.names = list(rewards), [float(w) for w in weights], names
-        self.last_parts: dict[str, Tensor] = {}
         self.requires = frozenset().union(*(r.requires for r in self.rewards))
 
     @property
@@ -51,11 +51,15 @@ class Composite(Reward):
         for reward in self.rewards:
             reward.setup(tokenizer)
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        return self.score(batch).total
+
+    def score(self, batch: RolloutBatch) -> Scores:
         total = torch.zeros(batch.batch_size, dtype=torch.float32)
-        self.last_parts = {}
+        parts, metrics = {}, {}
         for reward, weight, name in zip(self.rewards, self.weights, self.names):
-            part = as_scores(reward(batch, meta), batch.batch_size, name, meta)  # (B,)
-            self.last_parts[name] = part.detach()
+            part = as_scores(reward(batch), batch.batch_size, name, batch.columns)  # (B,): an error names the part
+            parts[name] = part.detach()
+            metrics.update(reward.last_metrics)
             total += weight * part
-        return total.to(batch.response_ids.device)
+        return Scores(total.to(batch.response_ids.device), parts, metrics)

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs, as_scores
+from .base import Reward, as_scores
 
 
 class MissingEOSPenalty(Reward):
@@ -34,7 +34,7 @@ class MissingEOSPenalty(Reward):
     def setup(self, tokenizer) -> None:
         self.reward.setup(tokenizer)
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
         batch.require(["truncated"], self.name)
-        scores = as_scores(self.reward(batch, meta), batch.batch_size, self.reward.name, meta).to(batch.response_ids.device)
+        scores = as_scores(self.reward(batch), batch.batch_size, self.reward.name, batch.columns).to(batch.response_ids.device)
         return torch.where(batch.truncated.bool(), torch.full_like(scores, self.penalty), scores)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs
+from .base import Reward, column
 
 
 class Format(Reward):
@@ -33,7 +33,7 @@ class Format(Reward):
             raise ValueError(f"Format: pattern {pattern!r} is not a valid regular expression ({err})") from err
         self.bonus, self.miss, self.full_match = bonus, miss, full_match
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
         match = self.pattern.fullmatch if self.full_match else self.pattern.search
-        scores = [self.bonus if match(c.strip() if self.full_match else c) else self.miss for c in meta["completions"]]
+        scores = [self.bonus if match(c.strip() if self.full_match else c) else self.miss for c in column(batch, "completions", self.name)]
         return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)

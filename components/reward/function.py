@@ -8,7 +8,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs, as_scores
+from .base import Reward, as_scores, columns
 from .deadline import DeadlineExceeded, deadline
 
 
@@ -36,7 +36,8 @@ class FunctionReward(Reward):
     def name(self) -> str:
         return f"FunctionReward({getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))})"
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        meta = columns(batch, self.name)
         try:
             with deadline(self.timeout_s):
                 values = self.fn(**meta, **self.kwargs)

@@ -9,13 +9,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs
-
-
-def _column(meta: RewardInputs, key: str, who: str) -> list:
-    if key not in meta:
-        raise KeyError(f"{who} reads the dataset column '{key}', which the data does not provide; columns: {sorted(meta)}")
-    return meta[key]
+from .base import Reward, column
 
 
 class ExactMatch(Reward):
@@ -42,10 +36,10 @@ class ExactMatch(Reward):
             return None
         return (found.group(1) if found.groups() else found.group(0)).strip()
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
-        answers = _column(meta, self.answer_key, self.name)
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        answers = column(batch, self.answer_key, self.name)
         scores = [
             self.correct if (got := self._answer(c)) is not None and got == str(ref).strip() else self.wrong
-            for c, ref in zip(meta["completions"], answers)
+            for c, ref in zip(column(batch, "completions", self.name), answers)
         ]
         return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.logprobs import mask_positions, sequence_inputs
-from lightning_rl.core.models import _DTYPES, _load, disable_dropout
+from lightning_rl.core.inputs import mask_positions, sequence_inputs
+from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained
 
-from .base import Reward, RewardInputs
+from .base import Reward
 from .shaping import ScoreNormalizer
 
 TINY_REWARD_MODEL_PATH = str(Path(__file__).resolve().parents[2] / "lightning_rl" / "assets" / "tiny-arith-rm")
@@ -105,9 +105,9 @@ class RewardModel(ScoreNormalizer, Reward):
         what = "model.reward.init_args.path"
         if self.path == TINY_REWARD_MODEL_PATH and not os.path.isdir(self.path):
             raise FileNotFoundError(f"{what}: the built-in task's reward model is not built yet; run python scripts/make_reward_model.py (writes {self.path})")
-        model, info = _load(
+        model, info = load_pretrained(
             AutoModelForSequenceClassification.from_pretrained, self.path, what,
-            num_labels=1, dtype=_DTYPES[self.dtype], trust_remote_code=self.trust_remote_code, output_loading_info=True,
+            num_labels=1, dtype=DTYPES[self.dtype], trust_remote_code=self.trust_remote_code, output_loading_info=True,
         )  # fmt: skip
         _, head = scalar_head(model)
         head_keys = {name for name, p in model.named_parameters() if any(p is q for q in head.parameters())}
@@ -136,7 +136,7 @@ class RewardModel(ScoreNormalizer, Reward):
         return self
 
     @torch.no_grad()
-    def forward(self, batch: RolloutBatch, meta: RewardInputs | None = None) -> Tensor:
+    def forward(self, batch: RolloutBatch) -> Tensor:
         """Scores of prompt + response. Shape: (B,) float32 on the batch's device."""
         if self.model is None:
             raise RuntimeError("RewardModel.setup(tokenizer) must run before scoring (RLModule.configure_model does it)")

@@ -6,7 +6,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs
+from .base import Reward
 
 
 class OverlongPenalty(Reward):
@@ -34,7 +34,7 @@ class OverlongPenalty(Reward):
             raise ValueError(f"OverlongPenalty: need 0 < buffer <= max_length, got buffer={buffer}, max_length={max_length}")
         self.max_length, self.buffer, self.penalty = max_length, buffer, penalty
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
         lengths = batch.response_lengths.float()  # (B,)
         start = self.max_length - self.buffer
         ramp = (lengths - start).clamp(0.0, float(self.buffer)) / self.buffer  # (B,) 0 -> 1 over the buffer

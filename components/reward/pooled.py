@@ -13,7 +13,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs, as_scores
+from .base import Reward, as_scores, columns
 from .deadline import DeadlineExceeded, deadline
 
 GRACE_S = 5.0
@@ -88,7 +88,8 @@ class PooledReward(Reward):
             self._pool.terminate()
             self._pool = None
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        meta = columns(batch, self.name)
         n = batch.batch_size
         pool = self._get_pool()
         calls = [pool.apply_async(_score_sample, (self.fn, {**{k: [v[i]] for k, v in meta.items()}, **self.kwargs}, self.timeout_s)) for i in range(n)]

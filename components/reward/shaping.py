@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum
 
-from .base import Reward, RewardInputs, as_scores
+from .base import Reward, Scores, as_scores
 
 Normalize = Literal["none", "static", "running"]
 
@@ -91,14 +91,15 @@ class Shaped(ScoreNormalizer, Reward):
     def name(self) -> str:
         return f"Shaped({self.reward.name})"
 
-    @property
-    def last_parts(self) -> dict[str, Tensor]:  # a shaped Composite still exposes its parts
-        return getattr(self.reward, "last_parts", {})
-
     def setup(self, tokenizer) -> None:
         self.reward.setup(tokenizer)
 
     @torch.no_grad()
-    def forward(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
-        scores = as_scores(self.reward(batch, meta), batch.batch_size, self.reward.name, meta)  # (B,)
-        return self.normalized(scores.to(batch.response_ids.device))
+    def forward(self, batch: RolloutBatch) -> Tensor:
+        return self.score(batch).total
+
+    @torch.no_grad()
+    def score(self, batch: RolloutBatch) -> Scores:
+        inner = self.reward.score(batch)  # a shaped Composite keeps its parts, unshaped
+        total = self.normalized(inner.total.to(batch.response_ids.device))  # (B,)
+        return Scores(total, inner.parts, {**inner.metrics, **self.last_metrics})

@@ -7,8 +7,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, RewardInputs
-from .match import _column
+from .base import Reward, column
 
 
 class MathVerify(Reward):
@@ -44,13 +43,13 @@ class MathVerify(Reward):
             raise ValueError(f"{self.name}: math-verify cannot parse the reference answer {text!r} (column '{self.answer_key}')")
         return parsed
 
-    def __call__(self, batch: RolloutBatch, meta: RewardInputs) -> Tensor:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
         from math_verify import parse, verify
 
-        answers = _column(meta, self.answer_key, self.name)
+        answers = column(batch, self.answer_key, self.name)
         references: dict[str, list] = {}
         scores = []
-        for completion, answer in zip(meta["completions"], answers):
+        for completion, answer in zip(column(batch, "completions", self.name), answers):
             key = str(answer)
             if key not in references:
                 references[key] = self._parse_reference(answer)

@@ -1,4 +1,4 @@
-"""The rollout contract: prompts in, a `RolloutBatch` of sampled responses out."""
+"""The rollout contract: prompts in, a `RolloutBatch` of sampled responses out, sampled as a `SamplingParams` says."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ from abc import ABC, abstractmethod
 
 from torch import Tensor, nn
 
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.sampling import SamplingParams
 
 
 class Rollout(ABC):
-    """Samples ``group_size`` responses per prompt.
+    """Samples ``params.group_size`` responses per prompt.
 
-    Subclasses set ``provides``: the `RolloutBatch` fields they fill, so components that need a
-    field (``rollout_logprobs`` for TIS/MIS) are checked against it once at setup.
+    ``params`` holds the configured `SamplingParams` (built from the subclass's init arguments, never changed
+    afterwards); a call with other settings passes its own. Subclasses set ``provides``: the `RolloutBatch` fields
+    they fill, so components that need a field (``rollout_logprobs`` for TIS/MIS) are checked against it once at setup.
     """
 
     provides: frozenset[str] = frozenset({"prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids"})
-    group_size: int
-    temperature: float
-    max_new_tokens: int
+    params: SamplingParams
     samples_in_process: bool = True
     """True when ``generate`` samples from the policy module it is given; False for a sampler with weights of its own (a server)."""
     weight_version: int = 0
@@ -32,10 +32,11 @@ class Rollout(ABC):
         self.pad_token_id = tokenizer.pad_token_id
 
     @abstractmethod
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:
-        """Shapes: prompt_ids, prompt_mask (P_n, P) left-padded -> batch of B = P_n * group_size rows.
+    def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
+        """Shapes: prompts (P_n, P) left-padded -> a batch of B = P_n * ``params.rows_per_prompt`` rows, each prompt's
+        rows contiguous, with the prompt's fields laid out over them (``prompts.per_row``).
 
-        ``greedy=True`` (validation): one temperature-0 response per prompt, B = P_n.
+        ``params`` (None = ``self.params``): ``greedy`` gives one temperature-0 response per prompt (validation).
         """
 
     def prepare(self, policy: nn.Module) -> None:

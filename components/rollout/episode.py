@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
 
 ENV_MARK = ("[[env: ", "]]")
 """How an observation is marked in the transcripts shown as samples."""
@@ -65,9 +65,9 @@ def token_versions(turn: RolloutBatch) -> Tensor:
     return versions[:, None].expand_as(turn.response_ids)
 
 
-def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tensor, g: int, pad_token_id: int) -> RolloutBatch:
+def episode_batch(episodes: list[Episode], prompts: Prompts, g: int, pad_token_id: int) -> RolloutBatch:
     """One row per episode, ``g`` consecutive episodes per prompt. Shapes: prompts (P_n, P) -> batch of B = P_n * g rows, R = the longest transcript."""
-    b, device = len(episodes), prompt_ids.device
+    b, device = len(episodes), prompts.prompt_ids.device
     width = max(1, max(len(e.ids) for e in episodes))
     response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)  # (B, R)
     response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
@@ -82,15 +82,14 @@ def episode_batch(episodes: list[Episode], prompt_ids: Tensor, prompt_mask: Tens
         if logprobs is not None:
             logprobs[i, :n] = torch.tensor(e.logprobs)
     return RolloutBatch(
-        prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
-        prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
+        **prompts.per_row(g),
         response_ids=response_ids.to(device),
         response_mask=response_mask.to(device),
         action_mask=action_mask.to(device),
         env_rewards=env_rewards.to(device),
         rollout_logprobs=None if logprobs is None else logprobs.to(device),
         truncated=torch.tensor([e.truncated for e in episodes], device=device),
-        group_ids=torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(g),
+        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g),
         # an episode without a model token has nothing to be stale: it gets the newest version of the batch
         versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=newest) for e in episodes], device=device),
         token_versions=versions.to(device),

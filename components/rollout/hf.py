@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.logprobs import forward_accepts, mask_positions
+from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.inputs import forward_accepts, mask_positions
 
 from .base import Rollout, response_mask_from_eos
 
@@ -59,35 +60,27 @@ class HFRollout(Rollout):
             drop_finished_rows: stop computing rows whose response has ended (they leave the KV cache once a
                 quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
         """
-        if group_size < 1 or max_new_tokens < 1:
-            raise ValueError(f"HFRollout: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
-        if temperature < 0:
-            raise ValueError(f"HFRollout: temperature must be >= 0, got {temperature}")
-        self.group_size = group_size
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
-        self.stop_token_ids = list(stop_token_ids or [])
-        self.greedy_baseline = greedy_baseline
+        try:
+            self.params = SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, tuple(stop_token_ids or ()), False, greedy_baseline)
+        except ValueError as err:
+            raise ValueError(f"HFRollout: {err}") from None
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows
         self.provides = Rollout.provides | ({"rollout_logprobs"} if return_logprobs else set()) | (
             {"is_greedy", "sample_mask"} if greedy_baseline else set()
         )
+
+    @staticmethod
+    def _truncation(params: SamplingParams):
+        """Top-k then top-p, after the temperature: the order transformers' generate applies them in."""
         from transformers.generation import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
-        # the order transformers' generate applies them in, after the temperature
-        self._truncation = LogitsProcessorList(
-            ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        return LogitsProcessorList(
+            ([TopKLogitsWarper(params.top_k)] if params.top_k > 0 else []) + ([TopPLogitsWarper(params.top_p)] if params.top_p < 1.0 else [])
         )
 
-    @property
-    def eos_ids(self) -> list[int]:
-        return [self.eos_token_id, *self.stop_token_ids]
-
-    def _pick(self, logits: Tensor, temperature: float, rows: Tensor, batch: int) -> Tensor:
+    def _pick(self, logits: Tensor, temperature: float, rows: Tensor, batch: int, truncation) -> Tensor:
         """Next tokens of the ``rows`` still computed, from their fp32 logits (b, V); pad for the others. Shape: -> (batch,).
 
         The draw is made for all ``batch`` rows (finished ones on a point mass), so the random numbers each row
@@ -96,13 +89,13 @@ class HFRollout(Rollout):
         token = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=logits.device)
         if temperature == 0:
             return token.index_put_((rows,), logits.argmax(-1))
-        scores = self._truncation(None, logits / temperature)  # the warpers read only the scores
+        scores = truncation(None, logits / temperature)  # the warpers read only the scores
         probs = torch.zeros(batch, logits.shape[-1], device=logits.device)
         probs[:, self.pad_token_id] = 1.0
         probs[rows] = torch.softmax(scores, dim=-1)
         return torch.multinomial(probs, num_samples=1).squeeze(1)
 
-    def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, temperature: float, repeats: int = 1):
+    def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, temperature: float, repeats: int = 1):
         """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups.
         Returns response ids (rows, R) right-padded with pad, and the sampler's log-probs (rows, R) or None."""
         per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per chunk
@@ -111,7 +104,7 @@ class HFRollout(Rollout):
         # all-gathered parameters must stay ordinary tensors
         with torch.no_grad() if forward.synced else torch.inference_mode():
             parts = [
-                self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], temperature, repeats)
+                self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], params, temperature, repeats)
                 for i in range(0, prompt_ids.shape[0], per_call)
             ]
             width = max(ids.shape[1] for ids, _ in parts)
@@ -120,7 +113,7 @@ class HFRollout(Rollout):
         # ordinary tensors again: the trainer's forward and loss save these for backward
         return response_ids.clone(), None if logprobs is None else logprobs.clone()
 
-    def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, temperature: float, repeats: int):
+    def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, params: SamplingParams, temperature: float, repeats: int):
         positions = mask_positions(mask)  # (n, P)
         logits, cache = forward.prefill(ids, mask, positions)  # (n, V)
         if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
@@ -128,7 +121,8 @@ class HFRollout(Rollout):
             cache.batch_repeat_interleave(repeats)
         attention = mask.repeat_interleave(repeats, dim=0)  # (b, P + t)
         position = positions[:, -1:].repeat_interleave(repeats, dim=0)  # (b, 1)
-        eos = torch.tensor(self.eos_ids, device=ids.device)
+        eos = torch.tensor(params.eos_ids(self.eos_token_id), device=ids.device)
+        truncation = self._truncation(params)
         batch = attention.shape[0]
         running = torch.ones(batch, dtype=torch.bool, device=ids.device)  # (batch,)
         rows = torch.arange(batch, device=ids.device)  # (b,): the rows still in the cache (and in logits)
@@ -138,7 +132,7 @@ class HFRollout(Rollout):
         while True:
             if not done:
                 z = logits.float()  # (b, V)
-                token = torch.where(running, self._pick(z, temperature, rows, batch), self.pad_token_id)  # finished rows take pad
+                token = torch.where(running, self._pick(z, temperature, rows, batch, truncation), self.pad_token_id)  # finished rows take pad
                 tokens.append(token)
                 if self.return_logprobs:
                     picked = torch.log_softmax(z / t_logprob, dim=-1).gather(-1, token[rows, None]).squeeze(-1)
@@ -146,7 +140,7 @@ class HFRollout(Rollout):
                 running &= ~torch.isin(token, eos)
                 step += 1
                 left = int(running.sum())  # one host sync per step, as generate's
-                done = step == self.max_new_tokens or left == 0
+                done = step == params.max_new_tokens or left == 0
                 if not done and self.drop_finished_rows and not forward.synced and left <= 0.75 * rows.shape[0]:
                     # a quarter of the computed rows has finished: copy the cache once without them
                     keep = running[rows].nonzero().squeeze(1)  # (b',) positions in the cache
@@ -160,27 +154,25 @@ class HFRollout(Rollout):
         response_ids = torch.stack(tokens, dim=1)  # (batch, R)
         return response_ids, (torch.stack(logprobs, dim=1) if self.return_logprobs else None)
 
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:
-        n_prompts, g = prompt_ids.shape[0], 1 if greedy else self.group_size
-        with_baseline = self.greedy_baseline and not greedy
+    def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
+        params = params or self.params
+        n_prompts, g, rows = len(prompts), params.samples_per_prompt, params.rows_per_prompt
+        prompt_ids, prompt_mask = prompts.prompt_ids, prompts.prompt_mask
         was_training = policy.training
         policy.eval()
         try:
-            temperature = 0.0 if greedy else self.temperature
-            response_ids, logprobs = self._sample(policy, prompt_ids, prompt_mask, temperature, repeats=g)  # (P_n * G, R)
-            if with_baseline:
-                greedy_ids, greedy_logprobs = self._sample(policy, prompt_ids, prompt_mask, 0.0)
+            response_ids, logprobs = self._sample(policy, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g)  # (P_n * G, R)
+            if params.with_baseline:
+                greedy_ids, greedy_logprobs = self._sample(policy, prompt_ids, prompt_mask, params, 0.0)
                 response_ids = _append_to_groups(response_ids, greedy_ids, g, self.pad_token_id)
                 if logprobs is not None:
                     logprobs = _append_to_groups(logprobs, greedy_logprobs, g, 0.0)
         finally:
             policy.train(was_training)
-        rows = g + int(with_baseline)
-        response_mask, truncated = response_mask_from_eos(response_ids, self.eos_ids)
-        is_greedy = (torch.arange(rows, device=prompt_ids.device) == g).repeat(n_prompts) if with_baseline else None
+        response_mask, truncated = response_mask_from_eos(response_ids, params.eos_ids(self.eos_token_id))
+        is_greedy = (torch.arange(rows, device=prompt_ids.device) == g).repeat(n_prompts) if params.with_baseline else None
         return RolloutBatch(
-            prompt_ids=prompt_ids.repeat_interleave(rows, dim=0),
-            prompt_mask=prompt_mask.repeat_interleave(rows, dim=0),
+            **prompts.per_row(rows),
             response_ids=response_ids,
             response_mask=response_mask,
             rollout_logprobs=None if logprobs is None else logprobs * response_mask,

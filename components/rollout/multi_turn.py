@@ -16,10 +16,10 @@ appended (previous turns are never re-tokenised, so the trainer scores exactly t
 With ``chat_template: true`` an observation is rendered as the chat template's ``observation_role`` turn
 (components.rollout.chat_turns): only the new segment is tokenised and appended.
 
-The sampler's own settings are used as configured, except for the duration of one ``generate`` call: the
-environment's stop tokens are added to its ``stop_token_ids``, ``max_new_tokens`` is capped at the room the
-roomiest open episode has left (so prompt + ``max_total_tokens`` bounds every position the policy sees), and
-after the first turn it draws one sample per context (``group_size`` 1). Every data-parallel rank takes as
+Each turn samples with the sampler's settings (`SamplingParams`) as configured or as given, passed per call and
+never set on the sampler: the environment's stop tokens are added to ``stop_token_ids``, ``max_new_tokens`` is
+capped at the room the roomiest open episode has left (so prompt + ``max_total_tokens`` bounds every position the
+policy sees), and after the first turn it draws one sample per context (``group_size`` 1). Every data-parallel rank takes as
 many turns as the busiest one (a sharded policy's forward is a collective): a rank whose episodes have all
 ended samples a stand-in turn beside the others and discards it.
 """
@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
 from components.env import Environment, Step, Turn
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum
+from lightning_rl.core.sampling import SamplingParams
 
 from .base import Rollout
 from .chat_turns import ChatTurns
@@ -62,12 +63,11 @@ class MultiTurnRollout:
             raise ValueError(f"MultiTurnRollout: max_turns ({max_turns}) and max_total_tokens ({max_total_tokens}) must be >= 1")
         self.env, self.max_turns, self.max_total_tokens = env, max_turns, max_total_tokens
         self.chat_template, self.observation_role = chat_template, observation_role
-        self.last_metrics: dict[str, Tensor] = {}
         self.tokenizer, self.chat, self.stop_ids = None, None, []
 
     def setup(self, tokenizer, sampler: Rollout) -> None:
         """Resolve the environment's stop texts to token ids and check the sampler can drive episodes."""
-        if getattr(sampler, "greedy_baseline", False):
+        if sampler.params.greedy_baseline:
             raise ValueError("model.agent (MultiTurnRollout) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false")
         self.tokenizer = tokenizer
         self.stop_ids = []
@@ -85,18 +85,20 @@ class MultiTurnRollout:
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
-    def generate(self, sampler: Rollout, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, rows: list[dict], greedy: bool = False):
-        """Episodes for ``rows`` (one data row per prompt). Returns the batch and its texts: ``completions`` (each
-        episode's last model turn, what a reward judges) and ``transcripts`` (everything, observations marked)."""
+    def generate(self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
+        """Episodes for ``prompts`` (each starts from its prompt's data row), sampled by ``sampler`` with ``params``
+        (None = its own). Returns the batch, whose columns hold ``completions`` (each episode's last model turn, what a
+        reward judges) and ``transcripts`` (everything, observations marked), and the episodes' metrics."""
         if self.tokenizer is None:
             raise RuntimeError("MultiTurnRollout.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)")
-        n = prompt_ids.shape[0]
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
-        stops = list(dict.fromkeys([*sampler.stop_token_ids, *self.stop_ids]))
-        with _settings(sampler, stop_token_ids=stops, max_new_tokens=min(sampler.max_new_tokens, self.max_total_tokens)):
-            turn = sampler.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
+        params = params or sampler.params
+        n, prompt_ids = len(prompts), prompts.prompt_ids
+        contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompts.prompt_mask.cpu())]
+        stops = tuple(dict.fromkeys([*params.stop_token_ids, *self.stop_ids]))
+        turn = sampler.generate(prompts, policy, replace(params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)))
         g = turn.batch_size // n
-        episodes = [Episode(prompts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
+        rows = prompts.rows()
+        episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
         active, index = list(range(turn.batch_size)), 0
         while True:
             self._absorb(turn, [episodes[i] for i in active], index)
@@ -108,12 +110,11 @@ class MultiTurnRollout:
             context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device)
             # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
             room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
-            with _settings(sampler, stop_token_ids=stops, group_size=1, max_new_tokens=min(sampler.max_new_tokens, room)):
-                turn = sampler.generate(context_ids, context_mask, policy, greedy=greedy)
-        batch = episode_batch(episodes, prompt_ids, prompt_mask, g, sampler.pad_token_id)
-        self.last_metrics = episode_metrics(episodes)
-        texts = {"completions": [self._decode(e.last_turn) for e in episodes], "transcripts": [transcript(e, self._decode) for e in episodes]}
-        return batch, texts
+            turn_params = replace(params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room))
+            turn = sampler.generate(Prompts(context_ids, context_mask), policy, turn_params)
+        batch = episode_batch(episodes, prompts, g, sampler.pad_token_id)
+        batch = batch.with_columns(completions=[self._decode(e.last_turn) for e in episodes], transcripts=[transcript(e, self._decode) for e in episodes])
+        return batch, episode_metrics(episodes)
 
     def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int) -> None:
         """Append each row's sampled turn to its episode, let the environment act, append its observation."""
@@ -191,16 +192,3 @@ class MultiTurnRollout:
 
 def _is_ids(value) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-@contextmanager
-def _settings(sampler: Rollout, **values):
-    """The sampler's attributes set to ``values`` for one call, then restored."""
-    saved = {k: getattr(sampler, k) for k in values}
-    try:
-        for k, v in values.items():
-            setattr(sampler, k, v)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(sampler, k, v)

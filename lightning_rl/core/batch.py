@@ -1,15 +1,17 @@
-"""`RolloutBatch`: the one data object every phase reads and the module writes back to.
+"""`RolloutBatch`: the one data object every phase reads and the module writes back to; `Prompts`, what the data gives.
 
-Per-token fields are ``(B, R)`` aligned with ``response_ids``; per-sample fields are ``(B,)``.
-Samples of one prompt are contiguous and share ``group_ids``. Every field but the response ones
-is optional so a test can build a batch by keyword.
+Per-token fields are ``(B, R)`` aligned with ``response_ids``; per-sample fields are ``(B,)``; per-row fields
+(``columns``: the data row and decoded texts; ``score_parts``: a reward's named parts) hold one entry per sample.
+Samples of one prompt are contiguous and share ``group_ids``. Every field but the response ones is optional so a
+test can build a batch by keyword. ``select`` / ``split`` / ``cat`` / ``to`` carry every field, so whatever a sample
+brings (a new model input, a recorded agent call) travels with it by being one more field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
-from typing import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable
 
 import torch
 from torch import Tensor
@@ -30,6 +32,12 @@ PER_TOKEN = (
     "token_versions",
 )
 PROMPT = ("prompt_ids", "prompt_mask")
+ROWS = ("columns", "score_parts")
+"""Per-row fields that are not one tensor: ``columns`` (name -> a list, one value per sample), ``score_parts``
+(name -> a (B,) tensor)."""
+
+Columns = dict[str, list[Any]]
+"""Per-row values by name, one list entry per row: the data row's columns, decoded prompts and completions."""
 
 
 @dataclass
@@ -54,6 +62,8 @@ class RolloutBatch:
     env_rewards: Tensor | None = None  # (B, R) an environment's per-turn rewards, on the last token of each turn
     versions: Tensor | None = None  # (B,) long: the oldest policy version that sampled any of the sample's tokens
     token_versions: Tensor | None = None  # (B, R) long: the version that sampled each token (partial rollouts, agents)
+    columns: Columns | None = None  # per row: the data row (prompt, answer, ...), prompts / completions / transcripts
+    score_parts: dict[str, Tensor] | None = None  # name -> (B,): a Composite reward's unweighted parts
 
     def __post_init__(self) -> None:
         if self.response_ids.dim() != 2 or self.response_mask.shape != self.response_ids.shape:
@@ -98,15 +108,31 @@ class RolloutBatch:
     def replace(self, **changes) -> "RolloutBatch":
         return dataclasses.replace(self, **changes)
 
+    def with_columns(self, **values: list[Any]) -> "RolloutBatch":
+        """The batch with these per-row columns added (one value per row each)."""
+        for name, value in values.items():
+            if len(value) != self.batch_size:
+                raise ValueError(f"column {name!r} has {len(value)} values for {self.batch_size} rows")
+        return self.replace(columns={**(self.columns or {}), **values})
+
     def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
-        return self.replace(**{k: v.to(device) for k, v in self.tensors().items()})
+        changes: dict[str, Any] = {k: v.to(device) for k, v in self.tensors().items()}
+        if self.score_parts is not None:
+            changes["score_parts"] = {k: v.to(device) for k, v in self.score_parts.items()}
+        return self.replace(**changes)
 
     def select(self, index: Tensor | slice) -> "RolloutBatch":
         """Rows ``index`` of every field (a slice, long indices or a (B,) bool mask)."""
-        return self.replace(**{k: v[index] for k, v in self.tensors().items()})
+        changes: dict[str, Any] = {k: v[index] for k, v in self.tensors().items()}
+        if self.columns is not None:
+            rows = _row_indices(index, self.batch_size)
+            changes["columns"] = {k: [v[i] for i in rows] for k, v in self.columns.items()}
+        if self.score_parts is not None:
+            changes["score_parts"] = {k: v[index.to(v.device) if isinstance(index, Tensor) else index] for k, v in self.score_parts.items()}
+        return self.replace(**changes)
 
     def split(self, size: int) -> list["RolloutBatch"]:
         """Contiguous chunks of at most ``size`` samples (micro-batches)."""
@@ -125,6 +151,12 @@ class RolloutBatch:
                 continue
             if any(v is None for v in values):
                 raise ValueError(f"cannot concatenate batches where only some have `{f.name}`")
+            if f.name in ROWS:
+                keys = list(values[0])
+                if any(list(v) != keys for v in values):
+                    raise ValueError(f"cannot concatenate batches whose `{f.name}` have different names: {[sorted(v) for v in values]}")
+                merged[f.name] = {k: _concat([v[k] for v in values]) for k in keys}
+                continue
             if f.name in PER_TOKEN:
                 width = max(v.shape[1] for v in values)
                 values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
@@ -138,6 +170,48 @@ class RolloutBatch:
         missing = [n for n in names if getattr(self, n) is None]
         if missing:
             raise ValueError(f"{who} needs RolloutBatch field(s) {missing}, which are not set")
+
+
+def _row_indices(index: Tensor | slice, size: int) -> list[int]:
+    """Python row numbers of a row index: a slice, long indices or a (B,) bool mask."""
+    if isinstance(index, slice):
+        return list(range(size))[index]
+    index = index.cpu()
+    return index.nonzero().squeeze(-1).tolist() if index.dtype == torch.bool else index.reshape(-1).tolist()
+
+
+def _concat(parts: list) -> Any:
+    return torch.cat(parts) if isinstance(parts[0], Tensor) else [x for part in parts for x in part]
+
+
+@dataclass
+class Prompts:
+    """A batch of prompts as the data gives them: left-padded token ids and each prompt's data row.
+
+    A rollout lays a prompt's fields out over its rows of the `RolloutBatch` with `per_row`, so every per-prompt
+    field (the data row today; any per-prompt model input) reaches the batch without the rollout knowing it."""
+
+    prompt_ids: Tensor  # (P_n, P) left-padded
+    prompt_mask: Tensor  # (P_n, P)
+    columns: Columns = field(default_factory=dict)  # per prompt: the data row (prompt text, answer, ...)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per prompt: its data row."""
+        return [dict(zip(self.columns, values)) for values in zip(*self.columns.values())] if self.columns else [{} for _ in range(len(self))]
+
+    def to(self, device: torch.device | str) -> "Prompts":
+        return dataclasses.replace(self, prompt_ids=self.prompt_ids.to(device), prompt_mask=self.prompt_mask.to(device))
+
+    def per_row(self, rows: int) -> dict[str, Any]:
+        """The prompt fields of a `RolloutBatch` with ``rows`` consecutive rows per prompt. Shapes: (P_n, P) -> (P_n * rows, P)."""
+        return {
+            "prompt_ids": self.prompt_ids.repeat_interleave(rows, dim=0),
+            "prompt_mask": self.prompt_mask.repeat_interleave(rows, dim=0),
+            "columns": {k: [v for v in values for _ in range(rows)] for k, values in self.columns.items()},
+        }
 
 
 def terminal_rewards(scores: Tensor, mask: Tensor) -> Tensor:

@@ -89,13 +89,6 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             layer.enable_adapters(True)  # also makes the adapter weights trainable again
 
 
-def reference_model(module):
-    """Context giving the model that scores ``ref_logprobs``: the loaded reference, or the LoRA policy with adapters off."""
-    if module.reference is not None:
-        return nullcontext(module.reference)
-    return adapters_disabled(module.policy)
-
-
 def reference_is_base(policy_spec, reference_spec, needs) -> bool:
     """A LoRA policy without an explicit reference takes its reference log-probs from its own base weights."""
     return getattr(policy_spec, "lora", None) is not None and reference_spec is None and "ref_logprobs" in needs
@@ -121,37 +114,6 @@ def check_base(stored: list[float] | None, model: nn.Module, what: str, path: st
             f"{what}: the checkpoint holds LoRA adapters trained on a different base model than '{path}' "
             f"(weight fingerprint {stored} != {current}); set {what}.path (and dtype) to the base the run started from"
         )
-
-
-def _lora_roots(module) -> dict[str, tuple[nn.Module | None, str, str]]:
-    """{checkpoint key prefix: (model, config key, base path)} of an ``RLModule``'s models that may carry adapters."""
-    critic = module.critic
-    critic_path = None if critic is None else (critic.path if critic.init_from == "path" else critic.init_from)
-    return {
-        "policy.": (module.policy, "model.policy", module.policy_spec.path),
-        "critic.backbone.": (getattr(critic, "backbone", None), "model.critic", critic_path),
-    }
-
-
-def base_fingerprints(module) -> dict[str, list[float]]:
-    """{prefix: fingerprint} of the LoRA models' bases, stored in checkpoints (``lora_base``)."""
-    return {prefix: model.lora_base_fingerprint for prefix, (model, _, _) in _lora_roots(module).items() if is_lora(model)}
-
-
-def check_bases(stored: dict[str, list[float]] | None, module) -> None:
-    """Raise, naming the config key, when a checkpoint's adapters were trained on another base than the one loaded."""
-    for prefix, (model, what, path) in _lora_roots(module).items():
-        if is_lora(model):
-            check_base((stored or {}).get(prefix), model, what, str(path))
-
-
-def frozen_base_names(module) -> set[str]:
-    """Names (as in ``module.state_dict()``) of the frozen base parameters of LoRA models: left out of checkpoints."""
-    names: set[str] = set()
-    for prefix, (model, _, _) in _lora_roots(module).items():
-        if is_lora(model):
-            names |= {prefix + n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    return names
 
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:

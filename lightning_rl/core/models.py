@@ -15,7 +15,7 @@ from lightning_rl.core.lora import LoraSpec, apply_lora
 TINY_MODEL_PATH = str(Path(__file__).parents[1] / "assets" / "tiny-arith")
 """The embedded default policy: a small causal LM trained on the built-in arithmetic task (scripts/make_tiny_model.py)."""
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -46,7 +46,7 @@ def check_model_path(path: str, what: str) -> None:
         raise FileNotFoundError(f"{what}: model path '{path}' does not exist; set it to a local save_pretrained() directory or a hub id")
 
 
-def _load(loader, path: str, what: str, **kwargs):
+def load_pretrained(loader, path: str, what: str, **kwargs):
     check_model_path(path, what)
     try:
         return loader(os.path.expanduser(path), **kwargs)
@@ -60,7 +60,7 @@ def _load(loader, path: str, what: str, **kwargs):
 def load_tokenizer(path: str, what: str = "model.policy.path"):
     from transformers import AutoTokenizer
 
-    tokenizer = _load(AutoTokenizer.from_pretrained, path, what)
+    tokenizer = load_pretrained(AutoTokenizer.from_pretrained, path, what)
     tokenizer.padding_side = "left"  # generation appends to the right edge of every prompt
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
@@ -85,10 +85,10 @@ def freeze(model: nn.Module) -> nn.Module:
 def load_causal_lm(spec: ModelSpec, what: str = "model.policy"):
     from transformers import AutoModelForCausalLM
 
-    kwargs = dict(dtype=_DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code)
+    kwargs = dict(dtype=DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code)
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    model = _load(AutoModelForCausalLM.from_pretrained, spec.path, f"{what}.path", **kwargs)
+    model = load_pretrained(AutoModelForCausalLM.from_pretrained, spec.path, f"{what}.path", **kwargs)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True  # generation needs the KV cache; trainer passes use_cache=False itself

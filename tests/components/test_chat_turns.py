@@ -12,6 +12,7 @@ from components.rollout import MultiTurnRollout
 from components.rollout.chat_turns import ChatTurns
 from components.env import Environment, Step
 from tests.components.test_multi_turn import Scripted
+from tests.helpers import prompts
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -59,7 +60,7 @@ def _episode(tok, turn_1: str, turn_2: str):
     sampler = Scripted([[sampled[0]], [sampled[1]]], tok.eos_token_id)
     agent = MultiTurnRollout(Calc(), chat_template=True)
     agent.setup(tok, sampler)
-    batch, _ = agent.generate(sampler, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), None, [{}])
+    batch, _ = agent.generate(sampler, prompts([prompt]), None)
     ours = prompt + batch.response_ids[0].tolist()
     conversation = user + [{"role": "assistant", "content": turn_1}, {"role": "tool", "content": "<result>3</result>"}]
     return ours, conversation, sampler, sampled

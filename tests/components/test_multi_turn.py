@@ -3,6 +3,8 @@ and flag, clear errors for a misbehaving environment, and trainer log-probs equa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,6 +14,8 @@ from components.rollout.base import response_mask_from_eos
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
+from lightning_rl.core.sampling import SamplingParams
+from tests.helpers import prompts
 
 
 class Echo(Environment):
@@ -34,17 +38,18 @@ class Scripted(Rollout):
     """A token-in/token-out sampler that answers each call with the next scripted turns (one list of ids per row)."""
 
     def __init__(self, script: list[list[list[int]]], eos: int, group_size: int = 1):
-        self.script, self.group_size, self.temperature, self.max_new_tokens = list(script), group_size, 1.0, 64
-        self.stop_token_ids, self.contexts, self.budgets, self.eos_token_id, self.pad_token_id = [], [], [], eos, 0
+        self.script, self.params = list(script), SamplingParams(group_size=group_size, max_new_tokens=64)
+        self.contexts, self.budgets, self.eos_token_id, self.pad_token_id = [], [], eos, 0
 
-    def generate(self, prompt_ids, prompt_mask, policy, greedy=False):
-        self.contexts.append([ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)])
-        self.budgets.append(self.max_new_tokens)
-        turns = [t[: self.max_new_tokens] for t in self.script.pop(0)]  # like any sampler, at most max_new_tokens
-        assert len(turns) == prompt_ids.shape[0] * self.group_size
+    def generate(self, prompts, policy, params=None):
+        params = params or self.params
+        self.contexts.append([ids[m.bool()].tolist() for ids, m in zip(prompts.prompt_ids, prompts.prompt_mask)])
+        self.budgets.append(params.max_new_tokens)
+        turns = [t[: params.max_new_tokens] for t in self.script.pop(0)]  # like any sampler, at most max_new_tokens
+        assert len(turns) == len(prompts) * params.samples_per_prompt
         width = max(len(t) for t in turns)
         ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
-        mask, truncated = response_mask_from_eos(ids, [self.eos_token_id, *self.stop_token_ids])
+        mask, truncated = response_mask_from_eos(ids, params.eos_ids(self.eos_token_id))
         mask = mask * (torch.arange(width)[None] < torch.tensor([len(t) for t in turns])[:, None])
         logprobs = -0.01 * torch.arange(1, width + 1).float().expand(len(turns), width) * mask
         return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, versions=torch.full((ids.shape[0],), 3))
@@ -63,7 +68,7 @@ def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
     # 1 prompt x 2 samples; row 0: three turns; row 1 ends its second turn on EOS but the environment goes on
     sampler = Scripted([[enc("1") + [eos], enc("22")], [enc("3"), enc("4") + [eos]], [enc("55") + [eos], enc("6")]], eos, group_size=2)
     agent = _agent(Echo(), tokenizer, sampler, max_turns=3)
-    batch, texts = agent.generate(sampler, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), None, [{"answer": "15"}])
+    batch, metrics = agent.generate(sampler, prompts(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), [{"answer": "15"}]), None)
 
     rows = [enc("1") + [eos] + obs + enc("3") + obs + enc("55") + [eos], enc("22") + obs + enc("4") + [eos] + obs + enc("6")]
     for i, row in enumerate(rows):
@@ -79,10 +84,9 @@ def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
     assert batch.group_ids.tolist() == [0, 0] and batch.versions.tolist() == [3, 3]
     # each later turn continued from the whole context, one sample per context
     assert sampler.contexts[1] == [prompt + enc("1") + [eos] + obs, prompt + enc("22") + obs]
-    assert sampler.group_size == 2 and sampler.stop_token_ids == []  # restored after the calls
-    assert texts["completions"] == ["55", "6"]
-    assert texts["transcripts"][0] == "1[[env: =7 ]]3[[env: =7 ]]55"
-    metrics = agent.last_metrics
+    assert sampler.params == SamplingParams(group_size=2, max_new_tokens=64)  # the episodes passed their settings, never set them
+    assert batch.columns["completions"] == ["55", "6"] and batch.columns["answer"] == ["15", "15"]
+    assert batch.columns["transcripts"][0] == "1[[env: =7 ]]3[[env: =7 ]]55"
     assert metrics["agent/turns_mean"] == 3 and metrics["agent/tool_calls_mean"] == 2 and metrics["agent/observation_tokens_mean"] == 6
     assert metrics["agent/max_turns_frac"] == 0 and metrics["tool/error_frac"] == 0
 
@@ -94,23 +98,23 @@ def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
     # max_turns 2 with an environment that never finishes: the episode ends after turn 2, flagged
     sampler = Scripted([[enc("1"), enc("2")], [enc("3"), enc("4")]], eos, group_size=2)
     agent = _agent(Echo(turns=10), tokenizer, sampler, max_turns=2)
-    batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
-    assert batch.truncated.tolist() == [True, True] and agent.last_metrics["agent/max_turns_frac"] == 1
+    batch, metrics = agent.generate(sampler, prompts(prompt, mask, [{}]), None)
+    assert batch.truncated.tolist() == [True, True] and metrics["agent/max_turns_frac"] == 1
     assert batch.response_ids[0].tolist() == enc("1=7 3")  # no observation after the last turn
     # max_total_tokens 6: turn 1 (2) + observation (3) leave 1 token; turn 2 is cut to it
     sampler = Scripted([[enc("12")], [enc("345") + [eos]]], eos)
     agent = _agent(Echo(turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=6)
-    batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
+    batch, _ = agent.generate(sampler, prompts(prompt, mask, [{}]), None)
     assert batch.response_ids.tolist() == [enc("12=7 3")] and batch.truncated.tolist() == [True]
     assert batch.action_mask.tolist() == [[1, 1, 0, 0, 0, 1]]
     # the sampler was asked for no more than the room left (6, then 1): no context passes prompt + max_total_tokens
-    assert sampler.budgets == [6, 1] and sampler.max_new_tokens == 64
+    assert sampler.budgets == [6, 1] and sampler.params.max_new_tokens == 64
     # an observation longer than the remaining budget ends the episode, flagged, without it
     sampler = Scripted([[enc("12")]], eos)
     agent = _agent(Echo(observation="=" * 10, turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=8)
-    batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
+    batch, metrics = agent.generate(sampler, prompts(prompt, mask, [{}]), None)
     assert batch.response_ids.tolist() == [enc("12")] and batch.truncated.tolist() == [True]
-    assert agent.last_metrics["agent/max_turns_frac"] == 0
+    assert metrics["agent/max_turns_frac"] == 0
 
 
 class Wrong(Environment):
@@ -135,7 +139,7 @@ def test_a_misbehaving_environment_fails_with_one_clear_error(tokenizer, answer,
     sampler = Scripted([[[5, 6]]], tokenizer.eos_token_id)
     agent = _agent(Wrong(answer), tokenizer, sampler)
     with pytest.raises((TypeError, ValueError), match=message):
-        agent.generate(sampler, torch.tensor([[7, 8]]), torch.ones(1, 2, dtype=torch.long), None, [{}])
+        agent.generate(sampler, prompts(torch.tensor([[7, 8]]), torch.ones(1, 2, dtype=torch.long), [{}]), None)
 
 
 def test_setup_errors(tokenizer):
@@ -146,7 +150,7 @@ def test_setup_errors(tokenizer):
         assert _agent(ToolEnvironment([Calculator()]), tokenizer, sampler).stop_ids == []
     with pytest.raises(ValueError, match="has no chat template"):
         _agent(Echo(), tokenizer, sampler, chat_template=True)
-    sampler.greedy_baseline = True
+    sampler.params = replace(sampler.params, greedy_baseline=True)
     with pytest.raises(ValueError, match="greedy_baseline: false"):
         _agent(Echo(), tokenizer, sampler)
 
@@ -159,8 +163,8 @@ def _trainer_sampler_gap(policy, batch, temperature) -> float:
 
 def _three_turns(agent, sampler, policy, tokenizer):
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
-    batch, _ = agent.generate(sampler, enc.input_ids, enc.attention_mask, policy, [{}, {}])
-    assert agent.last_metrics["agent/turns_mean"] == 3
+    batch, metrics = agent.generate(sampler, prompts(enc.input_ids, enc.attention_mask, [{}, {}]), policy)
+    assert metrics["agent/turns_mean"] == 3
     assert (batch.response_mask * (1 - batch.action_mask)).sum(-1).tolist() == [6] * batch.batch_size  # two observations each
     return batch
 
@@ -226,10 +230,10 @@ def test_the_readmes_custom_environment_runs(tokenizer):
     sampler = Scripted([[enc("5") + [eos]], [enc("9") + [eos]], [enc("7") + [eos]]], eos)
     agent = _agent(namespace["GuessTheNumber"](), tokenizer, sampler, max_turns=3)
     prompt = enc("guess:")
-    batch, texts = agent.generate(sampler, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), None, [{"answer": "7"}])
+    batch, _ = agent.generate(sampler, prompts(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), [{"answer": "7"}]), None)
     higher, lower = enc(" higher: "), enc(" lower: ")  # (the tiny tokenizer knows digits and signs, not letters)
     assert batch.response_ids[0].tolist() == enc("5") + [eos] + higher + enc("9") + [eos] + lower + enc("7") + [eos]
-    assert texts["completions"] == ["7"] and texts["transcripts"][0].count("[[env: ") == 2
+    assert batch.columns["completions"] == ["7"] and batch.columns["transcripts"][0].count("[[env: ") == 2
     assert batch.env_rewards.nonzero()[:, 1].tolist() == [1, 3 + len(higher)]  # -0.1 on each hinted turn's EOS
     assert batch.env_rewards.sum() == pytest.approx(-0.2) and batch.truncated.tolist() == [False]
 
@@ -245,7 +249,7 @@ def test_a_turn_reward_never_lands_on_an_observation(tokenizer):
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     sampler = Scripted([[enc("1"), enc("2")], [[], enc("3")]], eos, group_size=2)
     agent = _agent(RewardEveryTurn(), tokenizer, sampler)
-    batch, _ = agent.generate(sampler, torch.tensor([enc("1+1=")]), torch.ones(1, 4, dtype=torch.long), None, [{}])
+    batch, _ = agent.generate(sampler, prompts(torch.tensor([enc("1+1=")]), torch.ones(1, 4, dtype=torch.long), [{}]), None)
     n = 1 + len(enc("=7 "))
     assert batch.response_mask.sum(-1).tolist() == [n, n + 1]
     assert batch.env_rewards.tolist() == [[1.0] + [0.0] * n, [0.5] + [0.0] * (n - 1) + [0.5]]
@@ -259,10 +263,32 @@ def test_every_rank_takes_as_many_turns_as_the_busiest(tokenizer, monkeypatch):
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     prompt = torch.tensor([enc("1+1=")])
     alone = Scripted([[enc("2") + [eos]]], eos)
-    expected, _ = _agent(Echo(turns=1), tokenizer, alone).generate(alone, prompt, torch.ones_like(prompt), None, [{}])
+    expected, _ = _agent(Echo(turns=1), tokenizer, alone).generate(alone, prompts(prompt, torch.ones_like(prompt), [{}]), None)
     other_rank_open = iter([1.0, 1.0, 0.0])
     monkeypatch.setattr(multi_turn, "all_reduce_sum", lambda x: x + next(other_rank_open))
     sampler = Scripted([[enc("2") + [eos]], [enc("99")], [enc("98")]], eos)
-    batch, texts = _agent(Echo(turns=1), tokenizer, sampler).generate(sampler, prompt, torch.ones_like(prompt), None, [{}])
+    batch, _ = _agent(Echo(turns=1), tokenizer, sampler).generate(sampler, prompts(prompt, torch.ones_like(prompt), [{}]), None)
     assert len(sampler.contexts) == 3 and sampler.contexts[1] == [enc("1+1=2") + [eos]]  # the finished episode, as a stand-in
-    assert batch.response_ids.tolist() == expected.response_ids.tolist() == [enc("2") + [eos]] and texts["completions"] == ["2"]
+    assert batch.response_ids.tolist() == expected.response_ids.tolist() == [enc("2") + [eos]] and batch.columns["completions"] == ["2"]
+
+
+def test_episodes_pass_their_settings_and_never_change_the_samplers(tokenizer):
+    # In asynchronous training an agent's episodes run on the rollout thread while the trainer's thread reads the
+    # rollout's settings (e.g. group_size for sampling/zero_var_groups): the later turns' one-sample, stop-token and
+    # budget settings must travel with each call, never through the shared sampler.
+    seen = []
+
+    class Watched(Scripted):
+        def generate(self, prompts, policy, params=None):
+            seen.append((self.params, params))  # what another thread reads now, and what this call samples with
+            return super().generate(prompts, policy, params)
+
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Watched([[enc("1"), enc("2")], [enc("3"), enc("4")], [enc("5") + [eos], enc("6") + [eos]]], eos, group_size=2)
+    configured = sampler.params
+    agent = _agent(Echo(), tokenizer, sampler, max_turns=3, max_total_tokens=20)
+    agent.generate(sampler, prompts([enc("1+1=")]), None)
+    assert [shared for shared, _ in seen] == [configured] * 3
+    assert [(p.group_size, p.max_new_tokens) for _, p in seen] == [(2, 20), (1, 16), (1, 12)]  # the room each turn had left
+    with pytest.raises(AttributeError):
+        configured.group_size = 1  # a frozen value: nobody can change it in place

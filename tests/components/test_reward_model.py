@@ -51,7 +51,7 @@ PAIRS = [("12+7=", ("19", False)), ("3+4=", ("7", False)), ("99+99=", ("198", Fa
 
 def test_score_read_at_the_last_valid_token_matches_an_unpadded_forward(rm_path, tok, hf_scorer):
     batch = _batch(tok, PAIRS)
-    scores = _reward(rm_path, tok)(batch, {})
+    scores = _reward(rm_path, tok)(batch)
     # independent: each sequence alone, no padding at all, the classifier's own pooling (last token)
     for i, (prompt, (response, cut)) in enumerate(PAIRS):
         ids = tok(prompt + response, add_special_tokens=False)["input_ids"] + ([] if cut else [tok.eos_token_id])
@@ -65,7 +65,7 @@ def test_reading_position_when_pad_equals_eos(rm_path, tok, hf_scorer):
     eos = tok.eos_token_id
     batch = batch.replace(response_ids=torch.where(batch.response_mask.bool(), batch.response_ids, torch.full_like(batch.response_ids, eos)),
                           prompt_ids=torch.where(batch.prompt_mask.bool(), batch.prompt_ids, torch.full_like(batch.prompt_ids, eos)))  # fmt: skip
-    scores = _reward(rm_path, tok)(batch, {})
+    scores = _reward(rm_path, tok)(batch)
     for i, (prompt, (response, _)) in enumerate(PAIRS[:2]):
         ids = tok(prompt + response, add_special_tokens=False)["input_ids"] + [eos]
         torch.testing.assert_close(scores[i], hf_scorer(input_ids=torch.tensor([ids])).logits[0, 0], atol=1e-5, rtol=1e-5)
@@ -81,8 +81,8 @@ def test_reading_position_when_pad_equals_eos(rm_path, tok, hf_scorer):
 
 def test_micro_batching_does_not_change_scores(rm_path, tok):
     batch = _batch(tok, PAIRS * 3)
-    whole = _reward(rm_path, tok, batch_size=64)(batch, {})
-    pieces = _reward(rm_path, tok, batch_size=5)(batch, {})
+    whole = _reward(rm_path, tok, batch_size=64)(batch)
+    pieces = _reward(rm_path, tok, batch_size=5)(batch)
     torch.testing.assert_close(whole, pieces, atol=1e-5, rtol=1e-5)
     assert whole.shape == (12,) and whole.dtype == torch.float32
 
@@ -91,7 +91,7 @@ def test_frozen_and_lazily_built(rm_path, tok):
     reward = RewardModel(path=rm_path)
     assert reward.path == rm_path and reward.model is None
     with pytest.raises(RuntimeError, match="setup"):
-        reward(_batch(tok, PAIRS), {})
+        reward(_batch(tok, PAIRS))
     reward.setup(tok)
     model = reward.model
     reward.setup(tok)  # idempotent
@@ -100,17 +100,17 @@ def test_frozen_and_lazily_built(rm_path, tok):
     reward.train()  # the parent LightningModule's train(): the transformer must stay in eval mode
     assert reward.training and not reward.model.training
     assert not any(m.training for m in reward.model.modules())
-    scores = reward(_batch(tok, PAIRS), {})
+    scores = reward(_batch(tok, PAIRS))
     assert not scores.requires_grad
 
 
 def test_static_normalisation_and_clipping(rm_path, tok):
     batch = _batch(tok, PAIRS)
-    raw = _reward(rm_path, tok)(batch, {})
-    static = _reward(rm_path, tok, normalize="static", mean=0.3, std=2.0)(batch, {})
+    raw = _reward(rm_path, tok)(batch)
+    static = _reward(rm_path, tok, normalize="static", mean=0.3, std=2.0)(batch)
     torch.testing.assert_close(static, (raw - 0.3) / 2.0, atol=1e-6, rtol=0)
     clip = float((raw - raw.mean()).abs().min()) + 1e-3  # at least one score lies beyond the bound
-    clipped = _reward(rm_path, tok, normalize="static", mean=float(raw.mean()), clip=clip)(batch, {})
+    clipped = _reward(rm_path, tok, normalize="static", mean=float(raw.mean()), clip=clip)(batch)
     torch.testing.assert_close(clipped, (raw - raw.mean()).clamp(-clip, clip), atol=1e-6, rtol=0)
     assert float(clipped.abs().max()) == pytest.approx(clip)
 
@@ -120,28 +120,28 @@ def test_running_statistics_cover_every_score_seen_in_training(rm_path, tok):
     raw = _reward(rm_path, tok)
     first, second = _batch(tok, PAIRS[:3]), _batch(tok, PAIRS[1:])
     reward.train()
-    reward(first, {})
-    out = reward(second, {})
-    seen = torch.cat([raw(first, {}), raw(second, {})]).double()
+    reward(first)
+    out = reward(second)
+    seen = torch.cat([raw(first), raw(second)]).double()
     assert int(reward.running_count) == 6
     torch.testing.assert_close(reward.running_mean, seen.mean(), atol=1e-6, rtol=0)
     torch.testing.assert_close(reward.running_m2 / 6, seen.var(correction=0), atol=1e-6, rtol=1e-6)
-    expected = (raw(second, {}).double() - seen.mean()) / seen.std(correction=0)
+    expected = (raw(second).double() - seen.mean()) / seen.std(correction=0)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
     # eval mode (validation): statistics frozen
     reward.eval()
-    reward(first, {})
+    reward(first)
     assert int(reward.running_count) == 6
     assert {"running_count", "running_mean", "running_m2"} <= {name for name, _ in reward.named_buffers()}
 
 
 def test_every_option_changes_the_output(rm_path, tok):
     batch = _batch(tok, PAIRS)
-    base = _reward(rm_path, tok)(batch, {})
+    base = _reward(rm_path, tok)(batch)
     for kwargs in [dict(normalize="static", mean=1.0), dict(normalize="static", std=3.0), dict(normalize="running"), dict(clip=1e-3)]:
         reward = _reward(rm_path, tok, **kwargs).train()
-        assert not torch.allclose(reward(batch, {}), base), kwargs
-    bf16 = _reward(rm_path, tok, dtype="bfloat16")(batch, {})
+        assert not torch.allclose(reward(batch), base), kwargs
+    bf16 = _reward(rm_path, tok, dtype="bfloat16")(batch)
     assert bf16.dtype == torch.float32 and not torch.equal(bf16, base)
     torch.testing.assert_close(bf16, base, atol=0.1, rtol=0.1)
 

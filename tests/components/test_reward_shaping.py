@@ -15,7 +15,7 @@ def lengths_as_scores(completions, **_):
 
 def _call(reward, completions):
     batch = RolloutBatch(response_ids=torch.zeros(len(completions), 2, dtype=torch.long), response_mask=torch.ones(len(completions), 2))
-    return reward(batch, {"completions": completions})
+    return reward(batch.replace(columns={"completions": completions}))
 
 
 def test_static_normalisation_then_clip():

@@ -14,27 +14,27 @@ from tests.lightning_rl.rewards import hangs_on_x, sleepy_length
 
 
 def inputs(completions: list[str]):
-    return batch_from_scores([0.0] * len(completions)), {"prompts": ["p"] * len(completions), "completions": completions}
+    return batch_from_scores([0.0] * len(completions)).replace(columns={"prompts": ["p"] * len(completions), "completions": completions})
 
 
 def test_function_reward_that_never_returns_fails_after_its_timeout():
-    batch, meta = inputs(["ab", "x"])
+    batch = inputs(["ab", "x"])
     start = time.monotonic()
     with pytest.raises(TimeoutError, match=r"did not return within timeout_s=0.3 s for 2 samples.*PooledReward"):
-        FunctionReward(hangs_on_x, timeout_s=0.3)(batch, meta)
+        FunctionReward(hangs_on_x, timeout_s=0.3)(batch)
     assert time.monotonic() - start < 2.0
-    assert FunctionReward(hangs_on_x, timeout_s=0.3)(*inputs(["ab", "cd"])).tolist() == [1.0, 1.0]
+    assert FunctionReward(hangs_on_x, timeout_s=0.3)(inputs(["ab", "cd"])).tolist() == [1.0, 1.0]
 
 
 def test_pooled_reward_scores_timeouts_and_errors_and_logs_their_fractions():
     reward = PooledReward(hangs_on_x, workers=2, timeout_s=0.5, failure_score=-1.0)
     try:
         start = time.monotonic()
-        scores = reward(*inputs(["ab", "x", "e", "cd"]))
+        scores = reward(inputs(["ab", "x", "e", "cd"]))
         assert time.monotonic() - start < 4.0  # one sample hangs forever; the run goes on after its timeout
         assert scores.tolist() == [1.0, -1.0, -1.0, 1.0]
         assert {k: float(v) for k, v in reward.last_metrics.items()} == {"reward/timeout_frac": 0.25, "reward/error_frac": 0.25}
-        assert reward(*inputs(["ab"])).tolist() == [1.0]  # the pool still works
+        assert reward(inputs(["ab"])).tolist() == [1.0]  # the pool still works
     finally:
         reward.close()
 
@@ -43,24 +43,24 @@ def test_pooled_reward_hard_failure_names_the_sample():
     reward = PooledReward(hangs_on_x, workers=2, timeout_s=0.3, on_failure="raise")
     try:
         with pytest.raises(RuntimeError, match=r"took longer than timeout_s=0.3 s at sample 1 \(completion 'x'\)"):
-            reward(*inputs(["ab", "x"]))
+            reward(inputs(["ab", "x"]))
         with pytest.raises(RuntimeError, match=r"raised ValueError: sandbox crashed at sample 0"):
-            reward(*inputs(["e"]))
+            reward(inputs(["e"]))
     finally:
         reward.close()
 
 
 def test_pool_runs_a_slow_reward_in_parallel_with_the_same_scores():
     """50 ms per sample, 32 samples: sequentially ~1.6 s, over 8 workers ~0.2 s (measured ratio printed)."""
-    batch, meta = inputs([f"c{'d' * i}" for i in range(32)])
+    batch = inputs([f"c{'d' * i}" for i in range(32)])
     reward = PooledReward(sleepy_length, workers=8, timeout_s=5.0)
     try:
-        reward(*inputs(["warm"] * 8))  # the workers start once per run
+        reward(inputs(["warm"] * 8))  # the workers start once per run
         start = time.monotonic()
-        pooled = reward(batch, meta)
+        pooled = reward(batch)
         pooled_s = time.monotonic() - start
         start = time.monotonic()
-        serial = FunctionReward(sleepy_length)(batch, meta)
+        serial = FunctionReward(sleepy_length)(batch)
         serial_s = time.monotonic() - start
     finally:
         reward.close()

@@ -16,12 +16,12 @@ def _batch(lengths, width=None, truncated=None):
 def test_overlong_penalty_dapo_numbers():
     # DAPO (eq. 13): L_max = 20480, L_cache = 4096; 0 up to 16384 tokens, then a linear ramp to -1 at 20480
     penalty = OverlongPenalty(max_length=20480, buffer=4096)
-    scores = penalty(_batch([100, 16384, 17408, 18432, 20480, 20480]), {})
+    scores = penalty(_batch([100, 16384, 17408, 18432, 20480, 20480]))
     torch.testing.assert_close(scores, torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
 
 
 def test_overlong_penalty_scale_and_beyond_the_cap():
-    scores = OverlongPenalty(max_length=8, buffer=4, penalty=0.5)(_batch([4, 5, 8, 10]), {})
+    scores = OverlongPenalty(max_length=8, buffer=4, penalty=0.5)(_batch([4, 5, 8, 10]))
     torch.testing.assert_close(scores, torch.tensor([0.0, -0.125, -0.5, -0.5]))
     with pytest.raises(ValueError, match="buffer"):
         OverlongPenalty(max_length=8, buffer=9)
@@ -32,11 +32,11 @@ def test_composite_is_the_weighted_sum_and_names_its_parts():
     batch = _batch([9, 2, 2])
     composite = Composite([ExactMatch(extract=r"<a>(.*)</a>"), Format(pattern=r"<a>.*</a>", bonus=1.0), OverlongPenalty(max_length=4, buffer=2)], weights=[1.0, 0.2, 2.0])
     # sample 0: match 1 + format 0.2 * 1 + 2 * (-1) (9 tokens > 4); sample 1: extract fails -> 0; sample 2: same
-    torch.testing.assert_close(composite(batch, meta), torch.tensor([1.0 + 0.2 - 2.0, 0.0, 0.0]))
+    torch.testing.assert_close(composite(batch.replace(columns=meta)), torch.tensor([1.0 + 0.2 - 2.0, 0.0, 0.0]))
     assert composite.requires == frozenset({"response_mask"})
     assert "0.2*Format" in composite.name
     unweighted = Composite([ExactMatch(), ExactMatch()])
-    torch.testing.assert_close(unweighted(batch, meta), torch.tensor([0.0, 0.0, 2.0]))
+    torch.testing.assert_close(unweighted(batch.replace(columns=meta)), torch.tensor([0.0, 0.0, 2.0]))
 
 
 def test_composite_errors_name_the_culprit():
@@ -46,7 +46,7 @@ def test_composite_errors_name_the_culprit():
         Composite([])
     bad = Composite([ExactMatch(), FunctionReward(fn=lambda completions, **_: [float("nan")] * len(completions))])
     with pytest.raises(ValueError, match="FunctionReward"):
-        bad(_batch([1]), {"completions": ["1"], "answer": ["1"]})
+        bad(_batch([1]).replace(columns={"completions": ["1"], "answer": ["1"]}))
 
 
 def test_composite_and_missing_eos_pass_setup_on():
@@ -63,9 +63,9 @@ def test_composite_and_missing_eos_pass_setup_on():
 def test_format_bonus():
     meta = {"completions": ["<think>a\nb</think> <answer>3</answer>", "<answer>3</answer>", " <answer>3</answer> trailing"]}
     fmt = Format(pattern=r"<think>.*</think>\s*<answer>.*</answer>", bonus=0.5, miss=-0.1)
-    torch.testing.assert_close(fmt(_batch([1, 1, 1]), meta), torch.tensor([0.5, -0.1, -0.1]))
+    torch.testing.assert_close(fmt(_batch([1, 1, 1]).replace(columns=meta)), torch.tensor([0.5, -0.1, -0.1]))
     full = Format(pattern=r"<answer>\d+</answer>", full_match=True)
-    torch.testing.assert_close(full(_batch([1, 1, 1]), meta), torch.tensor([0.0, 0.1, 0.0]))
+    torch.testing.assert_close(full(_batch([1, 1, 1]).replace(columns=meta)), torch.tensor([0.0, 0.1, 0.0]))
     with pytest.raises(ValueError, match="not a valid regular expression"):
         Format(pattern="(")
 
@@ -76,31 +76,31 @@ def test_math_verify_checks_equivalence():
         "completions": ["The answer is 82", "81", "$0.5$", "\\boxed{\\frac{1}{2}}", "", "x = 82"],
         "answer": ["82", "82", "\\frac{1}{2}", "0.5", "82", "82"],
     }
-    torch.testing.assert_close(reward(_batch([1] * 6), meta), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]))
+    torch.testing.assert_close(reward(_batch([1] * 6).replace(columns=meta)), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]))
     custom = MathVerify(correct=2.0, wrong=-1.0)
-    torch.testing.assert_close(custom(_batch([1, 1]), {"completions": ["4", "5"], "answer": ["4", "4"]}), torch.tensor([2.0, -1.0]))
+    torch.testing.assert_close(custom(_batch([1, 1]).replace(columns={"completions": ["4", "5"], "answer": ["4", "4"]})), torch.tensor([2.0, -1.0]))
 
 
 def test_math_verify_errors_name_the_column_and_the_reference():
     with pytest.raises(KeyError, match="gold"):
-        MathVerify(answer_key="gold")(_batch([1]), {"completions": ["1"], "answer": ["1"]})
+        MathVerify(answer_key="gold")(_batch([1]).replace(columns={"completions": ["1"], "answer": ["1"]}))
     with pytest.raises(ValueError, match="reference answer"):
-        MathVerify()(_batch([1]), {"completions": ["1"], "answer": [" "]})
+        MathVerify()(_batch([1]).replace(columns={"completions": ["1"], "answer": [" "]}))
 
 
 def test_math_verify_reads_a_bare_reference_as_latex():
     # parsed as plain text, "2\pi" would be 2 and "10^{3}" would be 10
     meta = {"completions": ["$2\\pi$", "2", "1000", "10"], "answer": ["2\\pi", "2\\pi", "10^{3}", "10^{3}"]}
-    torch.testing.assert_close(MathVerify()(_batch([1] * 4), meta), torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    torch.testing.assert_close(MathVerify()(_batch([1] * 4).replace(columns=meta)), torch.tensor([1.0, 0.0, 1.0, 0.0]))
 
 
 def test_missing_eos_penalty_replaces_truncated_scores():
     inner = FunctionReward(fn=lambda completions, **_: [1.0, 0.5, 0.25])
     reward = MissingEOSPenalty(inner)
-    scores = reward(_batch([1, 2, 3], truncated=[False, True, False]), {"completions": ["a", "b", "c"]})
+    scores = reward(_batch([1, 2, 3], truncated=[False, True, False]).replace(columns={"completions": ["a", "b", "c"]}))
     torch.testing.assert_close(scores, torch.tensor([1.0, -1.0, 0.25]))
     custom = MissingEOSPenalty(inner, penalty=-3.0)
-    torch.testing.assert_close(custom(_batch([1, 2, 3], truncated=[True, True, False]), {"completions": ["a", "b", "c"]}), torch.tensor([-3.0, -3.0, 0.25]))
+    torch.testing.assert_close(custom(_batch([1, 2, 3], truncated=[True, True, False]).replace(columns={"completions": ["a", "b", "c"]})), torch.tensor([-3.0, -3.0, 0.25]))
     assert "truncated" in reward.requires
 
 

@@ -1,8 +1,11 @@
+from dataclasses import replace
+
 import torch
 
 from components.rollout import HFRollout, response_mask_from_eos
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
+from tests.helpers import prompts
 
 
 def test_mask_stops_after_the_first_eos_and_flags_truncation():
@@ -25,7 +28,7 @@ def _setup(tiny_model_path, tokenizer, **kwargs):
 def test_groups_are_contiguous_and_masks_consistent(tiny_model_path, tokenizer):
     torch.manual_seed(0)
     model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=5, temperature=2.0)
-    batch = rollout.generate(ids, mask, model)
+    batch = rollout.generate(prompts(ids, mask), model)
     assert batch.batch_size == 12 and batch.response_ids.shape[1] <= 5
     assert batch.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     assert torch.equal(batch.prompt_ids[4:8], ids[1:2].expand(4, -1))
@@ -38,8 +41,8 @@ def test_groups_are_contiguous_and_masks_consistent(tiny_model_path, tokenizer):
 
 def test_greedy_is_one_deterministic_argmax_response_per_prompt(tiny_model_path, tokenizer):
     model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=4)
-    a = rollout.generate(ids, mask, model, greedy=True)
-    b = rollout.generate(ids, mask, model, greedy=True)
+    a = rollout.generate(prompts(ids, mask), model, replace(rollout.params, greedy=True))
+    b = rollout.generate(prompts(ids, mask), model, replace(rollout.params, greedy=True))
     assert a.batch_size == 3 and torch.equal(a.response_ids, b.response_ids)
     with torch.no_grad():
         first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[:, -1].argmax(-1)
@@ -49,11 +52,11 @@ def test_greedy_is_one_deterministic_argmax_response_per_prompt(tiny_model_path,
 def test_greedy_baseline_rows_close_each_group(tiny_model_path, tokenizer):
     torch.manual_seed(0)
     model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=3, max_new_tokens=4, temperature=1.5, greedy_baseline=True)
-    batch = rollout.generate(ids, mask, model)
+    batch = rollout.generate(prompts(ids, mask), model)
     assert batch.batch_size == 12
     assert batch.is_greedy.tolist() == [False, False, False, True] * 3
     assert batch.sample_mask.tolist() == [1.0, 1.0, 1.0, 0.0] * 3
-    greedy = rollout.generate(ids, mask, model, greedy=True)
+    greedy = rollout.generate(prompts(ids, mask), model, replace(rollout.params, greedy=True))
     width = greedy.response_ids.shape[1]
     assert torch.equal(batch.response_ids[3::4, :width] * batch.response_mask[3::4, :width], greedy.response_ids * greedy.response_mask)
 
@@ -61,7 +64,7 @@ def test_greedy_baseline_rows_close_each_group(tiny_model_path, tokenizer):
 def test_sampler_logprobs_equal_the_trainers_with_the_temperature_mirrored(tiny_model_path, tokenizer):
     torch.manual_seed(0)
     model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=2, max_new_tokens=5, temperature=0.7, return_logprobs=True)
-    batch = rollout.generate(ids, mask, model)
+    batch = rollout.generate(prompts(ids, mask), model)
     with torch.no_grad():
         trainer, _ = policy_logprobs(model, batch, temperature=0.7)
         untempered, _ = policy_logprobs(model, batch, temperature=1.0)
@@ -80,7 +83,7 @@ def test_shared_prompt_prefill_samples_what_plain_generate_samples(tiny_model_pa
         top_k=0, max_new_tokens=6, eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id,
     )[:, ids.shape[1] :]  # fmt: skip
     torch.manual_seed(3)
-    batch = rollout.generate(ids, mask, model)
+    batch = rollout.generate(prompts(ids, mask), model)
     assert torch.equal(batch.response_ids, plain)
     chunked = HFRollout(group_size=4, max_new_tokens=6, temperature=1.5, generation_batch_size=6)  # 6 -> one group per call
     chunked.setup(tokenizer)
@@ -93,7 +96,7 @@ def test_shared_prompt_prefill_samples_what_plain_generate_samples(tiny_model_pa
         for i in range(3)
     ]  # fmt: skip
     torch.manual_seed(3)
-    got = chunked.generate(ids, mask, model).response_ids
+    got = chunked.generate(prompts(ids, mask), model).response_ids
     width = got.shape[1]
     expected = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=tokenizer.pad_token_id) for o in per_group])
     assert torch.equal(got, expected)
@@ -114,16 +117,16 @@ def test_top_k_top_p_and_greedy_draw_what_generate_draws(tiny_model_path, tokeni
         torch.manual_seed(5)
         expected = _generate(model, ids, mask, tokenizer, 4, do_sample=True, temperature=1.3, top_k=top_k, top_p=top_p)
         torch.manual_seed(5)
-        got = rollout.generate(ids, mask, model).response_ids
+        got = rollout.generate(prompts(ids, mask), model).response_ids
         assert torch.equal(got, expected), (top_k, top_p)
-    greedy = rollout.generate(ids, mask, model, greedy=True).response_ids
+    greedy = rollout.generate(prompts(ids, mask), model, replace(rollout.params, greedy=True)).response_ids
     assert torch.equal(greedy, _generate(model, ids, mask, tokenizer, 1, do_sample=False))
 
 
 def test_top_k_restricts_every_draw_to_the_k_most_likely_tokens(tiny_model_path, tokenizer):
     torch.manual_seed(0)
     model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=16, max_new_tokens=1, temperature=5.0, top_k=2)
-    first = rollout.generate(ids, mask, model).response_ids[:, 0].reshape(3, 16)  # (P, G)
+    first = rollout.generate(prompts(ids, mask), model).response_ids[:, 0].reshape(3, 16)  # (P, G)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[:, -1]
     top2 = logits.topk(2, dim=-1).indices  # (P, 2)
@@ -141,7 +144,7 @@ def test_dropping_finished_rows_keeps_the_tokens_and_computes_fewer_rows(tiny_mo
         rows = []
         model.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
         torch.manual_seed(0)
-        batch = rollout.generate(ids, mask, model)
+        batch = rollout.generate(prompts(ids, mask), model)
         results.append((batch, sum(rows[1:])))  # the decoding steps after the prefill
     (kept, kept_rows), (dropped, dropped_rows) = results
     lengths = kept.response_lengths

@@ -89,10 +89,10 @@ def test_dynamic_sampling_filters_on_a_named_reward_part():
     accuracy = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     total = accuracy + torch.tensor([0.0, -0.25, -0.5, -1.0, 0.0, 0.0, 0.0, 0.0])
     batch = RolloutBatch(response_ids=torch.zeros(8, 2, dtype=torch.long), response_mask=torch.ones(8, 2), scores=total, group_ids=torch.arange(2).repeat_interleave(4))
-    assert DynamicSampling(part="accuracy").keep(batch, {"accuracy": accuracy}).tolist() == [False] * 4 + [True] * 4
+    assert DynamicSampling(part="accuracy").keep(batch.replace(score_parts={"accuracy": accuracy})).tolist() == [False] * 4 + [True] * 4
     assert DynamicSampling().keep(batch).tolist() == [True] * 8  # the total score keeps the all-wrong group
     with pytest.raises(ValueError, match="no part named 'accuracy'"):
-        DynamicSampling(part="accuracy").keep(batch, {"ExactMatch": accuracy})
+        DynamicSampling(part="accuracy").keep(batch.replace(score_parts={"ExactMatch": accuracy}))
 
 
 def test_composite_exposes_its_unweighted_parts_by_name():
@@ -100,9 +100,12 @@ def test_composite_exposes_its_unweighted_parts_by_name():
 
     batch = RolloutBatch(response_ids=torch.zeros(2, 2, dtype=torch.long), response_mask=torch.ones(2, 2))
     composite = Composite([FunctionReward(constant_reward), FunctionReward(constant_reward)], weights=[1.0, -0.5], names=["a", "b"])
-    torch.testing.assert_close(composite(batch, {"completions": ["x", "y"]}), torch.tensor([0.35, 0.35]))  # 0.7 - 0.5 * 0.7
-    assert sorted(composite.last_parts) == ["a", "b"]
-    torch.testing.assert_close(composite.last_parts["b"], torch.tensor([0.7, 0.7]))  # unweighted
+    batch = batch.replace(columns={"completions": ["x", "y"]})
+    torch.testing.assert_close(composite(batch), torch.tensor([0.35, 0.35]))  # 0.7 - 0.5 * 0.7
+    scored = composite.score(batch)
+    torch.testing.assert_close(scored.total, torch.tensor([0.35, 0.35]))
+    assert sorted(scored.parts) == ["a", "b"]
+    torch.testing.assert_close(scored.parts["b"], torch.tensor([0.7, 0.7]))  # unweighted
     names = Composite([FunctionReward(constant_reward)] * 2).names  # a repeated class is numbered
     assert names[1] == names[0] + "_2"
     with pytest.raises(ValueError, match="distinct name"):

@@ -15,6 +15,7 @@ from components.rollout import SGLangRollout
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
+from tests.helpers import prompts as make_prompts
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     with ThreadPoolExecutor(1) as pool:
         server.sampling.clear()
-        future = pool.submit(rollout.generate, enc.input_ids, enc.attention_mask, old)
+        future = pool.submit(rollout.generate, make_prompts(enc.input_ids, enc.attention_mask), old)
         assert server.sampling.wait(30)  # the first request has sampled a token
         time.sleep(2 * server.token_delay_s)  # and a few more: 12 at most, so the push lands mid-request
         rollout.sync_weights(new)  # version 2

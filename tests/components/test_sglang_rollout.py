@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import pytest
 import torch
+
 
 from components.rollout import SGLangRollout
 from components.rollout.sglang import SGLangError
@@ -22,6 +24,7 @@ from components.rollout.sglang.weights import tensor_payloads
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
+from tests.helpers import prompts as make_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +77,7 @@ def _server_logprobs_match(policy, batch, temperature):
 def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rollout):
     ids, mask = prompts
     rollout = make_rollout(base_url=server.url, group_size=3, max_new_tokens=6, temperature=0.7, max_concurrency=1)  # requests in order
-    batch = rollout.generate(ids, mask, policy)
+    batch = rollout.generate(make_prompts(ids, mask), policy)
 
     assert batch.response_ids.shape[0] == 9 and batch.response_ids.shape[1] <= 6
     assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -101,7 +104,7 @@ def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rol
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollout, temperature):
     rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=temperature)
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert _server_logprobs_match(policy, batch, temperature) < 1e-4
     # the temperature is what makes them agree: the untempered trainer log-probs are far off
     assert _server_logprobs_match(policy, batch, 1.0) > 1e-2
@@ -109,7 +112,7 @@ def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollou
 
 def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, policy, prompts, make_rollout, tmp_path):
     rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path))
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     old = {k: v.clone() for k, v in policy.state_dict().items()}
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     loss = -(policy_logprobs(policy, batch, 1.0)[0] * batch.response_mask).sum()
@@ -119,7 +122,7 @@ def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, pol
 
     assert server.weight_version == "2" and rollout.weight_version == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v2"]  # the previous checkpoint is removed
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert set(batch.versions.tolist()) == {2}
     assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
     stale = load_causal_lm(ModelSpec(path=str(tmp_path / "v2")))
@@ -137,7 +140,7 @@ def test_tensor_sync_runs_in_a_weight_update_session(server, policy, prompts, ma
     n_tensors = len(policy.state_dict())
     assert pushes == ["/begin_weight_update", *["/update_weights_from_tensor"] * n_tensors, "/end_weight_update"]
     assert server.weight_version == "1" and not server.session_open
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
 
 
@@ -177,7 +180,7 @@ def test_length_finish_is_truncated_unless_the_last_token_is_eos():
         Sample([1], [-0.5], "stop", [3]),
         Sample([7, 9], [-1.0, -2.0], "length", [3, 3]),
     ]
-    batch = to_batch(ids, mask, samples, rows=2, greedy_last=False, eos_ids=[1], pad_token_id=0, version=3)
+    batch = to_batch(make_prompts(ids, mask), samples, rows=2, greedy_last=False, eos_ids=[1], pad_token_id=0, version=3)
     assert batch.truncated.tolist() == [False, True, False, True]
     assert batch.response_mask.tolist() == [[1, 1], [1, 1], [1, 0], [1, 1]]
     assert batch.rollout_logprobs.tolist() == [[-0.5, -0.25], [-0.5, -0.25], [-0.5, 0.0], [-1.0, -2.0]]
@@ -187,14 +190,14 @@ def test_length_finish_is_truncated_unless_the_last_token_is_eos():
 def test_a_server_stop_token_unknown_to_the_trainer_still_ends_the_mask():
     # the server stopped on 9 (e.g. an extra EOS in its generation_config): what it did not sample is masked
     samples = [Sample([7, 9], [-1.0, -1.0], "stop", [3, 3]), Sample([7, 8, 6], [-1.0] * 3, "length", [3, 3, 3])]
-    batch = to_batch(torch.tensor([[3], [3]]), torch.ones(2, 1), samples, rows=1, greedy_last=False, eos_ids=[1], pad_token_id=1, version=1)
+    batch = to_batch(make_prompts(torch.tensor([[3], [3]]), torch.ones(2, 1)), samples, rows=1, greedy_last=False, eos_ids=[1], pad_token_id=1, version=1)
     assert batch.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert batch.truncated.tolist() == [False, True]
 
 
 def test_real_truncation_from_the_server(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=1, temperature=0.0)
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert batch.response_ids.shape[1] == 1
     assert batch.truncated.tolist() == (batch.response_ids[:, 0] != rollout.eos_token_id).tolist()
     assert all(item["meta_info"]["finish_reason"]["type"] == "length" for answer in server.answers for item in answer)
@@ -204,11 +207,11 @@ def test_aborted_requests_are_sent_again(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4, max_retries=3, max_concurrency=1)
     rollout.sync_weights(policy)
     server.abort_next = 2
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert len(server.generate_calls) == 3 + 2 and batch.batch_size == 6
     server.abort_next = 10
     with pytest.raises(SGLangError, match=rf"{server.url}: POST /generate failed after 4 attempt.*aborted"):
-        rollout.generate(*prompts, policy)
+        rollout.generate(make_prompts(*prompts), policy)
 
 
 def test_server_death_mid_rollout_names_the_server(server, policy, prompts, make_rollout):
@@ -216,7 +219,7 @@ def test_server_death_mid_rollout_names_the_server(server, policy, prompts, make
     rollout.sync_weights(policy)
     server.die_after = 1  # the second request finds the server dying, the retry finds nothing listening
     with pytest.raises(SGLangError, match=rf"SGLang server at {server.url}: POST /generate failed after 2 attempt.*unreachable"):
-        rollout.generate(*prompts, policy)
+        rollout.generate(make_prompts(*prompts), policy)
 
 
 def test_unreachable_server_names_the_url_and_the_setting(tokenizer):
@@ -231,18 +234,18 @@ def test_a_slow_answer_times_out(server, policy, prompts, make_rollout):
     rollout.sync_weights(policy)
     server.delay_s = 1.0
     with pytest.raises(SGLangError, match="no answer within timeout_s=0.3"):
-        rollout.generate(*prompts, policy)
+        rollout.generate(make_prompts(*prompts), policy)
 
 
 def test_greedy_validation_and_greedy_baseline(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=3, max_new_tokens=6, temperature=0.8, greedy_baseline=True)
     assert {"is_greedy", "sample_mask", "rollout_logprobs"} <= rollout.provides
-    greedy = rollout.generate(*prompts, policy, greedy=True)
+    greedy = rollout.generate(make_prompts(*prompts), policy, replace(rollout.params, greedy=True))
     assert greedy.batch_size == 3 and greedy.is_greedy is None
     assert server.generate_calls[-1]["sampling_params"]["temperature"] == 0.0
     assert _server_logprobs_match(policy, greedy, 1.0) < 1e-4  # greedy: untempered
 
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert batch.batch_size == 12 and batch.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     assert batch.is_greedy.tolist() == [False, False, False, True] * 3
     assert batch.sample_mask.tolist() == [1.0, 1.0, 1.0, 0.0] * 3
@@ -255,7 +258,7 @@ def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(tiny
     a, b = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     try:
         rollout = make_rollout(base_url=[a.url, b.url], group_size=2, max_new_tokens=4)
-        batch = rollout.generate(*prompts, policy)
+        batch = rollout.generate(make_prompts(*prompts), policy)
         assert (len(a.generate_calls), len(b.generate_calls)) == (2, 1) and batch.batch_size == 6
         assert a.weight_version == b.weight_version == "1"
     finally:
@@ -268,7 +271,7 @@ def test_a_server_that_missed_a_weight_update_fails_loudly(tiny_model_path, poli
     try:
         rollout = make_rollout(base_url=[a.url, b.url], weight_update_urls=[a.url], group_size=2, max_new_tokens=4)
         with pytest.raises(SGLangError, match=rf"{b.url} sampled with weight_version 'default' but the trainer pushed 1"):
-            rollout.generate(*prompts, policy)
+            rollout.generate(make_prompts(*prompts), policy)
     finally:
         a.stop()
         b.stop()
@@ -276,10 +279,10 @@ def test_a_server_that_missed_a_weight_update_fails_loudly(tiny_model_path, poli
 
 def test_memory_is_released_between_rollouts_and_resumed_before_use(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4, release_memory=True)
-    rollout.generate(*prompts, policy)
+    rollout.generate(make_prompts(*prompts), policy)
     assert server.released  # the fixture refuses /generate while released: resume must come first
     rollout.sync_weights(policy)
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert server.released and set(batch.versions.tolist()) == {2}
     calls = [c for c in server.calls if "memory" in c or c in ("/generate", "/update_weights_from_disk")]
     assert calls[:6] == ["/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation", "/generate", "/generate", "/generate"]
@@ -295,14 +298,14 @@ def test_sampling_options_reach_the_request():
 def test_stop_token_ids_end_responses_on_the_server_and_in_the_mask(server, policy, prompts, make_rollout, tokenizer):
     stops = [i for i in range(len(tokenizer)) if i != tokenizer.eos_token_id]  # every token but EOS stops
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, stop_token_ids=stops)
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert server.generate_calls[-1]["sampling_params"]["stop_token_ids"] == stops
     assert batch.response_ids.shape[1] == 1 and batch.response_mask.all() and not batch.truncated.any()
 
 
 def test_without_first_sync_or_flush_the_server_keeps_its_weights(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2, sync_before_first_rollout=False, flush_cache=False)
-    batch = rollout.generate(*prompts, policy)
+    batch = rollout.generate(make_prompts(*prompts), policy)
     assert set(batch.versions.tolist()) == {0} and server.weight_version == "default" and "/update_weights_from_disk" not in server.calls
     rollout.sync_weights(policy)
     assert server.weight_version == "1" and "/flush_cache" not in server.calls
@@ -351,7 +354,7 @@ def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, 
     process = rollout.server.process
     try:
         assert rollout.urls == [rollout.server.url] and process.poll() is None
-        batch = rollout.generate(*prompts, policy)
+        batch = rollout.generate(make_prompts(*prompts), policy)
         assert batch.batch_size == 6 and _server_logprobs_match(policy, batch, 1.0) < 1e-4
     finally:
         rollout.close()
@@ -388,7 +391,7 @@ def test_sglang_yaml_runs_grpo_end_to_end_against_a_server(server, tiny_model_pa
         ]
     )  # fmt: skip
     rollout = cli.model.rollout
-    assert isinstance(rollout, SGLangRollout) and rollout.group_size == 8 and rollout.max_new_tokens == 8  # preset's, carried over
+    assert isinstance(rollout, SGLangRollout) and rollout.params.group_size == 8 and rollout.params.max_new_tokens == 8  # preset's, carried over
     metrics = cli.trainer.logged_metrics
     assert cli.trainer.global_step == 2
     # sampler and trainer agree on every token of the second iteration, sampled after a weight sync
@@ -412,9 +415,9 @@ def test_cuda_tensors_reach_another_process_as_sglang_reads_them():
 
 def test_close_then_use_again_reconnects(server, policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2)
-    rollout.generate(*prompts, policy)
+    rollout.generate(make_prompts(*prompts), policy)
     rollout.close()
-    assert rollout.generate(*prompts, policy).batch_size == 3
+    assert rollout.generate(make_prompts(*prompts), policy).batch_size == 3
 
 
 def test_a_stalled_server_logs_progress_and_fails_at_the_deadline(server, policy, prompts, make_rollout, caplog):
@@ -428,7 +431,7 @@ def test_a_stalled_server_logs_progress_and_fails_at_the_deadline(server, policy
     server.delay_s = 30.0
     start = time.monotonic()
     with caplog.at_level(logging.WARNING), pytest.raises(SGLangError, match=r"0/3 requests answered within deadline_s=1.2 s \(model.rollout.init_args.deadline_s\)"):
-        rollout.generate(*prompts, policy)
+        rollout.generate(make_prompts(*prompts), policy)
     assert time.monotonic() - start < 3.0
     progress = [r.getMessage() for r in caplog.records if "SGLang rollout: waiting" in r.getMessage()]
     assert len(progress) >= 2 and "0/3 requests answered, 3 pending" in progress[0]

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.cli.export import export_checkpoint
-from lightning_rl.core.logprobs import policy_logprobs, sequence_inputs
+from lightning_rl.core.inputs import sequence_inputs
+from lightning_rl.core.logprobs import policy_logprobs
 
 from .cli_runs import cli_args, run_cli
 

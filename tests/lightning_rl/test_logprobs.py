@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.logprobs import policy_logprobs, sampled_logprobs, sequence_inputs, token_entropy
+from lightning_rl.core.inputs import sequence_inputs
+from lightning_rl.core.logprobs import policy_logprobs, sampled_logprobs, token_entropy
 
 
 def test_chunked_logprobs_equal_full_log_softmax_in_value_and_gradient():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
-from lightning_rl import packing
+from lightning_rl.core import packing
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.microbatch import micro_batches, token_budget_groups, trim

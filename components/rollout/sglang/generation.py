@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
 
 from ..base import response_mask_from_eos
 from .client import Retry, SGLangClient, SGLangError
@@ -118,16 +118,14 @@ def _parse(url: str, item: dict, version: int, check_version: bool) -> Sample:
     return Sample(ids, [float(lp[0]) for lp in logprobs], (meta.get("finish_reason") or {}).get("type", "stop"), [stamp] * len(ids))
 
 
-def to_batch(
-    prompt_ids: Tensor, prompt_mask: Tensor, samples: list[Sample], rows: int, greedy_last: bool, eos_ids: list[int], pad_token_id: int, version: int
-) -> RolloutBatch:
+def to_batch(prompts: Prompts, samples: list[Sample], rows: int, greedy_last: bool, eos_ids: list[int], pad_token_id: int, version: int) -> RolloutBatch:
     """Prompt-major ``samples`` (``rows`` per prompt; the last one greedy when ``greedy_last``) -> a batch of B = P_n * rows.
 
     ``response_mask`` covers what the server sampled, up to and including the first EOS. ``truncated``
     = ``finish_reason`` length and no EOS: SGLang checks the length cap before the stop tokens, so an
     EOS sampled exactly at ``max_new_tokens`` comes back as ``length``, yet that response is complete.
     """
-    b, n_prompts = len(samples), prompt_ids.shape[0]
+    b, n_prompts = len(samples), len(prompts)
     width = max(1, max(len(s.ids) for s in samples))
     response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
     logprobs = torch.zeros(b, width)
@@ -141,10 +139,9 @@ def to_batch(
     response_mask = eos_mask * (torch.arange(width)[None, :] < lengths[:, None]).long()  # (B, R)
     truncated = torch.tensor([s.finish == "length" for s in samples]) & no_eos  # (B,)
     is_greedy = (torch.arange(rows) == rows - 1).repeat(n_prompts) if greedy_last else None  # (B,)
-    device = prompt_ids.device
+    device = prompts.prompt_ids.device
     return RolloutBatch(
-        prompt_ids=prompt_ids.repeat_interleave(rows, dim=0),
-        prompt_mask=prompt_mask.repeat_interleave(rows, dim=0),
+        **prompts.per_row(rows),
         response_ids=response_ids.to(device),
         response_mask=response_mask.to(device),
         rollout_logprobs=(logprobs * response_mask).to(device),

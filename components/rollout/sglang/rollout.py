@@ -19,7 +19,8 @@ from typing import Literal
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.sampling import SamplingParams
 
 from ..base import Rollout
 from .client import SGLangClient, wait_for_answers
@@ -110,10 +111,10 @@ class SGLangRollout(WeightSync, Rollout):
         """
         if (base_url is None) == (launch is None):
             raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
-        if group_size < 1 or max_new_tokens < 1:
-            raise ValueError(f"SGLangRollout: group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-            raise ValueError(f"SGLangRollout: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+        try:
+            self.params = SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, tuple(stop_token_ids or ()), False, greedy_baseline)
+        except ValueError as err:
+            raise ValueError(f"SGLangRollout: {err}") from None
         if weight_sync not in ("disk", "tensor"):
             raise ValueError(f"SGLangRollout: weight_sync must be 'disk' or 'tensor', got {weight_sync!r}")
         if lora_sync not in ("adapter", "merged"):
@@ -124,10 +125,6 @@ class SGLangRollout(WeightSync, Rollout):
             raise ValueError(f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1")
         self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else list(base_url or []))]
         self.launch, self.launch_python, self.launch_timeout_s = launch, launch_python, launch_timeout_s
-        self.group_size, self.max_new_tokens, self.temperature = group_size, max_new_tokens, temperature
-        self.top_p, self.top_k = top_p, top_k
-        self.stop_token_ids = list(stop_token_ids or [])
-        self.greedy_baseline = greedy_baseline
         self.timeout_s, self.max_retries, self.backoff, self.max_concurrency = timeout_s, max_retries, backoff, max_concurrency
         self.weight_sync, self.weight_dir = weight_sync, weight_dir
         self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
@@ -147,10 +144,6 @@ class SGLangRollout(WeightSync, Rollout):
         self._own_dir: str | None = None
         self._released = False
         self._needs_sync = True  # the servers hold the checkpoint they started from, not (yet) the policy's weights
-
-    @property
-    def eos_ids(self) -> list[int]:
-        return [self.eos_token_id, *self.stop_token_ids]
 
     # ------------------------------------------------------------------ lifecycle
     def setup(self, tokenizer) -> None:
@@ -209,33 +202,34 @@ class SGLangRollout(WeightSync, Rollout):
         return self.client
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, policy: nn.Module, greedy: bool = False) -> RolloutBatch:
+    def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
+        params = params or self.params
         self._connected()
         if self._needs_sync and self.sync_before_first_rollout:
             self.sync_weights(policy)
-        n_prompts, g = prompt_ids.shape[0], 1 if greedy else self.group_size
-        with_baseline = self.greedy_baseline and not greedy
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]  # left padding stripped
-        jobs = [(p, g, 0.0 if greedy else self.temperature) for p in prompts]
-        if with_baseline:
-            jobs += [(p, 1, 0.0) for p in prompts]
+        n_prompts = len(prompts)
+        # left padding stripped
+        unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
+        jobs = [(p, params.samples_per_prompt, params.sampling_temperature) for p in unpadded]
+        if params.with_baseline:
+            jobs += [(p, 1, 0.0) for p in unpadded]
         self._resume_memory()
         version = self.weight_version  # read before the requests: a push may land while they run
-        answers = self._run(jobs, version)
+        answers = self._run(jobs, version, params)
         self._release_memory()
-        groups = [answers[i] + (answers[n_prompts + i] if with_baseline else []) for i in range(n_prompts)]
+        groups = [answers[i] + (answers[n_prompts + i] if params.with_baseline else []) for i in range(n_prompts)]
         samples = [s for group in groups for s in group]  # prompt-major
-        return to_batch(prompt_ids, prompt_mask, samples, g + int(with_baseline), with_baseline, self.eos_ids, self.pad_token_id, version)
+        return to_batch(prompts, samples, params.rows_per_prompt, params.with_baseline, params.eos_ids(self.eos_token_id), self.pad_token_id, version)
 
-    def _run(self, jobs: list[tuple[list[int], int, float]], version: int) -> list[list[Sample]]:
+    def _run(self, jobs: list[tuple[list[int], int, float]], version: int, params: SamplingParams) -> list[list[Sample]]:
         """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
         futures = []
         # an adapter's name carries its version: the server's own weight_version does not change on adapter loads
         check, partial, adapter = self.adapter_name is None, self.partial_rollouts and self.overlapping, self.adapter_name
         for i, (input_ids, n, temperature) in enumerate(jobs):
-            params = sampling_params(n, temperature, self.top_p, self.top_k, self.max_new_tokens, self.stop_token_ids)
+            request = sampling_params(n, temperature, params.top_p, params.top_k, params.max_new_tokens, list(params.stop_token_ids))
             url = self.urls[i % len(self.urls)]
-            futures.append(self._pool.submit(generate, self.client, url, input_ids, params, version, adapter, partial, check))
+            futures.append(self._pool.submit(generate, self.client, url, input_ids, request, version, adapter, partial, check))
         try:  # never a partial batch: the first failure fails the rollout
             return wait_for_answers(futures, self.deadline_s, self.progress_every_s, self.urls)
         except BaseException:
