@@ -1,42 +1,142 @@
-"""The checkpoint format of `RLModule`, in one place: what a checkpoint holds besides Lightning's own entries,
-which parameters are left out (frozen models, a LoRA policy's base: reloaded from their paths), how a file is
-written (atomically) and how one is read back (``torch.load(weights_only=True)``: plain data only).
+"""The checkpoint format of `RLModule`, in one place: what a checkpoint holds besides Lightning's own entries, which
+parameters are left out (frozen models and a LoRA model's base are reloaded from their paths), the loop state that
+travels with the weights, how a file is written (atomically, never with NaN/inf weights) and how one is read back
+(``torch.load(weights_only=True)``: plain data only).
 
-Entries an `RLModule` checkpoint adds:
+Entries an `RLModule` checkpoint adds to Lightning's (``state_dict``, optimizer states, loop progress, the data
+module's position):
 
     rng              every rank's random streams (sampling, the mini-batch shuffle), so a resumed run draws the same
     optimizer_steps  optimizer steps per parameter group (the LR schedules)
     hf_export        the architecture and tokenizer of each trained model (`lightning-rl export`)
     lora_base        weight fingerprints of a LoRA model's base, checked when the base is reloaded
+
+In asynchronous training the data module's position is replaced by that of the first round not yet trained, so a
+resumed run samples those prompts again (`save`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import pickle
+import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning import Callback
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch import Tensor, nn
 
-from lightning_rl.core.lora import is_lora
+from lightning_rl.core.lora import check_base, is_lora
+from lightning_rl.core.ops import all_reduce_sum
+from lightning_rl.loop.health import NonFiniteTrainingError
+from lightning_rl.loop.rng import IterationRNG, gather_rng_states, restore_rng_states
 
-SAFE_GLOBALS = [pathlib.PosixPath, pathlib.PurePosixPath]
-"""Types besides tensors and plain containers a checkpoint may hold (a path in a callback's state)."""
+RELOADED = ("reference.", "reward.", "val_reward.")
+"""Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored."""
 
 
-def safe_load(path: Path) -> dict[str, Any]:
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise ValueError(
-            f"{str(path)!r} holds Python objects that are not plain data, so it is not loaded (unpickling could run code). "
-            f"Checkpoints written by lightning_rl never do; this one came from elsewhere or was altered. Details: {str(err).splitlines()[0]}"
-        ) from None
+@dataclass
+class LoopState:
+    """What the loop carries from one iteration to the next besides weights and optimizer states: the random streams
+    (sampling; the mini-batch shuffle) and the optimizer steps per parameter group. Saved in every checkpoint."""
 
+    rng: IterationRNG = field(default_factory=IterationRNG)
+    shuffle: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    optimizer_steps: dict[str, int] = field(default_factory=lambda: {"policy": 0, "critic": 0})
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state now (an iteration's start, to go back to when it is interrupted)."""
+        return {"rng": self.rng.state, "shuffle": self.shuffle.get_state(), "optimizer_steps": dict(self.optimizer_steps)}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        if snapshot["rng"] is not None:
+            self.rng.state = snapshot["rng"]
+        self.shuffle.set_state(snapshot["shuffle"])
+        self.optimizer_steps.clear()
+        self.optimizer_steps.update(snapshot["optimizer_steps"])
+
+
+# ---------------------------------------------------------------------------------------------- what is saved
+
+
+def frozen_parameter_names(module: nn.Module) -> set[str]:
+    """Names of the parameters that do not train, tied aliases included (as ``module.state_dict()`` names them)."""
+    return {name for name, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def _lora_roots(module) -> dict[str, tuple[nn.Module | None, str, str]]:
+    """{checkpoint key prefix: (model, config key, base path)} of an ``RLModule``'s models that may carry adapters."""
+    critic = module.critic
+    critic_path = None if critic is None else (critic.path if critic.init_from == "path" else critic.init_from)
+    return {
+        "policy.": (module.policy, "model.policy", module.policy_spec.path),
+        "critic.backbone.": (getattr(critic, "backbone", None), "model.critic", critic_path),
+    }
+
+
+def base_fingerprints(module) -> dict[str, list[float]]:
+    """{prefix: fingerprint} of the LoRA models' bases, stored in checkpoints (``lora_base``)."""
+    return {prefix: model.lora_base_fingerprint for prefix, (model, _, _) in _lora_roots(module).items() if is_lora(model)}
+
+
+def check_bases(stored: dict[str, list[float]] | None, module) -> None:
+    """Raise, naming the config key, when a checkpoint's adapters were trained on another base than the one loaded."""
+    for prefix, (model, what, path) in _lora_roots(module).items():
+        if is_lora(model):
+            check_base((stored or {}).get(prefix), model, what, str(path))
+
+
+def frozen_base_names(module) -> set[str]:
+    """Names (as in ``module.state_dict()``) of the frozen base parameters of LoRA models: left out of checkpoints."""
+    names: set[str] = set()
+    for prefix, (model, _, _) in _lora_roots(module).items():
+        if is_lora(model):
+            names |= {prefix + n for n in frozen_parameter_names(model)}
+    return names
+
+
+def left_out(module) -> set[str]:
+    """State-dict names an `RLModule` checkpoint does not store: the frozen parameters of the models reloaded from
+    their paths (buffers stay: a reward model's running score statistics are state), and a LoRA model's frozen base.
+    A reference refreshed during training (``kl.refresh_every``) is state, and stored."""
+    reloaded = RELOADED if module.kl is None or module.kl.refresh_every is None else tuple(p for p in RELOADED if p != "reference.")
+    return {name for name in frozen_parameter_names(module) if name.startswith(reloaded)} | frozen_base_names(module)
+
+
+def save(module, checkpoint: dict[str, Any], datamodule: Any = None, untrained_position: dict | None = None) -> None:
+    """Complete ``checkpoint`` (Lightning's, written before this) as the format above. Collective (the RNG states)."""
+    state = checkpoint.get("state_dict", {})
+    for key in left_out(module) & set(state):
+        del state[key]
+    checkpoint["rng"] = gather_rng_states(module.loop_state.rng, {"shuffle": module.loop_state.shuffle})
+    checkpoint["optimizer_steps"] = dict(module.loop_state.optimizer_steps)
+    checkpoint["hf_export"] = export_info(module)
+    checkpoint["lora_base"] = base_fingerprints(module)
+    key = type(datamodule).__qualname__
+    if untrained_position is not None and key in checkpoint:  # asynchronous rounds sampled ahead are sampled again
+        checkpoint[key] = dict(untrained_position)
+
+
+def load(module, checkpoint: dict[str, Any]) -> None:
+    """Read back what `save` wrote: the left-out weights are taken from the models as loaded, the loop state restored."""
+    state = checkpoint.get("state_dict")
+    check_bases(checkpoint.get("lora_base"), module)
+    if state is not None:
+        lora_base = frozen_base_names(module)
+        for key, value in module.state_dict().items():
+            if key.startswith(RELOADED) or key in lora_base:
+                state.setdefault(key, value)
+    module.loop_state.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
+    if checkpoint.get("rng"):
+        restore_rng_states(checkpoint["rng"], module.loop_state.rng, {"shuffle": module.loop_state.shuffle})
 
 
 def export_info(module) -> dict[str, Any]:
@@ -54,6 +154,131 @@ def export_info(module) -> dict[str, Any]:
             info["critic"].update(init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora))
             info["critic"].update(reward_path=reward_path, base_fingerprint=critic.backbone.lora_base_fingerprint)
     return info
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoint files that are either the previous save or the new one, never a torn mix.
+
+    ``torch.save`` streams into a hidden temporary file next to the target, which is flushed to disk
+    and then ``os.replace``d over it (atomic on POSIX). Lightning's default buffers the whole checkpoint
+    in memory and, when the system temp folder is on another filesystem than the checkpoint (usual on
+    clusters), copies it into place: a crash during that copy leaves a truncated ``last.ckpt``.
+    Remote paths (``s3://`` ...) are left to Lightning's default. Temporary files of this naming left by
+    a process that was killed mid-save are removed at the next save into the same folder.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale_temporaries(path.parent)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            if path.is_dir():  # a sharded checkpoint of an earlier run under the same name
+                replace_path(tmp, path)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(path.parent)
+
+
+def sweep_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove ``.<name>.tmp-<pid>`` files (our naming) whose writer is no longer running; returns them."""
+    removed = []
+    for tmp in folder.glob(".*.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if tmp.is_file() and pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class FiniteCheckpoints(Callback):
+    """Fail a save, before any file is touched, when the weights hold NaN/inf (the previous checkpoint stays)."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        bad = non_finite_entries(checkpoint.get("state_dict", {}))
+        if float(all_reduce_sum(torch.tensor(float(len(bad)), device=pl_module.device))):  # every rank fails together (shards differ)
+            raise NonFiniteTrainingError(
+                f"refusing to save a checkpoint at step {trainer.global_step}: {len(bad)} weight tensor(s) hold NaN/inf "
+                f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the previous checkpoint is kept. Lower "
+                "model.optimizer.lr or rescale the reward, and resume from the previous checkpoint."
+            )
+
+
+def non_finite_entries(state: dict[str, Any]) -> list[str]:
+    """Names of the floating-point tensors of ``state`` that hold a NaN or inf."""
+    bad = []
+    for name, value in state.items():
+        local = getattr(value, "_local_tensor", value)  # a DTensor shard: each rank checks its own
+        if isinstance(local, Tensor) and local.is_floating_point() and not bool(torch.isfinite(local).all()):
+            bad.append(name)
+    return bad
+
+
+def replace_path(new: Path, path: Path) -> None:
+    """Put ``new`` (file or folder) at ``path``; whatever was at ``path`` is removed only once ``new`` is in place."""
+    if not path.exists():
+        os.replace(new, path)
+        return
+    old = path.with_name(f".{path.name}.old")
+    if old.exists():
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    os.replace(path, old)
+    os.replace(new, path)
+    shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+SAFE_GLOBALS = [pathlib.PosixPath, pathlib.PurePosixPath]
+"""Types besides tensors and plain containers a checkpoint may hold (a path in a callback's state)."""
+
+
+def safe_load(path: Path) -> dict[str, Any]:
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"{str(path)!r} holds Python objects that are not plain data, so it is not loaded (unpickling could run code). "
+            f"Checkpoints written by lightning_rl never do; this one came from elsewhere or was altered. Details: {str(err).splitlines()[0]}"
+        ) from None
 
 
 

@@ -1,11 +1,11 @@
-"""Plumbing for data-parallel and sharded training: FSDP2 sharding and its strategy, DDP and DeepSpeed details, per-rank RNG.
+"""Plumbing for data-parallel and sharded training: FSDP2 sharding and its strategy, DDP and DeepSpeed details.
 
 Every strategy trains the same way: each rank holds different prompts (a group never spans
 ranks), losses are normalised by all-reduced token counts, and gradients are averaged over
 ranks by the strategy (DDP all-reduce, FSDP2 reduce-scatter, DeepSpeed ZeRO).
 
 * FSDP2 (``FSDP2Strategy``, configs/strategy/fsdp.yaml): ``RLModule.configure_model`` calls
-  ``shard_models``, which applies ``fully_shard`` to every transformer block (the HF model's
+  ``shard_models`` (lightning_rl.loop.sharding), which applies ``fully_shard`` to every transformer block (the HF model's
   ``_no_split_modules``) and then to the model's root, for the policy, the critic, the frozen
   reference and reward models (sharding a frozen model only saves memory: its forward all-gathers like
   the policy's).
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 
-from lightning_rl.core.ops import dist_ready
+from lightning_rl.checkpoint import frozen_parameter_names, replace_path
 
 # ---------------------------------------------------------------------------------------------- FSDP2
 
@@ -66,36 +66,6 @@ def shard(model: nn.Module, mesh, blocks_of: nn.Module | None = None) -> nn.Modu
             fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
-
-
-def shard_models(module) -> None:
-    """Shard the policy, the critic, the reference and reward models of an ``RLModule`` over its device mesh (idempotent)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(module.policy, FSDPModule):
-        return
-    strategy = module._trainer.strategy if module._trainer is not None else None
-    if strategy is not None and not isinstance(strategy, FSDP2Strategy):
-        raise ValueError(
-            f"trainer.strategy is {type(strategy).__name__}: for FSDP2 use lightning_rl.distributed.FSDP2Strategy "
-            "(configs/strategy/fsdp.yaml), whose checkpoints leave out the frozen models and reload them"
-        )
-    mesh = fsdp_mesh(module.device_mesh)
-    shard(module.policy, mesh)
-    # HFRollout (and transformers' generate, as synced_gpus) keeps ranks stepping together for modules with this flag
-    module.policy._is_fsdp_managed_module = True
-    if module.reference is not None:
-        shard(module.reference, mesh)
-    if module.critic is not None:
-        shard(module.critic, mesh, blocks_of=module.critic.backbone)
-    for reward in {id(r): r for r in (module.reward, module.val_reward)}.values():
-        if isinstance(getattr(reward, "model", None), nn.Module):  # RewardModel: called once per round on every rank
-            from components.reward.model import scalar_head
-
-            # it calls the backbone and the scalar head itself, not the classifier's forward: the backbone is the
-            # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated
-            backbone, _ = scalar_head(reward.model)
-            shard(backbone, mesh)
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -145,7 +115,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         """The sharded state dict without frozen parameters (tied aliases included, which ``ignore_frozen_params`` keeps)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        frozen = {name for name, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        frozen = frozen_parameter_names(self.model)
         state = get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=cpu_offload, ignore_frozen_params=True))
         return {k: v for k, v in state.items() if k not in frozen}
 
@@ -180,17 +150,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
 
 
-def replace_path(new: Path, path: Path) -> None:
-    """Put ``new`` (file or folder) at ``path``; whatever was at ``path`` is removed only once ``new`` is in place."""
-    if not path.exists():
-        os.replace(new, path)
-        return
-    old = path.with_name(f".{path.name}.old")
-    if old.exists():
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-    os.replace(path, old)
-    os.replace(new, path)
-    shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 # ---------------------------------------------------------------------------------------------- DDP / DeepSpeed
@@ -237,7 +196,7 @@ def trainable_state_dict(trainer, module: nn.Module) -> dict[str, Tensor]:
     Collective under FSDP2 and DeepSpeed ZeRO-3: every rank must call it.
     """
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
-    frozen = {name for name, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    frozen = frozen_parameter_names(module)
     if any(type(p).__name__ == "DTensor" for p in module.parameters()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -255,76 +214,3 @@ def trainable_state_dict(trainer, module: nn.Module) -> dict[str, Tensor]:
 
 def _cpu_copy(state: dict[str, Tensor], skip: set[str]) -> dict[str, Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items() if k not in skip}
-
-
-# ---------------------------------------------------------------------------------------------- RNG
-
-
-def _global_state() -> dict[str, Tensor]:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_global_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]  # older checkpoints hold every device's state
-        torch.cuda.set_rng_state_all(cuda) if isinstance(cuda, (list, tuple)) else torch.cuda.set_rng_state(cuda)
-
-
-class IterationRNG:
-    """torch's global random state as the RL iterations see it, kept apart from every other user.
-
-    Sampling (``generate``) draws from torch's global generator, and so does Lightning between
-    iterations (a DataLoader's base seed when validation starts, ...). ``scope`` swaps this
-    stream in for one iteration and the rest of the world's back out, so a run resumed from a
-    checkpoint (which stores ``state``) samples exactly what the original run sampled.
-    On its first use on rank r > 0 the stream is reseeded with (seed + r): every rank starts from the
-    same seed (``seed_everything``, or torch's fixed default) and would otherwise draw the same noise.
-    """
-
-    def __init__(self) -> None:
-        self.state: dict[str, Tensor] | None = None
-
-    @contextmanager
-    def scope(self, rank: int):
-        outside = _global_state()
-        if self.state is not None:
-            _set_global_state(self.state)
-        elif rank > 0:
-            torch.manual_seed((torch.initial_seed() + rank) % 2**63)
-        try:
-            yield
-        finally:
-            self.state = _global_state()
-            _set_global_state(outside)
-
-    def current(self) -> dict[str, Tensor]:
-        """The state the next iteration starts from."""
-        return self.state if self.state is not None else _global_state()
-
-
-def gather_rng_states(stream: IterationRNG, generators: dict[str, torch.Generator]) -> list[dict[str, Tensor]]:
-    """Every rank's random state (``stream`` and ``generators``), in rank order. Collective."""
-    mine = {**stream.current(), **{name: g.get_state() for name, g in generators.items()}}
-    if not dist_ready():
-        return [mine]
-    states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, mine)
-    return states
-
-
-def restore_rng_states(states: list[dict[str, Tensor]] | dict[str, Tensor], stream: IterationRNG, generators: dict[str, torch.Generator]) -> None:
-    """Set this rank's ``stream`` and ``generators`` from ``gather_rng_states`` output (warns when the world size changed)."""
-    if isinstance(states, dict):  # checkpoints written before per-rank states: one state for all ranks
-        states = [states]
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist_ready() else (0, 1)
-    if len(states) != world:
-        warnings.warn(f"the checkpoint holds random states of {len(states)} rank(s), this run has {world}: sampling continues, but not as the original run would have")
-    state = states[rank % len(states)]
-    stream.state = {k: v for k, v in state.items() if k in ("torch", "cuda")}
-    for name, g in generators.items():
-        if name in state:
-            g.set_state(state[name])

@@ -50,7 +50,8 @@ from components.rollout.sglang.client import SGLangError, wait_for_answers
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.data.prompts import PromptDataModule, check_jsonl
 from lightning_rl.loop.fault import ResumableCheckpoints
-from lightning_rl.loop.health import FiniteCheckpoints, NonFiniteTrainingError, TrainingHealth
+from lightning_rl.checkpoint import FiniteCheckpoints
+from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
 from lightning_rl.loop.module import RLModule
 from lightning_rl.loop.requirements import check_context_length
 from tests.helpers import batch_from_scores
@@ -154,10 +155,10 @@ def test_hung_reward():
     batch, meta = batch_from_scores([0.0, 0.0]), {"prompts": ["p", "p"], "completions": ["ok", "x"]}
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="timeout_s"):
-        FunctionReward(hangs_on_x, timeout_s=0.2)(batch, meta)
+        FunctionReward(hangs_on_x, timeout_s=0.2)(batch.replace(columns=meta))
     pooled = PooledReward(hangs_on_x, workers=2, timeout_s=0.2, failure_score=-1.0)
     try:
-        assert pooled(batch, meta).tolist() == [1.0, -1.0]
+        assert pooled(batch.replace(columns=meta)).tolist() == [1.0, -1.0]
     finally:
         pooled.close()
     assert time.monotonic() - start < 5.0
@@ -184,7 +185,7 @@ def test_sglang_weights_folder():
 
 
 def test_stale_temporaries(tmp_path):
-    from lightning_rl.callbacks import AtomicCheckpointIO
+    from lightning_rl.checkpoint import AtomicCheckpointIO
 
     stale = tmp_path / ".last.ckpt.tmp-999999999"  # no such process
     stale.write_bytes(b"half a checkpoint")

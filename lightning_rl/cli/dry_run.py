@@ -21,15 +21,15 @@ def describe(cli) -> str:
         lines.append(f"  model.loss_terms  {type(term).__name__}")
     world = trainer.world_size
     prompts = data.hparams.batch_size
-    samples = prompts * rollout.group_size
+    samples = prompts * rollout.params.group_size
     steps = loop.ppo_epochs * loop.num_mini_batches
     per_step = samples // loop.num_mini_batches
     lines += [
         "per iteration:",
         f"  prompts            {prompts} per rank x {world} rank(s) = {prompts * world}",
-        f"  samples            {samples} per rank (group_size {rollout.group_size}) = {samples * world}",
+        f"  samples            {samples} per rank (group_size {rollout.params.group_size}) = {samples * world}",
         f"  optimizer steps    {steps} (ppo_epochs {loop.ppo_epochs} x num_mini_batches {loop.num_mini_batches})",
-        f"  per optimizer step {per_step * world} samples, at most {per_step * world * rollout.max_new_tokens} response tokens",
+        f"  per optimizer step {per_step * world} samples, at most {per_step * world * rollout.params.max_new_tokens} response tokens",
         f"  iterations         {trainer.max_steps} (trainer.max_steps)",
         "  sampling           " + (f"asynchronous: {loop.max_staleness} round(s) ahead, on weights at most {loop.max_staleness} version(s) older "
                                    "(loop.max_staleness); old log-probs recomputed" if loop.max_staleness else "synchronous (loop.max_staleness 0)"),

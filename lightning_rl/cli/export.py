@@ -192,9 +192,9 @@ def export_reward_model(checkpoint: dict[str, Any], out_dir: str | Path, dtype: 
 
 def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None = None, tokenizer: str | None = None, adapter_only: bool = False) -> dict[str, Path]:
     """Export every trained model in a checkpoint (or, with ``adapter_only``, its LoRA adapters); returns {name: folder}."""
-    from lightning_rl.core.models import _DTYPES
+    from lightning_rl.core.models import DTYPES
 
-    torch_dtype = _DTYPES[dtype] if dtype else None
+    torch_dtype = DTYPES[dtype] if dtype else None
     checkpoint = load_checkpoint(path)
     if "hf_export" in checkpoint and adapter_only:
         return export_adapters(checkpoint["state_dict"], checkpoint["hf_export"], out_dir, tokenizer)

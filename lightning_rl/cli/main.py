@@ -32,7 +32,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from lightning_rl.callbacks import AtomicCheckpointIO
+from lightning_rl.checkpoint import AtomicCheckpointIO
 from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.loop.module import RLModule
 from lightning_rl.cli.progress import RLProgressBar

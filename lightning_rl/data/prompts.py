@@ -15,6 +15,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_rl.core.batch import Prompts
 from lightning_rl.core.models import load_tokenizer
 from lightning_rl.data.tasks import BUILTIN_TASKS
 
@@ -89,7 +90,7 @@ def check_columns(rows, mapping: dict[str, str], source: str) -> None:
 
 
 def collate_prompts(rows: list[dict], pad_token_id: int) -> dict[str, Any]:
-    """Left-pad token ids; keep text and every other column as per-prompt lists."""
+    """``{"prompts": Prompts}``: token ids left-padded, the text and every other column kept as per-prompt lists."""
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -98,7 +99,7 @@ def collate_prompts(rows: list[dict], pad_token_id: int) -> dict[str, Any]:
         ids[i, width - n :] = torch.tensor(r["input_ids"], dtype=torch.long)
         mask[i, width - n :] = 1
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "input_ids"}
-    return {"prompt_ids": ids, "prompt_mask": mask, "meta": columns}
+    return {"prompts": Prompts(ids, mask, columns)}
 
 
 class PromptStream(IterableDataset):
@@ -144,7 +145,7 @@ class WithPretrainText(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch, text in zip(self.prompts, self.text):
-            yield {**batch, "ptx": {"ids": text["prompt_ids"], "mask": text["prompt_mask"]}}
+            yield {**batch, "ptx": {"ids": text["prompts"].prompt_ids, "mask": text["prompts"].prompt_mask}}
 
 
 class PromptDataModule(LightningDataModule):

@@ -9,8 +9,8 @@ before this update, re-weighted by pi_prox / pi_behav).
 The sampler never sees weights change under it: SGLang applies a push once the requests in flight are answered
 (or interrupts them, with ``partial_rollouts``), and an in-process sampler (`HFRollout`) samples from its own
 copy of the policy, refreshed between rounds. Only sampling runs on the thread; scoring stays on the trainer's (a
-reward may keep state or run collectives). Validation waits for the rounds in flight (`drain`): it changes the
-sampler's settings for a while.
+reward may keep state or run collectives). Validation waits for the rounds in flight (`drain`): it seeds torch's
+random stream for its own samples, which an in-process round draws from too.
 
 A checkpoint records the data position of the first round not yet trained: a resumed run samples those prompts
 again, with its own weights, so no prompt is lost or trained twice.
@@ -31,18 +31,17 @@ import torch
 from torch import Tensor, nn
 
 from components.rollout import Rollout
-
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.ops import masked_mean
 
-Produce = Callable[[dict, nn.Module], tuple[RolloutBatch, dict, dict]]
-"""(prompts, sampler policy) -> (batch, per-sample texts and data columns, the rollout's metrics)."""
+Produce = Callable[[Prompts, nn.Module], tuple[RolloutBatch, dict]]
+"""(prompts, sampler policy) -> (the sampled batch, the rollout's metrics)."""
 
 
 @dataclass
 class _Round:
     position: dict | None  # the data streams' position before these prompts
-    prompts: dict
+    data: dict  # the data module's batch: its prompts (and PPO-ptx text)
     future: Future
 
 
@@ -73,20 +72,20 @@ class RolloutAhead:
         self.version = self.rollout.weight_version
         self._started = True
 
-    def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict, dict]:
-        """The next round: (prompts, batch, texts, metrics). Requests rounds until ``depth`` are queued behind it;
+    def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict]:
+        """The next round: (data batch, sampled batch, metrics). Requests rounds until ``depth`` are queued behind it;
         the first failure of a round is raised here, on the trainer's thread."""
         if not self._started:  # at the first iteration: every strategy has restored a checkpoint's weights by then
             self.start(policy)
         while len(self._pending) < self.depth + 1:
             position = self.position()
-            prompts = next_prompts()
-            self._pending.append(_Round(position, prompts, self._pool.submit(self._produce, prompts, policy, self._push)))
+            data = next_prompts()
+            self._pending.append(_Round(position, data, self._pool.submit(self._produce, data["prompts"], policy, self._push)))
         round_ = self._pending.popleft()
         if self._first_untrained is None:
             self._first_untrained = round_.position
-        batch, texts, metrics = round_.future.result()  # a failed rollout (e.g. a dead server) raises here
-        return round_.prompts, batch, texts, metrics
+        batch, metrics = round_.future.result()  # a failed rollout (e.g. a dead server) raises here
+        return round_.data, batch, metrics
 
     def drain(self) -> None:
         """Wait until no round is sampling (the queued ones are done); rounds are requested again only by `take`."""
@@ -94,17 +93,17 @@ class RolloutAhead:
             if round_.future.exception() is not None:
                 break  # raised by the take that reaches it
 
-    def _produce(self, prompts: dict, policy: nn.Module, push: Future | None) -> tuple[RolloutBatch, dict, dict]:
+    def _produce(self, prompts: Prompts, policy: nn.Module, push: Future | None) -> tuple[RolloutBatch, dict]:
         if push is not None:
             push.result()  # this round samples from the weights pushed before it was requested (a failed push fails it)
         start = time.perf_counter()
         if self._sampler is None:
-            batch, texts, metrics = self.produce(prompts, policy)  # the server holds the weights
+            batch, metrics = self.produce(prompts, policy)  # the server holds the weights
         else:
             with self._weights:
-                batch, texts, metrics = self.produce(prompts, self._sampler)
+                batch, metrics = self.produce(prompts, self._sampler)
         metrics = dict(metrics, **{"async/rollout_s": torch.tensor(time.perf_counter() - start)})
-        return batch, texts, metrics
+        return batch, metrics
 
     def push(self, policy: nn.Module) -> None:
         """The new weights to the sampler: a server's push overlaps the requests in flight (on one process it also
@@ -161,7 +160,7 @@ def _same_device_initializer():
     return lambda: torch.cuda.set_device(device)
 
 
-def drop_stale(batch: RolloutBatch, texts: dict[str, list], version: int, max_staleness: int) -> tuple[RolloutBatch, dict[str, list], dict[str, Tensor]]:
+def drop_stale(batch: RolloutBatch, version: int, max_staleness: int) -> tuple[RolloutBatch, dict[str, Tensor]]:
     """Leave out every group with a sample more than ``max_staleness`` versions older than ``version`` (the weights
     about to be trained). Whole groups go, so a group baseline never mixes in a dropped sample's reward."""
     if batch.versions is None:
@@ -178,10 +177,8 @@ def drop_stale(batch: RolloutBatch, texts: dict[str, list], version: int, max_st
         "async/dropped_frac": (~keep).float().mean() if batch.batch_size else staleness.new_zeros((), dtype=torch.float),
     }
     if bool(keep.all()):
-        return batch, texts, metrics
-    kept_rows = keep.nonzero().squeeze(-1).tolist()
-    texts = {k: [v[i] for i in kept_rows] for k, v in texts.items()}
-    return batch.select(keep), texts, metrics
+        return batch, metrics
+    return batch.select(keep), metrics
 
 
 def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> None:

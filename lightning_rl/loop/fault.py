@@ -49,13 +49,10 @@ class ResumableCheckpoints(Callback):
         self._start: dict | None = None  # what the running iteration started from (see on_train_batch_start)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        data = trainer.datamodule
-        rng, shuffle = getattr(pl_module, "_rng", None), getattr(pl_module, "_shuffle", None)
+        data, state = trainer.datamodule, getattr(pl_module, "loop_state", None)  # any LightningModule; RLModule's loop state
         self._start = {
             "step": trainer.global_step,
-            "optimizer_steps": dict(getattr(pl_module, "optimizer_steps", {})),
-            "rng": rng.state if rng is not None else None,  # replaced (not mutated) by each iteration
-            "shuffle": shuffle.get_state() if shuffle is not None else None,
+            "loop": state.snapshot() if state is not None else None,  # random streams (replaced, not mutated, per iteration), optimizer steps
             "position": data.state_dict() if hasattr(data, "rewind") else None,  # every stream's (prompts, PPO-ptx text)
         }
 
@@ -76,17 +73,15 @@ class ResumableCheckpoints(Callback):
             warnings.warn(f"{what} on one of {trainer.world_size} ranks: last.ckpt stays at its last cadence save (resume from it)")
             return
         start = self._start
-        if start is not None and start["optimizer_steps"] != dict(getattr(pl_module, "optimizer_steps", {})):
+        if start is not None and start["loop"] is not None and start["loop"]["optimizer_steps"] != pl_module.loop_state.optimizer_steps:
             warnings.warn(
                 f"{what} during the optimizer steps of iteration {start['step'] + 1}: the weights are half updated, "
                 "so last.ckpt stays at its last save (resume from it)"
             )
             return
         if start is not None:  # back to where the interrupted iteration started
-            if start["rng"] is not None:
-                pl_module._rng.state = start["rng"]
-            if start["shuffle"] is not None:
-                pl_module._shuffle.set_state(start["shuffle"])
+            if start["loop"] is not None:
+                pl_module.loop_state.restore(start["loop"])
             if start["position"] is not None:
                 trainer.datamodule.rewind(start["position"])
         for checkpoint in callbacks:

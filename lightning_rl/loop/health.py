@@ -7,7 +7,7 @@
   samples scored alike, so group-relative advantages are zero) for ``loop.degenerate_patience``
   iterations in a row, or the policy's mean token entropy under ``loop.min_entropy``, is warned about
   once, with what to try.
-- `FiniteCheckpoints` refuses to write a checkpoint whose weights hold NaN/inf, so the previous
+- `lightning_rl.checkpoint.FiniteCheckpoints` refuses to write a checkpoint whose weights hold NaN/inf, so the previous
   ``last.ckpt`` survives a diverged run.
 """
 
@@ -83,26 +83,3 @@ class TrainingHealth:
         if key not in self.warned:
             self.warned.add(key)
             warnings.warn(message)
-
-
-def non_finite_entries(state: dict[str, Any]) -> list[str]:
-    """Names of the floating-point tensors of ``state`` that hold a NaN or inf."""
-    bad = []
-    for name, value in state.items():
-        local = getattr(value, "_local_tensor", value)  # a DTensor shard: each rank checks its own
-        if isinstance(local, Tensor) and local.is_floating_point() and not bool(torch.isfinite(local).all()):
-            bad.append(name)
-    return bad
-
-
-class FiniteCheckpoints(Callback):
-    """Fail a save, before any file is touched, when the weights hold NaN/inf (the previous checkpoint stays)."""
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        bad = non_finite_entries(checkpoint.get("state_dict", {}))
-        if float(all_reduce_sum(torch.tensor(float(len(bad)), device=pl_module.device))):  # every rank fails together (shards differ)
-            raise NonFiniteTrainingError(
-                f"refusing to save a checkpoint at step {trainer.global_step}: {len(bad)} weight tensor(s) hold NaN/inf "
-                f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the previous checkpoint is kept. Lower "
-                "model.optimizer.lr or rescale the reward, and resume from the previous checkpoint."
-            )

@@ -1,25 +1,25 @@
 """`RLModule`: one LightningModule, five phases per RL iteration, every algorithmic choice a component.
 
-    1 collect   rollout ``group_size`` responses per prompt (again while dynamic sampling asks)
-    2 score     reward -> scores; trainer forward passes -> old / reference log-probs, values
+    1 collect   rollout ``group_size`` responses per prompt and score them (again while dynamic sampling asks)
+    2 score     trainer forward passes -> old / reference log-probs, values
     3 estimate  KL-in-reward -> token_rewards; advantage estimator -> advantages, returns
     4 optimize  ppo_epochs x mini-batches x micro-batches of surrogate + KL + loss terms (+ critic)
     5 sync      rollout.sync_weights(policy); adaptive KL step; log
 
-One ``training_step`` is one iteration, and ``trainer.global_step`` counts iterations (see
+Each phase is an object built from the components and settings it needs (lightning_rl.loop.collect, score,
+estimate, optimize, reporting, validation); this module holds the models and Lightning's hooks and runs the phases
+in order. One ``training_step`` is one iteration, and ``trainer.global_step`` counts iterations (see
 ``_count_iteration``), so ``max_steps``, checkpoint cadence and logging steps mean RL iterations.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
 from typing import Any, Iterator
 
 import torch
 from jsonargparse import lazy_instance
 from lightning import LightningModule
-from torch import Tensor, nn
+from torch import nn
 
 from components.advantage import AdvantageEstimator, GroupNormalized
 from components.aggregator import Aggregator, TokenMean
@@ -27,35 +27,32 @@ from components.critic import ValueCritic
 from components.kl import KLRegularizer
 from components.loss_terms import LossTerm
 from components.ptx import PretrainMix
-from components.reward import ExactMatch, Reward, as_scores
+from components.reward import ExactMatch, Reward
 from components.rollout import HFRollout, MultiTurnRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
-
-from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous, drop_stale
-from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+from lightning_rl import checkpoint
+from lightning_rl.core.batch import Prompts
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
-from lightning_rl.distributed import IterationRNG, gather_rng_states, hf_zero3_config, restore_rng_states, shard_models
-from lightning_rl.loop.validation import ValidateBeforeAndAfter, Validation
-from lightning_rl.checkpoint import export_info
-from lightning_rl.loop.fault import ResumableCheckpoints, TeardownOnException
-from lightning_rl.loop.health import FiniteCheckpoints, TrainingHealth
-from lightning_rl.core.logprobs import policy_logprobs
-from lightning_rl.core.lora import base_fingerprints, check_bases, frozen_base_names, reference_is_base, reference_model
-from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
-from lightning_rl.core.microbatch import micro_batches, pad_to
+from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm, load_tokenizer
-from lightning_rl.core.ops import all_reduce_sum, explained_variance, masked_mean, sequence_kl, zero_variance_fraction
-from lightning_rl.loop.reporting import IterationReporting
+from lightning_rl.distributed import hf_zero3_config
+from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
+from lightning_rl.loop.collect import Collector
+from lightning_rl.loop.estimate import estimate
+from lightning_rl.loop.fault import ResumableCheckpoints, TeardownOnException
+from lightning_rl.loop.health import TrainingHealth
+from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
+from lightning_rl.loop.optimize import PolicyUpdate
+from lightning_rl.loop.reporting import Reporter
 from lightning_rl.loop.requirements import ContextLengthCheck, check_requirements
 from lightning_rl.loop.runs import RunFolders
-from lightning_rl.loop.optimize import UpdatePhase
+from lightning_rl.loop.score import TrainerForward
+from lightning_rl.loop.sharding import shard_models
+from lightning_rl.loop.validation import ValidateBeforeAndAfter, Validator
 
-FROZEN_PREFIXES = ("reference.", "reward.", "val_reward.")
-"""Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored in checkpoints."""
 
-
-class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
+class RLModule(LightningModule):
     """Reinforcement learning on a causal LM, composed from components: the phases are listed in this module's docstring."""
 
     def __init__(
@@ -103,8 +100,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         self.surrogate, self.aggregator, self.kl, self.critic = surrogate, aggregator, kl, critic
         self.sampling, self.loss_terms = sampling, list(loss_terms or [])
         self.val_reward = val_reward if val_reward is not None else reward
-        self.ptx, self._ptx_text = ptx, None  # the iteration's pretraining text (ids, mask), from the data module
-        self.agent = agent
+        self.ptx, self.agent = ptx, agent
         self.optimizer_cfg, self.loop = optimizer, loop
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
@@ -117,15 +113,18 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
         self.tokenizer = None
-        self.optimizer_steps = {"policy": 0, "critic": 0}  # per group, for the LR schedules (host ints: no device sync)
-        self._shuffle = torch.Generator().manual_seed(0)
-        self._rng = IterationRNG()  # torch's global random state inside iterations (lightning_rl.distributed)
-        self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)  # lightning_rl.loop.health
-        self._ahead: RolloutAhead | None = None  # asynchronous training (loop.max_staleness > 0): lightning_rl.loop.ahead
+        self.loop_state = checkpoint.LoopState()  # random streams and optimizer step counts, checkpointed
+        self.health = TrainingHealth(loop.max_nonfinite_steps, loop.degenerate_patience, loop.min_entropy)
+        # the phases, built with the models (configure_model)
+        self.collector: Collector | None = None
+        self.trainer_forward: TrainerForward | None = None
+        self.update: PolicyUpdate | None = None
+        self.reporter: Reporter | None = None
+        self.validator: Validator | None = None
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
-        """Build every model once (idempotent: Lightning may call it again, e.g. for validate)."""
+        """Build every model once (idempotent: Lightning may call it again, e.g. for validate), then the phases."""
         if self.policy is not None:
             return
         self.tokenizer = load_tokenizer(self.policy_spec.path)
@@ -139,8 +138,17 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             component.setup(self.tokenizer)
         if self.agent is not None:
             self.agent.setup(self.tokenizer, self.rollout)
-        if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh (lightning_rl.distributed)
-            shard_models(self)
+        if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh
+            shard_models(self, self._trainer.strategy if self._trainer is not None else None)
+        loop, kl = self.loop, self.kl
+        self.collector = Collector(self.rollout, self.reward, self.agent, self.sampling, loop, self.tokenizer)
+        self.trainer_forward = TrainerForward(self.policy, self.reference, self.reference_is_base, self.critic, loop, self.recompute_old)
+        self.update = PolicyUpdate(self.policy, self.critic, self.surrogate, self.aggregator, kl, self.loss_terms, self.ptx, loop,
+                                   self.optimizer_cfg, self.health, self.loop_state)
+        self.reporter = Reporter(loop, self.health, None if kl is None else (lambda: kl.coef), self.rollout.params.group_size,
+                                 filters_groups=self.sampling is not None, shapes_reward=kl is not None and kl.placement == "reward",
+                                 recompute_old=self.recompute_old)
+        self.validator = Validator(self.collector, self.val_reward, loop)
 
     def configure_optimizers(self):
         groups = [self._param_group("policy", self.policy, self.optimizer_cfg)]
@@ -161,242 +169,113 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
     def critic_pretraining(self) -> bool:
         return self.critic is not None and self.global_step < self.critic.pretrain_steps
 
+    @property
+    def temperature(self) -> float:
+        """The training sampler's temperature, which the trainer's log-probs mirror."""
+        return self.rollout.params.temperature or 1.0
+
     # ------------------------------------------------------------------ the loop
     def training_step(self, dataloader_iter: Iterator) -> None:
-        with self._rng.scope(self.global_rank):  # sampling has its own random stream: a resumed run draws the same
+        with self.loop_state.rng.scope(self.global_rank):  # sampling has its own random stream: a resumed run draws the same
             self._iteration(dataloader_iter)
 
     def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans()
         iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
         with timer("rollout"):
-            batch, meta = self._collect(dataloader_iter, metrics)
+            batch, data = self.collector.collect(lambda: next(dataloader_iter)[0], self.policy, metrics, self.device, self.global_step)
+            ptx_text = self._ptx_text(data)
         with timer("score"):
-            batch = self._forward_passes(batch)
+            batch = self.trainer_forward(batch, self.temperature)
         with timer("estimate"):
-            batch = self._estimate(batch, metrics)
+            batch = estimate(batch, self.advantage, self.kl, metrics)
         steps = 0
-        if batch.batch_size and self._worth_optimizing(batch):
+        if batch.batch_size and self.update.worth_optimizing(batch, self.global_step):
             with timer("optimize"):
-                steps = self._optimize(batch, metrics)
+                steps = self.update.run(batch, metrics, self.optimizers(), self.manual_backward, self._trainer, self.temperature,
+                                        train_policy=not self.critic_pretraining, ptx_text=ptx_text)
         with timer("sync"):
-            if steps and self._ahead is not None:
-                self._ahead.push(self.policy)
+            if steps and self.collector.ahead is not None:
+                self.collector.ahead.push(self.policy)
             elif steps:
                 self.rollout.sync_weights(self.policy)
             if self.kl is not None and self.kl.refresh_due(iterations_done):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
-                self._update_kl(batch)
+                self.update.update_kl(batch)
         self._count_iteration(steps)
-        self._log_iteration(batch, meta, metrics, timer)
-        if self._ahead is not None:
-            self._ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
+        self.reporter.iteration(self.trainer, batch, metrics, timer, self.optimizers().param_groups[0]["lr"], self.log)
+        if self.collector.ahead is not None:
+            self.collector.ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
 
-    def _collect(self, dataloader_iter: Iterator, metrics: WeightedMeans) -> tuple[RolloutBatch, dict]:
-        """Rollout and reward; with dynamic sampling, keep informative groups until the batch is full."""
-        kept, kept_meta, groups_seen, target, waited = [], [], 0, None, 0.0
-        rounds = self.sampling.max_rounds if self.sampling is not None else 1
-        for round_ in range(rounds):
-            prompts, batch, meta, extra, wait = self._next_round(dataloader_iter)
-            waited += wait
-            if round_ == 0 and self.ptx is not None:
-                if "ptx" not in prompts:
-                    raise ValueError("model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx")
-                self._ptx_text = (prompts["ptx"]["ids"].to(self.device), prompts["ptx"]["mask"].to(self.device))
-            batch = batch.replace(group_ids=batch.group_ids + groups_seen)
-            metrics.add_all({k: v.to(self.device) for k, v in extra.items()})  # e.g. reward/timeout_frac, agent/turns_mean
-            target = target or prompts["prompt_ids"].shape[0]
-            groups_seen += prompts["prompt_ids"].shape[0]
-            if self.sampling is None:
-                metrics.add("time/rollout_wait_s", torch.tensor(waited))  # the trainer idle on samples (all of the rollout when synchronous)
-                return batch, meta
-            keep = self.sampling.keep(batch, {k.removeprefix("reward/"): torch.tensor(v) for k, v in meta.items() if k.startswith("reward/")})
-            metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
-            kept.append(batch.select(keep))
-            kept_meta.append({k: [v for v, flag in zip(vals, keep.tolist()) if flag] for k, vals in meta.items()})
-            n_kept = sum(int(torch.unique(b.group_ids).numel()) for b in kept)
-            # every rank runs the same number of rounds: a collective inside generate or the reward must not hang
-            if int(all_reduce_sum(torch.tensor(float(n_kept < target), device=self.device))) == 0:
-                break
-        batch = RolloutBatch.cat(kept)
-        meta = {k: sum((m[k] for m in kept_meta), []) for k in kept_meta[0]}
-        if n_kept == 0:
-            warnings.warn(f"iteration {self.global_step}: dynamic sampling kept no group in {round_ + 1} round(s); skipping the update")
-        rows = batch.batch_size // max(1, n_kept) if n_kept else 0
-        if n_kept > target:
-            batch = batch.select(slice(0, target * rows))
-            meta = {k: v[: target * rows] for k, v in meta.items()}
-        metrics.add("sampling/kept_frac", torch.tensor(min(n_kept, target) / target))
-        metrics.add("sampling/rounds", torch.tensor(float(round_ + 1)))
-        metrics.add("time/rollout_wait_s", torch.tensor(waited))
-        return batch, meta
+    def _ptx_text(self, data: dict):
+        """PPO-ptx: this iteration's pretraining text (ids, mask), which the data module attaches to the prompts."""
+        if self.ptx is None:
+            return None
+        if "ptx" not in data:
+            raise ValueError("model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx")
+        return data["ptx"]["ids"].to(self.device), data["ptx"]["mask"].to(self.device)
 
-    def _next_round(self, dataloader_iter: Iterator) -> tuple[dict, RolloutBatch, dict, dict, float]:
-        """Prompts and their scored samples: sampled now, or (asynchronous) taken from the rounds sampled ahead,
-        with the groups older than ``loop.max_staleness`` versions left out. Scoring runs here, on the trainer's
-        thread: a reward may hold state or run collectives (running normalisation, a sharded reward model)."""
-        start = time.perf_counter()
-        if self._ahead is None:
-            prompts = next(dataloader_iter)[0]
-            batch, meta, extra = self._rollout(prompts, self.policy)
-            staleness = {}
-        else:
-            prompts, batch, meta, extra = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy)
-            batch, meta, staleness = drop_stale(batch.to(self.device), meta, self._ahead.version, self.loop.max_staleness)
-        waited = time.perf_counter() - start
-        batch, meta, scored = self._score(batch, meta)
-        return prompts, batch, meta, {**extra, **staleness, **scored}, waited
+    def _count_iteration(self, optimizer_steps: int) -> None:
+        """Make ``trainer.global_step`` advance by one per RL iteration.
 
-    @torch.no_grad()
-    def _rollout(self, prompts: dict, policy: nn.Module) -> tuple[RolloutBatch, dict, dict]:
-        """Sample with ``policy`` (the trainer's, or an asynchronous sampler's copy): the batch, each sample's texts and
-        data columns, and the agent's metrics. Runs on the background thread in asynchronous training."""
-        prompt_ids, prompt_mask = prompts["prompt_ids"].to(self.device), prompts["prompt_mask"].to(self.device)
-        batch, texts = self._sample(prompt_ids, prompt_mask, prompts["meta"], policy=policy)
-        rows = batch.batch_size // prompt_ids.shape[0]
-        if batch.sample_mask is None:
-            batch = batch.replace(sample_mask=torch.ones(batch.batch_size, device=self.device))
-        if self.loop.mask_truncated:
-            batch = batch.replace(sample_mask=batch.sample_mask * (batch.truncated == 0).float())
-        meta = {k: [v for v in vals for _ in range(rows)] for k, vals in prompts["meta"].items()}
-        meta.update(texts)
-        meta["prompts"] = meta["prompt"] if "prompt" in meta else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
-        return batch, meta, dict(self.agent.last_metrics) if self.agent is not None else {}
-
-    @torch.no_grad()
-    def _score(self, batch: RolloutBatch, meta: dict) -> tuple[RolloutBatch, dict, dict]:
-        scores = as_scores(self.reward(batch, meta), batch.batch_size, _name(self.reward), meta)
-        for name, part in getattr(self.reward, "last_parts", {}).items():  # a Composite's parts, per sample
-            meta[f"reward/{name}"] = part.tolist()
-        return batch.replace(scores=scores.to(self.device)), meta, dict(self.reward.last_metrics)
-
-    def _sample(self, prompt_ids: Tensor, prompt_mask: Tensor, columns: dict[str, list], greedy: bool = False, policy: nn.Module | None = None) -> tuple[RolloutBatch, dict[str, list]]:
-        """The rollout's samples and their ``completions``; with ``agent``, whole episodes through its environment,
-        built from each prompt's data row (components.rollout.multi_turn), and their ``transcripts``."""
-        policy = policy if policy is not None else self.policy
-        if self.agent is None:
-            batch = self.rollout.generate(prompt_ids, prompt_mask, policy, greedy=greedy)
-            return batch, {"completions": self._decode(batch)}
-        rows = [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else [{} for _ in range(prompt_ids.shape[0])]
-        return self.agent.generate(self.rollout, prompt_ids, prompt_mask, policy, rows, greedy=greedy)
-
-    def _decode(self, batch: RolloutBatch) -> list[str]:
-        lengths = batch.response_lengths.tolist()
-        return self.tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
-
-    @torch.no_grad()
-    def _forward_passes(self, batch: RolloutBatch) -> RolloutBatch:
-        """Old / reference log-probs and values, batched under no_grad. Old log-probs are skipped when the
-        update is on-policy and nothing reads them before the optimize phase: the ratio is 1 there by construction."""
-        fields: dict[str, list[Tensor]] = {}
-        t = self.rollout.temperature or 1.0
-        packed, width = self.loop.max_tokens_per_micro_batch is not None, batch.response_ids.shape[1]
-        for chunk in micro_batches(batch, self.loop.forward_batch_size, self.loop.max_tokens_per_micro_batch):
-            if self.recompute_old:
-                fields.setdefault("old_logprobs", []).append(policy_logprobs(self.policy, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
-            if self.reference is not None or self.reference_is_base:
-                with reference_model(self) as reference:
-                    fields.setdefault("ref_logprobs", []).append(policy_logprobs(reference, chunk, t, chunk_rows=self.loop.logprob_chunk_rows, packed=packed)[0])
-            if self.critic is not None:
-                fields.setdefault("values", []).append(self.critic(chunk, packed=packed).float())
-        mask = batch.response_mask.float()
-        return batch.replace(**{k: torch.cat([pad_to(x, width) for x in v]) * mask for k, v in fields.items()})
-
-    def _estimate(self, batch: RolloutBatch, metrics: WeightedMeans) -> RolloutBatch:
-        rewards = terminal_rewards(batch.scores, batch.action_tokens)
-        if batch.env_rewards is not None:  # multi-turn: an environment's rewards, on the last token of their turn
-            rewards = rewards + batch.env_rewards
-        if self.kl is not None:
-            rewards = rewards + self.kl.reward_penalty(batch)
-        batch = batch.replace(token_rewards=rewards)
-        advantages, returns = self.advantage(batch)
-        batch = batch.replace(advantages=advantages, returns=returns)
-        mask = batch.loss_mask
-        metrics.add("advantage/mean", masked_mean(advantages, mask))
-        metrics.add("advantage/std", masked_mean((advantages - masked_mean(advantages, mask)).square(), mask).sqrt())
-        if batch.values is not None and returns is not None:
-            metrics.add("critic/explained_var", explained_variance(batch.values, returns, mask))
-        if batch.old_logprobs is not None and batch.ref_logprobs is not None:
-            counted = batch.counted
-            metrics.add("kl/ref", masked_mean(sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask), counted), counted.sum())
-        return batch
-
-    def _worth_optimizing(self, batch: RolloutBatch) -> bool:
-        """False when nothing in the loss has a gradient on any rank: every advantage on a token that counts is
-        zero (every group degenerate), no KL term is in the loss and no loss term touches a counted token.
-        (A step without gradient is not a no-op: AdamW's momentum and weight decay would still move the policy.)"""
-        kl_in_loss = self.kl is not None and self.kl.placement == "loss" and float(self.kl.coef) > 0
-        if not self.loop.skip_degenerate_batches or self.critic is not None or kl_in_loss:
-            return True
-        informative = ((batch.advantages.abs() > 0).float() * batch.loss_mask).sum()
-        for term in self.loss_terms:
-            informative = informative + term.gradient_tokens(batch)
-        if float(all_reduce_sum(informative)) > 0:
-            return True
-        warnings.warn(f"iteration {self.global_step}: every advantage is zero (all groups degenerate) and nothing else in the loss has a gradient; skipping the update")
-        return False
+        Lightning counts every ``optimizer.step()``; an iteration takes ppo_epochs x mini-batches of
+        them (and none when skipped), which would make ``max_steps`` and ``every_n_train_steps``
+        jump. The progress counters are saved in checkpoints, so resuming stays consistent.
+        """
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        surplus = optimizer_steps - 1
+        for tracker in (progress.total, progress.current):
+            tracker.ready -= surplus
+            tracker.completed -= surplus
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Greedy accuracy on held-out prompts, pass@k / mean@k from sampled responses (lightning_rl.loop.validation)."""
-        self._validate(batch, dataloader_idx)
+        """Greedy accuracy on held-out prompts, pass@k / mean@n from sampled responses (lightning_rl.loop.validation)."""
+        names = getattr(getattr(self._trainer, "datamodule", None), "val_names", None)
+        prefix = f"val/{names[dataloader_idx]}/" if names else "val/"
+        self.validator.step(batch["prompts"], self.policy, prefix, self.log, self.global_step, self.global_rank, progress_bar=not names)
 
-    # ------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Frozen models are reloaded from their paths, not stored; every rank's RNG is (a collective), so sampling resumes exactly."""
-        state = checkpoint.get("state_dict", {})
-        # frozen parameters only: buffers under these prefixes are state (RewardModel's running score statistics)
-        frozen = {name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad}
-        lora_base = frozen_base_names(self)  # LoRA: the frozen base is reloaded from its path too
-        reloaded = FROZEN_PREFIXES if self.kl is None or self.kl.refresh_every is None else tuple(p for p in FROZEN_PREFIXES if p != "reference.")
-        for key in [k for k in state if (k.startswith(reloaded) and k in frozen) or k in lora_base]:
-            del state[key]
-        checkpoint["rng"] = gather_rng_states(self._rng, {"shuffle": self._shuffle})
-        checkpoint["optimizer_steps"] = dict(self.optimizer_steps)
-        checkpoint["hf_export"] = export_info(self)  # architecture + tokenizer for `lightning-rl export`
-        checkpoint["lora_base"] = base_fingerprints(self)
-        if self._ahead is not None:
-            self._ahead.save_untrained_position(checkpoint, self._trainer.datamodule)  # rounds sampled ahead are sampled again
+    def on_validation_start(self) -> None:
+        if self.collector.ahead is not None:  # validation seeds torch's random stream for its samples: no round may sample meanwhile
+            self.collector.ahead.drain()
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("state_dict")
-        check_bases(checkpoint.get("lora_base"), self)
-        if state is not None:
-            lora_base = frozen_base_names(self)
-            for key, value in self.state_dict().items():
-                if key.startswith(FROZEN_PREFIXES) or key in lora_base:
-                    state.setdefault(key, value)
-        self.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
-        self.restored_step = int(checkpoint.get("global_step", 0))  # `validate` logs at the step of the weights it loaded
-        if checkpoint.get("rng"):
-            restore_rng_states(checkpoint["rng"], self._rng, {"shuffle": self._shuffle})
+    def on_validation_epoch_end(self) -> None:
+        self.validator.epoch_end(self.trainer)
+
+    def on_validation_end(self) -> None:
+        trainer = self.trainer
+        step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
+        self.validator.end(trainer, step, getattr(getattr(trainer, "datamodule", None), "val_names", None))
+
+    # ------------------------------------------------------------------ checkpoints (lightning_rl.checkpoint)
+    def on_save_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
+        ahead = self.collector.ahead if self.collector is not None else None
+        checkpoint.save(self, checkpoint_, self._trainer.datamodule if self._trainer is not None else None, ahead.untrained_position if ahead else None)
+
+    def on_load_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
+        checkpoint.load(self, checkpoint_)
+        self.restored_step = int(checkpoint_.get("global_step", 0))  # `validate` logs at the step of the weights it loaded
 
     def configure_callbacks(self) -> list:
         """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.loop.fault); no checkpoint of
-        non-finite weights (lightning_rl.loop.health); prompt + response lengths against the policy's positions (lightning_rl.loop.requirements);
-        each fit in its own run folder with a ``latest`` link (lightning_rl.loop.runs); validation before and after training (lightning_rl.loop.validation)."""
-        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
+        non-finite weights (lightning_rl.checkpoint); prompt + response lengths against the policy's positions
+        (lightning_rl.loop.requirements); each fit in its own run folder with a ``latest`` link (lightning_rl.loop.runs);
+        validation before and after training (lightning_rl.loop.validation)."""
+        return [RunFolders(), ResumableCheckpoints(), checkpoint.FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
 
     def on_fit_start(self) -> None:
         """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.loop.ahead): the rounds sampled ahead. They start
         at the first iteration, once every strategy has restored the checkpoint's weights."""
         if self.loop.max_staleness > 0:
             check_asynchronous(self.rollout, self.trainer, self.agent)
-            self._ahead = RolloutAhead(self.rollout, self._rollout, self.loop.max_staleness, self.trainer.datamodule)
-
-    def on_validation_start(self) -> None:
-        if self._ahead is not None:  # validation changes the sampler's settings for a while: no round may sample meanwhile
-            self._ahead.drain()
+            produce = lambda prompts, policy: self.collector.produce(prompts, policy, self.device)  # noqa: E731
+            self.collector.ahead = RolloutAhead(self.rollout, produce, self.loop.max_staleness, self.trainer.datamodule)
 
     def teardown(self, stage: str) -> None:
-        if self._ahead is not None:
-            self._ahead.close()
-            self._ahead = None
+        if self.collector is not None and self.collector.ahead is not None:
+            self.collector.ahead.close()
+            self.collector.ahead = None
         self.rollout.close()
         if self.agent is not None:
             self.agent.close()
-
-
-def _name(component) -> str:
-    return getattr(component, "name", type(component).__name__)

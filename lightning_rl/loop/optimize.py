@@ -1,46 +1,99 @@
-"""The optimize phase of an RL iteration: epochs x mini-batches x micro-batches of surrogate + KL + loss terms
-(+ critic), one optimizer step per mini-batch, and the adaptive KL step that follows it.
-
-A mixin of `RLModule` (lightning_rl.loop.module): it reads the module's components and models.
-"""
+"""Phase 4 of an RL iteration, optimize: epochs x mini-batches x micro-batches of surrogate + KL + loss terms
+(+ critic), one optimizer step per mini-batch; and the adaptive KL step of phase 5 that follows it."""
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import warnings
+from typing import Callable
 
+import torch
+from torch import Tensor, nn
+
+from components.aggregator import Aggregator
+from components.critic import ValueCritic
+from components.kl import KLRegularizer
+from components.loss_terms import LossTerm
+from components.ptx import PretrainMix
+from components.surrogate import Surrogate
+from lightning_rl.checkpoint import LoopState
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.distributed import touch, uses_ddp, uses_deepspeed
+from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.logprobs import policy_logprobs
-from lightning_rl.loop.metrics import WeightedMeans
 from lightning_rl.core.microbatch import micro_batches
 from lightning_rl.core.ops import all_reduce_sum, masked_mean, sequence_kl, world_size
+from lightning_rl.distributed import touch, uses_ddp, uses_deepspeed
+from lightning_rl.loop.health import TrainingHealth
+from lightning_rl.loop.metrics import WeightedMeans
 
 
-class UpdatePhase:
-    """Phase 4 (optimize) and the KL controller of phase 5, for `RLModule`."""
+class PolicyUpdate:
+    """The optimize phase: the losses of the policy (and critic) on a scored, estimated batch, and the steps."""
 
-    def _optimize(self, batch: RolloutBatch, metrics: WeightedMeans) -> int:
-        opt, loop = self.optimizers(), self.loop
-        train_policy = not self.critic_pretraining
+    def __init__(
+        self,
+        policy: nn.Module,
+        critic: ValueCritic | None,
+        surrogate: Surrogate,
+        aggregator: Aggregator,
+        kl: KLRegularizer | None,
+        loss_terms: list[LossTerm],
+        ptx: PretrainMix | None,
+        loop: LoopConfig,
+        optimizer: OptimizerConfig,
+        health: TrainingHealth,
+        state: LoopState,
+    ):
+        """``state``: the optimizer step counters (LR schedules) and the mini-batch shuffle, checkpointed."""
+        self.policy, self.critic, self.surrogate, self.aggregator, self.kl = policy, critic, surrogate, aggregator, kl
+        self.loss_terms, self.ptx, self.loop, self.optimizer_cfg, self.health, self.state = loss_terms, ptx, loop, optimizer, health, state
+
+    def worth_optimizing(self, batch: RolloutBatch, iteration: int) -> bool:
+        """False when nothing in the loss has a gradient on any rank: every advantage on a token that counts is
+        zero (every group degenerate), no KL term is in the loss and no loss term touches a counted token.
+        (A step without gradient is not a no-op: AdamW's momentum and weight decay would still move the policy.)"""
+        kl_in_loss = self.kl is not None and self.kl.placement == "loss" and float(self.kl.coef) > 0
+        if not self.loop.skip_degenerate_batches or self.critic is not None or kl_in_loss:
+            return True
+        informative = ((batch.advantages.abs() > 0).float() * batch.loss_mask).sum()
+        for term in self.loss_terms:
+            informative = informative + term.gradient_tokens(batch)
+        if float(all_reduce_sum(informative)) > 0:
+            return True
+        warnings.warn(f"iteration {iteration}: every advantage is zero (all groups degenerate) and nothing else in the loss has a gradient; skipping the update")
+        return False
+
+    def run(
+        self,
+        batch: RolloutBatch,
+        metrics: WeightedMeans,
+        optimizer: torch.optim.Optimizer,
+        backward: Callable[[Tensor], None],
+        trainer,
+        temperature: float,
+        train_policy: bool,
+        ptx_text: tuple[Tensor, Tensor] | None = None,
+    ) -> int:
+        """Epochs x mini-batches of ``batch``; returns the optimizer steps taken. ``backward`` is the strategy's
+        (``LightningModule.manual_backward``); ``train_policy`` is False while the critic pretrains; ``ptx_text``:
+        PPO-ptx's (ids, mask) of this iteration."""
+        loop, device = self.loop, batch.response_ids.device
         needs_entropy = any(term.needs_entropy for term in self.loss_terms)
-        t = self.rollout.temperature or 1.0
-        steps, skipped, ddp = 0, 0, uses_ddp(self._trainer)
+        steps, skipped, ddp = 0, 0, uses_ddp(trainer)
         packed = loop.max_tokens_per_micro_batch is not None
         for epoch in range(loop.ppo_epochs):
             kl_before = metrics.running("policy/approx_kl")
-            order = torch.randperm(batch.batch_size, generator=self._shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
+            order = torch.randperm(batch.batch_size, generator=self.state.shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
             for index in order.chunk(loop.num_mini_batches):
-                mini = batch.select(index.to(self.device))
+                mini = batch.select(index.to(device))
                 # the normaliser of the whole mini-batch over all ranks, shared by every micro-batch; DDP then
                 # averages gradients over ranks, hence the division by the world size
                 total = all_reduce_sum(self.aggregator.denominator(mini.loss_mask)) / world_size()
-                policy_loss = critic_loss = torch.zeros((), device=self.device)
+                policy_loss = critic_loss = torch.zeros((), device=device)
                 for micro in micro_batches(mini, loop.micro_batch_size, loop.max_tokens_per_micro_batch):
                     tokens = micro.loss_mask.sum()
-                    loss = torch.zeros((), device=self.device)
+                    loss = torch.zeros((), device=device)
                     if train_policy:
-                        loss = loss + self._policy_loss(micro, total, tokens, t, needs_entropy, metrics)
+                        loss = loss + self._policy_loss(micro, total, tokens, temperature, needs_entropy, metrics)
                         policy_loss = policy_loss + loss.detach()
                     elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
                         loss = loss + touch(self.policy)
@@ -50,29 +103,30 @@ class UpdatePhase:
                         critic_loss = critic_loss + value_loss.detach()
                         loss = loss + value_loss
                         metrics.add_all(value_metrics, tokens)
-                    self.manual_backward(loss)
+                    backward(loss)
                 if train_policy and self.ptx is not None:  # PPO-ptx: gamma * NLL of this iteration's pretraining text
-                    ptx_loss, ptx_metrics = self.ptx.loss(self.policy, *self._ptx_text)
-                    self.manual_backward(ptx_loss)
+                    ptx_loss, ptx_metrics = self.ptx.loss(self.policy, *ptx_text)
+                    backward(ptx_loss)
                     metrics.add_all(ptx_metrics)
                     policy_loss = policy_loss + ptx_loss.detach()
                 # each rank holds its share of the mini-batch loss; the mean over ranks is the loss itself
                 metrics.add("policy/loss", policy_loss)
                 if self.critic is not None:
                     metrics.add("critic/loss", critic_loss)
-                if self._step(opt, train_policy, metrics, [policy_loss, critic_loss]):
+                if self._step(optimizer, trainer, train_policy, metrics, [policy_loss, critic_loss]):
                     steps += 1
                 else:
                     skipped += 1
-            if loop.target_kl is not None and train_policy and self._epoch_kl(metrics, kl_before) > loop.target_kl:
+            if loop.target_kl is not None and train_policy and self._epoch_kl(metrics, kl_before, device) > loop.target_kl:
                 break  # every rank sees the same all-reduced KL: all stop together
-        metrics.add("policy/epochs_run", torch.tensor(float(epoch + 1), device=self.device))
-        metrics.add("health/skipped_nonfinite", torch.tensor(float(skipped), device=self.device))
+        metrics.add("policy/epochs_run", torch.tensor(float(epoch + 1), device=device))
+        metrics.add("health/skipped_nonfinite", torch.tensor(float(skipped), device=device))
         return steps
 
-    def _epoch_kl(self, metrics: WeightedMeans, before: Tensor) -> float:
+    @staticmethod
+    def _epoch_kl(metrics: WeightedMeans, before: Tensor, device: torch.device) -> float:
         """The token-mean approx-KL of the epoch just finished, over all ranks (a host sync, once per epoch)."""
-        total = all_reduce_sum((metrics.running("policy/approx_kl") - before).to(self.device))
+        total = all_reduce_sum((metrics.running("policy/approx_kl") - before).to(device))
         return float(total[0] / total[1].clamp_min(1e-12))
 
     def _policy_loss(self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans) -> Tensor:
@@ -99,14 +153,14 @@ class UpdatePhase:
         metrics.add_all(surrogate_metrics, tokens)
         return self.aggregator(per_token, micro.loss_mask, total)
 
-    def _step(self, opt, train_policy: bool, metrics: WeightedMeans, losses: list[Tensor]) -> bool:
+    def _step(self, optimizer, trainer, train_policy: bool, metrics: WeightedMeans, losses: list[Tensor]) -> bool:
         """Clip each group's gradients on its own, set its scheduled LR, step; False when the step was skipped
         because a loss or gradient norm is NaN/inf (lightning_rl.loop.health: every rank agrees).
 
         Under DeepSpeed the engine clips (one global norm, ``gradient_clipping`` in its config)."""
-        deepspeed = uses_deepspeed(self._trainer)
+        deepspeed = uses_deepspeed(trainer)
         norms, stepping = list(losses), []
-        for group in opt.param_groups:
+        for group in optimizer.param_groups:
             name = group["name"]
             cfg = self.optimizer_cfg if name == "policy" else self.critic.optimizer
             if name == "policy" and not train_policy:
@@ -122,34 +176,22 @@ class UpdatePhase:
                     metrics.add(f"{name}/grad_norm", norm)
             stepping.append((group, name, cfg))
         if not self.health.finite_step(norms, self.optimizer_cfg.lr):
-            opt.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
             return False
+        steps = self.state.optimizer_steps
         for group, name, cfg in stepping:
-            group["lr"] = cfg.lr * cfg.lr_factor(self.optimizer_steps[name])
-            self.optimizer_steps[name] += 1
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if deepspeed and self.trainer.strategy.deepspeed_engine.get_global_grad_norm() is not None:
-            metrics.add("policy/grad_norm", torch.as_tensor(float(self.trainer.strategy.deepspeed_engine.get_global_grad_norm())))
+            group["lr"] = cfg.lr * cfg.lr_factor(steps[name])
+            steps[name] += 1
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if deepspeed and trainer.strategy.deepspeed_engine.get_global_grad_norm() is not None:
+            metrics.add("policy/grad_norm", torch.as_tensor(float(trainer.strategy.deepspeed_engine.get_global_grad_norm())))
         return True
 
     @torch.no_grad()
-    def _update_kl(self, batch: RolloutBatch) -> None:
+    def update_kl(self, batch: RolloutBatch) -> None:
         """Adaptive coefficient from the global batch-mean sequence KL (k1 at pi_old), identical on every rank."""
         counted = batch.counted  # (B,): greedy baseline rows and masked samples are not in the mean, nor in n
         seq_kl = sequence_kl(batch.old_logprobs, batch.ref_logprobs, batch.loss_mask)  # (B,)
         stats = all_reduce_sum(torch.stack([(seq_kl * counted).sum(), counted.sum()]))
         self.kl.update(stats[0] / stats[1].clamp_min(1), int(stats[1]))
-
-    def _count_iteration(self, optimizer_steps: int) -> None:
-        """Make ``trainer.global_step`` advance by one per RL iteration.
-
-        Lightning counts every ``optimizer.step()``; an iteration takes ppo_epochs x mini-batches of
-        them (and none when skipped), which would make ``max_steps`` and ``every_n_train_steps``
-        jump. The progress counters are saved in checkpoints, so resuming stays consistent.
-        """
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        surplus = optimizer_steps - 1
-        for tracker in (progress.total, progress.current):
-            tracker.ready -= surplus
-            tracker.completed -= surplus

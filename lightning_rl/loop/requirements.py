@@ -59,15 +59,16 @@ def check_requirements(module) -> Needs:
         if missing:
             hints = "; ".join(f"{field}: {HOW_TO_PROVIDE.get(field, 'no configured component produces it')}" for field in missing)
             raise ValueError(f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}")
-    rollout = module.rollout
-    group_size = getattr(rollout, "group_size", None)
-    if getattr(module.advantage, "group_relative", False) and group_size is not None and group_size < 2:
+    # a default built with jsonargparse's lazy_instance has no attributes until its first method call (setup): its
+    # settings are the defaults, which pass these checks
+    params = getattr(module.rollout, "params", None)
+    if params is not None and getattr(module.advantage, "group_relative", False) and params.group_size < 2:
         raise ValueError(
             f"model.advantage ({type(module.advantage).__name__}) compares each response with the others sampled for the same "
-            f"prompt, but model.rollout.init_args.group_size={group_size}: every advantage would be 0 and nothing would train. "
+            f"prompt, but model.rollout.init_args.group_size={params.group_size}: every advantage would be 0 and nothing would train. "
             "Set group_size >= 2 (GRPO uses 8 to 64), or use an estimator without groups (ReinforceBaseline, ReMax, GAE)"
         )
-    if getattr(rollout, "top_p", 1.0) < 1.0 or getattr(rollout, "top_k", 0) not in (0, None):
+    if params is not None and (params.top_p < 1.0 or params.top_k != 0):
         warnings.warn(
             "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
             "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
@@ -106,5 +107,5 @@ class ContextLengthCheck(Callback):
             getattr(pl_module.policy, "config", None),
             getattr(data, "longest_prompt", None),
             getattr(data, "hparams", {}).get("max_prompt_length"),
-            *((agent.max_total_tokens, "model.agent.init_args.max_total_tokens") if agent is not None else (getattr(pl_module.rollout, "max_new_tokens", None),)),
+            *((agent.max_total_tokens, "model.agent.init_args.max_total_tokens") if agent is not None else (pl_module.rollout.params.max_new_tokens,)),
         )

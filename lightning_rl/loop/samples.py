@@ -12,8 +12,10 @@ from lightning_rl.core.ops import masked_mean
 MAX_CHARS = 200  # a cell longer than this is cut: the table is for reading at a glance
 
 
-def sample_rows(meta: dict, batch: RolloutBatch, n: int) -> list[dict[str, str]]:
-    """Up to ``n`` rows, the first sampled completion of each of the first ``n`` groups (greedy baseline rows skipped)."""
+def sample_rows(batch: RolloutBatch, n: int) -> list[dict[str, str]]:
+    """Up to ``n`` rows, the first sampled completion of each of the first ``n`` groups (greedy baseline rows skipped),
+    from the batch's ``columns`` (prompts, completions or an agent's transcripts, the gold answer) and numbers."""
+    columns = batch.columns or {}
     mask = batch.action_tokens  # (B, R): a multi-turn transcript's observations carry no advantage
     advantages = None
     if batch.advantages is not None:  # the sequence's mean advantage over the model's tokens (GRPO: the one scalar)
@@ -26,10 +28,10 @@ def sample_rows(meta: dict, batch: RolloutBatch, n: int) -> list[dict[str, str]]
         if is_greedy or group in seen:
             continue
         seen.add(group)
-        completion = meta["transcripts"][i] if "transcripts" in meta else meta["completions"][i]  # multi-turn: observations marked
-        row = {"prompt": meta["prompts"][i], "completion": completion, "reward": f"{float(batch.scores[i]):.3f}"}
-        if "answer" in meta:
-            row["gold"] = str(meta["answer"][i])
+        completion = columns["transcripts"][i] if "transcripts" in columns else columns["completions"][i]  # multi-turn: observations marked
+        row = {"prompt": columns["prompts"][i], "completion": completion, "reward": f"{float(batch.scores[i]):.3f}"}
+        if "answer" in columns:
+            row["gold"] = str(columns["answer"][i])
         if advantages is not None:
             row["advantage"] = f"{float(advantages[i]):+.3f}"
         rows.append({k: _cell(v) for k, v in row.items()})

@@ -9,13 +9,17 @@ samples (any reward), so for a 0/1 reward pass@1 == mean@n.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from dataclasses import replace
+from typing import Callable
 
 import torch
 from lightning import Callback
-from torch import Tensor
+from torch import Tensor, nn
 
-from components.reward import as_scores
+from components.reward import Reward
+from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.config import LoopConfig
+from lightning_rl.loop.collect import Collector
 
 
 def pass_at_k(correct: Tensor, k: int) -> Tensor:
@@ -43,73 +47,57 @@ def sampled_metrics(scores: Tensor) -> dict[str, Tensor]:
     return {**{f"pass@{k}": pass_at_k(correct, k) for k in ks(n)}, f"mean@{n}": scores.float().mean()}
 
 
-@contextmanager
-def sampling_as(rollout, group_size: int, temperature: float, seed: int):
-    """The rollout samples ``group_size`` responses per prompt at ``temperature`` (no greedy baseline), from
-    its own seeded random stream: validation neither perturbs training's random state nor varies between runs."""
-    saved = {name: getattr(rollout, name) for name in ("group_size", "temperature", "greedy_baseline") if hasattr(rollout, name)}
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        rollout.group_size, rollout.temperature = group_size, temperature
-        if "greedy_baseline" in saved:
-            rollout.greedy_baseline = False
-        try:
-            yield rollout
-        finally:
-            for name, value in saved.items():
-                setattr(rollout, name, value)
-
-
-class Validation:
-    """Validation for `RLModule`: greedy accuracy (``val/reward``), and with ``loop.val_samples`` = n > 0 also
+class Validator:
+    """Validation of `RLModule`: greedy accuracy (``val/reward``), and with ``loop.val_samples`` = n > 0 also
     ``val/pass@k`` and ``val/mean@n`` from n samples per prompt at ``loop.val_temperature``. With several
-    validation sets (``data.val_data`` as a name -> source mapping) each is logged under ``val/<name>/``."""
+    validation sets (``data.val_data`` as a name -> source mapping) each is logged under ``val/<name>/``.
+
+    The samples come from the training sampler with settings of their own (`SamplingParams`, passed per call), from
+    a seeded random stream of their own: validation neither perturbs training's random state nor varies between runs."""
+
+    def __init__(self, collector: Collector, reward: Reward, loop: LoopConfig):
+        self.collector, self.reward, self.loop = collector, reward, loop
+        self.results: list[dict] = []
 
     @torch.no_grad()
-    def _validate(self, batch: dict, dataloader_idx: int) -> None:
-        names = getattr(getattr(self._trainer, "datamodule", None), "val_names", None)
-        prefix = f"val/{names[dataloader_idx]}/" if names else "val/"
-        prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-        name = getattr(self.val_reward, "name", type(self.val_reward).__name__)
+    def step(self, prompts: Prompts, policy: nn.Module, prefix: str, log: Callable, step: int, rank: int, progress_bar: bool) -> None:
+        """One validation batch: the greedy responses' score and length, and the sampled metrics; ``log`` is
+        `LightningModule.log` (reduced over batches and ranks; `end` writes them at the step of the weights)."""
+        params = self.collector.rollout.params
 
-        def score(rollout, texts: dict, repeats: int) -> Tensor:
-            meta = {k: [v for v in vals for _ in range(repeats)] for k, vals in batch["meta"].items()}
-            meta = {**meta, **texts}
-            meta["prompts"] = meta.get("prompt", [])
-            return as_scores(self.val_reward(rollout, meta), rollout.batch_size, name, meta).to(self.device)
+        def scored(batch: RolloutBatch) -> Tensor:
+            return self.collector.score(batch, self.reward)[0].scores
 
-        rollout, texts = self._sample(prompt_ids, prompt_mask, batch["meta"], greedy=True)  # with an agent, whole episodes
-        n_prompts = rollout.batch_size
-        # logger=False: on_validation_end writes them at the step of the weights validated, without Lightning's `epoch`
-        log = dict(on_epoch=True, sync_dist=True, batch_size=n_prompts, add_dataloader_idx=False, logger=False)
-        self.log(f"{prefix}reward", score(rollout, texts, 1).mean(), prog_bar=not names, **log)
-        self.log(f"{prefix}response_length", rollout.action_tokens.sum(-1).mean(), **log)  # the model's tokens
+        greedy, _ = self.collector.sample(prompts, policy, replace(params, greedy=True))  # with an agent, whole episodes
+        n_prompts = greedy.batch_size
+        # logger=False: `end` writes them at the step of the weights validated, without Lightning's `epoch`
+        kw = dict(on_epoch=True, sync_dist=True, batch_size=n_prompts, add_dataloader_idx=False, logger=False)
+        log(f"{prefix}reward", scored(greedy).mean(), prog_bar=progress_bar, **kw)
+        log(f"{prefix}response_length", greedy.action_tokens.sum(-1).mean(), **kw)  # the model's tokens
         n = self.loop.val_samples
         if n:
-            with sampling_as(self.rollout, n, self.loop.val_temperature, seed=self.global_step * 7919 + self.global_rank):
-                sampled, texts = self._sample(prompt_ids, prompt_mask, batch["meta"])
-            for key, value in sampled_metrics(score(sampled, texts, n).reshape(n_prompts, n)).items():  # (P_n, n)
-                self.log(f"{prefix}{key}", value, **log)
+            devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(step * 7919 + rank)
+                sampled, _ = self.collector.sample(prompts, policy, replace(params, group_size=n, temperature=self.loop.val_temperature, greedy_baseline=False))
+            for key, value in sampled_metrics(scored(sampled).reshape(n_prompts, n)).items():  # (P_n, n)
+                log(f"{prefix}{key}", value, **kw)
 
-    def on_validation_epoch_end(self) -> None:
+    def epoch_end(self, trainer) -> None:
         # `trainer.validate` returns (and prints) one dict per set of what Lightning logged itself: keep those dicts, to
-        # add the scalars logged with logger=False to them in on_validation_end, after Lightning has sent its own to the loggers
-        loop = self.trainer.validate_loop
-        self._validate_results = list(getattr(loop, "_logged_outputs", [])) if self.trainer.state.fn == "validate" else []
+        # add the scalars logged with logger=False to them in `end`, after Lightning has sent its own to the loggers
+        loop = trainer.validate_loop
+        self.results = list(getattr(loop, "_logged_outputs", [])) if trainer.state.fn == "validate" else []
 
-    def on_validation_end(self) -> None:
-        """The validation scalars (reduced over batches and ranks) to the loggers at the step of the weights they
-        measure: the iterations done in ``fit`` (0 before training), the checkpoint's step in ``validate``."""
-        trainer = self.trainer
+    def end(self, trainer, step: int, names: list[str] | None) -> None:
+        """The validation scalars (reduced over batches and ranks) to the loggers at ``step``, the step of the weights
+        they measure: the iterations done in ``fit`` (0 before training), the checkpoint's step in ``validate``."""
         if trainer.sanity_checking:
             return
         scalars = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
-        names = getattr(getattr(trainer, "datamodule", None), "val_names", None)
-        for index, results in enumerate(getattr(self, "_validate_results", [])):  # `validate` only: its return value
+        for index, results in enumerate(self.results):  # `validate` only: its return value
             prefix = f"val/{names[index]}/" if names else "val/"
             results.update({k: v for k, v in scalars.items() if k.startswith(prefix)})
 

@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from components.reward.model import last_token_scores
 
-from lightning_rl.core.models import _DTYPES, TINY_MODEL_PATH, _load, load_tokenizer
+from lightning_rl.core.models import DTYPES, TINY_MODEL_PATH, load_pretrained, load_tokenizer
 from lightning_rl.data.preference import PairDataModule, arithmetic_pairs
 
 __all__ = ["BradleyTerryRewardModel", "PairDataModule", "arithmetic_pairs", "main", "pair_loss", "save_tiny_reward_model"]
@@ -85,7 +85,7 @@ class BradleyTerryRewardModel(LightningModule):
         from transformers import AutoModelForSequenceClassification
 
         self.tokenizer = load_tokenizer(self.hparams.path, "model.path")
-        self.model = _load(AutoModelForSequenceClassification.from_pretrained, self.hparams.path, "model.path", num_labels=1, dtype=_DTYPES[self.hparams.dtype])
+        self.model = load_pretrained(AutoModelForSequenceClassification.from_pretrained, self.hparams.path, "model.path", num_labels=1, dtype=DTYPES[self.hparams.dtype])
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.train()  # transformers loads in eval mode; Lightning switches to eval for validation and back
 

@@ -9,26 +9,31 @@ state, a rollout with unequal lengths across ranks) to a file on rank 0.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+
 from lightning import Callback
 
 from components.rollout import HFRollout
-from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.distributed import trainable_state_dict
+from tests.helpers import prompts
 
 
 class SeededRollout(HFRollout):
     """HFRollout, one prompt at a time (padding stripped), with the RNG seeded from the prompt's tokens."""
 
-    def generate(self, prompt_ids, prompt_mask, policy, greedy: bool = False) -> RolloutBatch:
+    def generate(self, prompts: Prompts, policy, params=None) -> RolloutBatch:
         parts = []
-        for ids, mask in zip(prompt_ids, prompt_mask):
+        for row, (ids, mask) in enumerate(zip(prompts.prompt_ids, prompts.prompt_mask)):
             ids = ids[mask.bool()][None]  # (1, P_i)
             torch.manual_seed(1000 + sum(int(t) * 31**i for i, t in enumerate(ids[0].tolist())) % 100_000)
-            parts.append(super().generate(ids, torch.ones_like(ids), policy, greedy))
+            one = Prompts(ids, torch.ones_like(ids), {k: [v[row]] for k, v in prompts.columns.items()})
+            parts.append(super().generate(one, policy, params))
         batch = RolloutBatch.cat(parts)
         rows = parts[0].batch_size
-        return batch.replace(group_ids=torch.arange(len(parts), device=prompt_ids.device).repeat_interleave(rows))
+        return batch.replace(group_ids=torch.arange(len(parts), device=prompts.prompt_ids.device).repeat_interleave(rows))
 
 
 class Probe(Callback):
@@ -75,7 +80,7 @@ class Probe(Callback):
             if trainer.global_rank > 0:
                 rollout.eos_token_id = -1
             ids = torch.tensor([[5, 6, 7]], device=module.device)
-            out = rollout.generate(ids, torch.ones_like(ids), module.policy, greedy=True)
+            out = rollout.generate(prompts(ids, torch.ones_like(ids)), module.policy, replace(rollout.params, greedy=True))
             lengths = [torch.zeros((), dtype=torch.long) for _ in range(trainer.world_size)]
             torch.distributed.all_gather(lengths, torch.tensor(out.response_ids.shape[1]))
             record["generated_lengths"] = [int(n) for n in lengths]

@@ -198,8 +198,8 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
     # the KL penalty (k1, beta 0.5, log pi_old - log ref = 0.2 everywhere) only on the model's tokens.
     from types import SimpleNamespace
 
+    from lightning_rl.loop.estimate import estimate
     from lightning_rl.loop.metrics import WeightedMeans
-    from lightning_rl.loop.module import RLModule
 
     response_mask, action_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]]), torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])
     env_rewards = torch.tensor([[0.0, -0.25, 0, 0, 0, 0, 0, 0]])
@@ -207,8 +207,7 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
         response_ids=torch.ones(1, 8, dtype=torch.long), response_mask=response_mask, action_mask=action_mask, env_rewards=env_rewards,
         scores=torch.tensor([1.0]), sample_mask=torch.ones(1), old_logprobs=torch.full((1, 8), -1.0), ref_logprobs=torch.full((1, 8), -1.2),
     )  # fmt: skip
-    module = SimpleNamespace(kl=KLRegularizer(0.5, "k1", "reward"), advantage=ReinforcePlusPlus(gamma=1.0, whiten="none"))
-    out = RLModule._estimate(module, batch, WeightedMeans())
+    out = estimate(batch, ReinforcePlusPlus(gamma=1.0, whiten="none"), KLRegularizer(0.5, "k1", "reward"), WeightedMeans())
     expected = torch.tensor([[-0.1, -0.35, 0, 0, -0.1, 0.9, 0, 0]])
     torch.testing.assert_close(out.token_rewards, expected, atol=1e-6, rtol=0)
     # reward-to-go over the model's tokens: 0.35, 0.45, -, -, 0.8, 0.9
@@ -225,7 +224,7 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
     import lightning_rl.core.logprobs as logprobs_module
     from lightning_rl.loop.metrics import WeightedMeans
     from lightning_rl.core.models import ModelSpec, load_causal_lm
-    from lightning_rl.loop.optimize import UpdatePhase
+    from lightning_rl.loop.optimize import PolicyUpdate
 
     policy = load_causal_lm(ModelSpec(path=tiny_model_path))
     g = torch.Generator().manual_seed(4)
@@ -253,7 +252,7 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
     torch.manual_seed(0)
     mask = batch.loss_mask
     t = 0.3  # a sharp sampler: the random model's entropies then differ from token to token
-    loss = UpdatePhase._policy_loss(module, batch, mask.sum(), mask.sum(), t, True, metrics)
+    loss = PolicyUpdate._policy_loss(module, batch, mask.sum(), mask.sum(), t, True, metrics)
     loss.backward()
     _check(captured["logits"].grad)
     values = metrics.compute(sync=False)

@@ -41,15 +41,15 @@ def _samples_text(tmp_path) -> str:
 
 @pytest.mark.slow
 def test_agent_calc_trains_three_iterations_with_the_calculator(tmp_path, monkeypatch):
-    from lightning_rl.loop.module import RLModule
+    from lightning_rl.loop.reporting import Reporter
 
-    batches, log_iteration = [], RLModule._log_iteration
+    batches, log_iteration = [], Reporter.iteration
 
-    def spy(self, batch, *args):  # the iteration's batch, as the update saw it
+    def spy(self, trainer, batch, *args):  # the iteration's batch, as the update saw it
         batches.append(batch)
-        return log_iteration(self, batch, *args)
+        return log_iteration(self, trainer, batch, *args)
 
-    monkeypatch.setattr(RLModule, "_log_iteration", spy)
+    monkeypatch.setattr(Reporter, "iteration", spy)
     cli = _fit(tmp_path, extra=["--model.loop.log_samples_every_n_steps", "1"])
     assert isinstance(cli.model.agent, MultiTurnRollout) and cli.trainer.global_step == 3
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
@@ -89,7 +89,7 @@ def test_agent_calc_on_the_sglang_server(tmp_path):
     assert isinstance(cli.model.rollout, SGLangRollout) and isinstance(cli.model.agent, MultiTurnRollout)
     # pushed before the first rollout and after each update (the server samples concurrent requests in arrival order,
     # so an iteration may draw only degenerate groups and skip its update)
-    updates = cli.model.optimizer_steps["policy"]
+    updates = cli.model.loop_state.optimizer_steps["policy"]
     assert cli.trainer.global_step == 3 and updates >= 1 and server.weight_version == str(1 + updates)
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert metrics["agent/tool_calls_mean"] > 0

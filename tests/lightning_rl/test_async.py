@@ -11,6 +11,7 @@ import torch
 
 from lightning_rl.loop.ahead import drop_stale
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.module import RLModule
 
 from .cli_runs import cli_args, run_cli, scalars
@@ -36,13 +37,13 @@ def test_stale_groups_are_dropped_whole_and_counted():
         versions=torch.tensor([3, 3, 1, 2, 2, 2]),
         scores=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]),
     )
-    texts = {"completions": list("abcdef")}
-    kept, kept_texts, metrics = drop_stale(batch, texts, version=3, max_staleness=1)
+    batch = batch.replace(columns={"completions": list("abcdef")})
+    kept, metrics = drop_stale(batch, version=3, max_staleness=1)
     assert kept.group_ids.tolist() == [0, 0, 2, 2] and kept.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
-    assert kept_texts == {"completions": ["a", "b", "e", "f"]}
+    assert kept.columns == {"completions": ["a", "b", "e", "f"]}
     assert float(metrics["async/dropped_frac"]) == pytest.approx(2 / 6)
     assert float(metrics["async/staleness_mean"]) == pytest.approx(0.5) and int(metrics["async/staleness_max"]) == 1
-    same, _, metrics = drop_stale(batch, texts, version=3, max_staleness=2)
+    same, metrics = drop_stale(batch, version=3, max_staleness=2)
     assert same is batch and float(metrics["async/dropped_frac"]) == 0.0
 
 
@@ -85,17 +86,17 @@ def test_staleness_one_trains_within_the_bound_and_logs_it(tmp_path, tiny_model_
 @pytest.mark.slow
 def test_resume_with_a_round_in_flight_loses_and_repeats_no_prompt(tmp_path, tiny_model_path, monkeypatch):
     trained: list[list[list[int]]] = []
-    take = RLModule._next_round
+    take = Collector._next_round
 
-    def recording(self, dataloader_iter):
-        prompts, batch, *rest = take(self, dataloader_iter)
-        trained[-1].append(prompts["prompt_ids"].tolist())
+    def recording(self, *args):
+        data, batch, *rest = take(self, *args)
+        trained[-1].append(data["prompts"].prompt_ids.tolist())
         sizes.append(batch.batch_size)
-        return prompts, batch, *rest
+        return data, batch, *rest
 
     sizes: list[int] = []
 
-    monkeypatch.setattr(RLModule, "_next_round", recording)
+    monkeypatch.setattr(Collector, "_next_round", recording)
     runs = {}
     for name, steps, resume in [("straight", 4, None), ("stopped", 2, None), ("resumed", 4, "stopped")]:
         trained.append([])
@@ -144,7 +145,7 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
         cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
     finally:
         server.stop()
-    updates = cli.model.optimizer_steps["policy"]
+    updates = cli.model.loop_state.optimizer_steps["policy"]
     assert cli.trainer.global_step == 4 and updates == 4 and server.weight_version == "5"  # a first push, then one per update
     logged = scalars(tmp_path)
     assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
@@ -177,8 +178,8 @@ def test_agent_episodes_are_sampled_ahead_on_the_server(tmp_path):
 
 
 def test_validation_waits_for_the_round_in_flight():
-    """`drain` (called when validation starts) returns only once no round is sampling: validation then changes the
-    sampler's settings (group size, temperature) without a round sampling under them."""
+    """`drain` (called when validation starts) returns only once no round is sampling: validation then seeds torch's
+    random stream for its own samples without a round drawing from it meanwhile."""
     import threading
     from types import SimpleNamespace
 
@@ -188,15 +189,15 @@ def test_validation_waits_for_the_round_in_flight():
     batch = RolloutBatch(response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long))
 
     def produce(prompts, policy):
-        if prompts["round"] > 0:
+        if prompts > 0:
             gate.wait(10)
-        finished.append(prompts["round"])
-        return batch, {}, {}
+        finished.append(prompts)
+        return batch, {}
 
     counter = iter(range(10))
     ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), produce, depth=1)
-    prompts, *_ = ahead.take(lambda: {"round": next(counter)}, torch.nn.Linear(1, 1))
-    assert prompts["round"] == 0  # round 1 is now sampling, held at the gate
+    data, *_ = ahead.take(lambda: {"prompts": next(counter)}, torch.nn.Linear(1, 1))
+    assert data["prompts"] == 0  # round 1 is now sampling, held at the gate
     drained = threading.Thread(target=ahead.drain)
     drained.start()
     drained.join(0.3)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-import lightning_rl.callbacks as callbacks_module
-from lightning_rl.callbacks import AtomicCheckpointIO
+import lightning_rl.checkpoint as callbacks_module
+from lightning_rl.checkpoint import AtomicCheckpointIO
 from lightning_rl.distributed import FSDP2Strategy
 
 from .cli_runs import cli_args, run_cli

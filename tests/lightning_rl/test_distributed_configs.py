@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
-from lightning_rl.callbacks import AtomicCheckpointIO
+from lightning_rl.checkpoint import AtomicCheckpointIO
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
 from lightning_rl.distributed import FSDP2Strategy
 

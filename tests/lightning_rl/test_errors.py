@@ -34,7 +34,7 @@ def test_dataset_column_not_found(tmp_path, tiny_model_path):
     renamed = PromptDataModule(train_data=data, val_data=None, tokenizer=tiny_model_path, columns={"prompt": "question", "answer": "gold"}, batch_size=1)
     renamed.setup("fit")
     batch = next(iter(renamed.train_dataloader()))
-    assert batch["meta"]["answer"] == ["2"] and batch["meta"]["prompt"] == ["1+1="]
+    assert batch["prompts"].columns["answer"] == ["2"] and batch["prompts"].columns["prompt"] == ["1+1="]
 
 
 @pytest.mark.parametrize("policy", ["error", "truncate", "drop"])

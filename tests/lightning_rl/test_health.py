@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightning_rl.loop.health import FiniteCheckpoints, NonFiniteTrainingError, TrainingHealth
+from lightning_rl.checkpoint import FiniteCheckpoints
+from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
 
 from .cli_runs import cli_args, run_cli, scalars
 
@@ -64,7 +65,7 @@ def test_nan_update_is_skipped_and_a_nan_streak_stops_the_run_with_finite_checkp
     run = run_cli("fit", cli_args(tmp_path / "one", tiny_model_path, 3, *DENSE, *nan("[2]")))
     skipped = dict(scalars(tmp_path / "one")["health/skipped_nonfinite"])
     assert skipped == {0: 0.0, 1: 1.0, 2: 0.0}
-    assert run.trainer.global_step == 3 and run.model.optimizer_steps["policy"] == 2
+    assert run.trainer.global_step == 3 and run.model.loop_state.optimizer_steps["policy"] == 2
     saved = torch.load(tmp_path / "one" / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3 and all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
 

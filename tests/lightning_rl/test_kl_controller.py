@@ -8,7 +8,7 @@ import torch
 
 from components.kl import KLRegularizer
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.loop.optimize import UpdatePhase
+from lightning_rl.loop.optimize import PolicyUpdate
 
 
 def _batch():
@@ -31,7 +31,7 @@ def test_counted_samples():
 
 def test_controller_sees_the_mean_over_counted_samples_and_raises_beta():
     kl = KLRegularizer(coef=0.1, placement="reward", target=0.18, horizon=10)
-    UpdatePhase._update_kl(SimpleNamespace(kl=kl), _batch())
+    PolicyUpdate.update_kl(SimpleNamespace(kl=kl), _batch())
     # KL 0.1875 over n = 2: error = 0.1875 / 0.18 - 1 = 0.041667, beta *= 1 + 0.041667 * 2 / 10
     # (dividing by all 4 rows, the controller saw 0.094 and lowered beta)
     assert float(kl.coef) == pytest.approx(0.1 * (1 + (0.1875 / 0.18 - 1) * 2 / 10), rel=1e-9)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora, reference_model
+from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 
@@ -50,7 +50,7 @@ def test_reference_is_the_base_model_with_adapters_off_and_no_second_model_is_bu
     assert is_lora(module.policy)
     batch = probe_batch(module.tokenizer)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    with torch.no_grad(), reference_model(module) as reference:
+    with torch.no_grad(), module.trainer_forward.reference_model() as reference:
         assert reference is module.policy  # the same object: no copy
         ref = policy_logprobs(reference, batch)[0]
         expected = policy_logprobs(base, batch)[0]
@@ -171,7 +171,7 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
 
     exported = AutoModelForTokenClassification.from_pretrained(written["critic"]).eval()
     batch = probe_batch(module.tokenizer)
-    from lightning_rl.core.logprobs import sequence_inputs
+    from lightning_rl.core.inputs import sequence_inputs
 
     ids, mask, positions = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     with torch.no_grad():

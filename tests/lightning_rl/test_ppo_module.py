@@ -109,7 +109,7 @@ def test_vc_ppo_critic_pretraining_leaves_the_policy_bit_identical(tmp_path, tin
     assert not _equal(snapshots.critic[0], initial["critic"]) and not _equal(snapshots.critic[1], snapshots.critic[0])
     changed = [n for n in initial["policy"] if not torch.equal(snapshots.policy[2][n], initial["policy"][n])]
     assert changed, "the policy did not train after pretraining ended"
-    assert cli.model.optimizer_steps["critic"] > cli.model.optimizer_steps["policy"] > 0
+    assert cli.model.loop_state.optimizer_steps["critic"] > cli.model.loop_state.optimizer_steps["policy"] > 0
     assert all(m in scalars(tmp_path) for m in CRITIC_METRICS)
 
 

@@ -107,7 +107,7 @@ def test_fit_through_the_cli_saves_a_reward_model_rl_can_load(tmp_path, tiny_mod
         prompt_ids=prompt.repeat(2, 1), prompt_mask=(prompt != tok.pad_token_id).long().repeat(2, 1),
         response_ids=responses, response_mask=torch.tensor([[1, 1, 0], [1, 1, 0]]),
     )  # fmt: skip
-    scores = reward(batch, {})
+    scores = reward(batch)
     assert float(scores[0]) > float(scores[1])
     pairs = cli.datamodule._collate([{"chosen": prompt[0, 1:].tolist() + responses[0, :2].tolist(), "rejected": prompt[0, 1:].tolist() + responses[1, :2].tolist()}])
     with torch.no_grad():

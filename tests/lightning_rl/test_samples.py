@@ -22,23 +22,23 @@ META = {"prompts": ["1+1=", "1+1=", "2+2=", "2+2=", "3|3", "3|3"], "completions"
 
 
 def test_one_row_per_prompt_with_gold_and_sequence_mean_advantage():
-    rows = sample_rows(META, _batch(), 5)
+    rows = sample_rows(_batch().replace(columns=META), 5)
     assert rows == [
         {"prompt": "1+1=", "completion": "2", "reward": "1.000", "gold": "2", "advantage": "+1.000"},  # mean of 0.5, 1.5
         {"prompt": "2+2=", "completion": "5", "reward": "0.250", "gold": "4", "advantage": "+0.300"},  # greedy row 2 skipped
         {"prompt": "3|3", "completion": "6 x", "reward": "0.000", "gold": "6", "advantage": "+2.000"},  # padding token excluded
     ]
-    assert len(sample_rows(META, _batch(), 2)) == 2
+    assert len(sample_rows(_batch().replace(columns=META), 2)) == 2
 
 
 def test_without_answers_or_advantages_the_columns_are_left_out():
     meta = {k: v for k, v in META.items() if k != "answer"}
-    rows = sample_rows(meta, batch_from_scores([1.0, 0.0], group_size=1), 4)
+    rows = sample_rows(batch_from_scores([1.0, 0.0], group_size=1).replace(columns=meta), 4)
     assert [list(r) for r in rows] == [["prompt", "completion", "reward"]] * 2
 
 
 def test_markdown_escapes_pipes_and_console_shows_every_cell():
-    rows = sample_rows(META, _batch(), 3)
+    rows = sample_rows(_batch().replace(columns=META), 3)
     text = markdown(rows)
     assert text.splitlines()[0] == "| prompt | completion | reward | gold | advantage |" and "| 3\\|3 |" in text
     out = io.StringIO()
@@ -53,7 +53,7 @@ def test_a_transcript_shows_its_marked_observations_and_the_advantage_of_the_mod
     batch = batch_from_scores([1.0], lengths=[5], action_mask=torch.tensor([[1, 1, 0, 0, 1]]))
     batch = batch.replace(advantages=torch.tensor([[0.8, 0.8, 0.0, 0.0, 0.8]]))
     meta = {"prompts": ["12*3="], "completions": ["36"], "transcripts": ["<call>12*3</call>[[env: <result>36</result>]]36"]}
-    rows = sample_rows(meta, batch, 1)
+    rows = sample_rows(batch.replace(columns=meta), 1)
     assert rows[0]["advantage"] == "+0.800" and rows[0]["completion"] == meta["transcripts"][0]
     out = io.StringIO()
     print_rows(rows, "samples", Console(file=out, width=200))

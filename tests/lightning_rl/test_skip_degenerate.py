@@ -10,7 +10,7 @@ from components.kl import KLRegularizer
 from components.loss_terms import EntropyBonus, PositiveNLL
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import LoopConfig
-from lightning_rl.loop.module import RLModule
+from lightning_rl.loop.optimize import PolicyUpdate
 
 
 def _degenerate_batch(scores):
@@ -36,7 +36,7 @@ def _degenerate_batch(scores):
     ids=["nothing", "kl-in-loss", "kl-in-reward", "positive-nll", "positive-nll-no-positive", "entropy", "entropy-0"],
 )
 def test_skip_only_without_any_gradient(kl, terms, scores, expected):
-    module = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms, global_step=0)
+    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert RLModule._worth_optimizing(module, _degenerate_batch(scores)) is expected
+        assert PolicyUpdate.worth_optimizing(update, _degenerate_batch(scores), 0) is expected

@@ -1,0 +1,31 @@
+"""Phase 3 of an RL iteration, estimate: per-token rewards (the score on the model's last token, an environment's
+per-turn rewards, the KL penalty when it sits in the reward), then the advantage estimator's advantages and returns."""
+
+from __future__ import annotations
+
+from components.advantage import AdvantageEstimator
+from components.kl import KLRegularizer
+from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.ops import explained_variance, masked_mean, sequence_kl
+from lightning_rl.loop.metrics import WeightedMeans
+
+
+def estimate(batch: RolloutBatch, advantage: AdvantageEstimator, kl: KLRegularizer | None, metrics: WeightedMeans) -> RolloutBatch:
+    """``batch`` with ``token_rewards``, ``advantages`` and ``returns``; their statistics go to ``metrics``."""
+    rewards = terminal_rewards(batch.scores, batch.action_tokens)
+    if batch.env_rewards is not None:  # multi-turn: an environment's rewards, on the last token of their turn
+        rewards = rewards + batch.env_rewards
+    if kl is not None:
+        rewards = rewards + kl.reward_penalty(batch)
+    batch = batch.replace(token_rewards=rewards)
+    advantages, returns = advantage(batch)
+    batch = batch.replace(advantages=advantages, returns=returns)
+    mask = batch.loss_mask
+    metrics.add("advantage/mean", masked_mean(advantages, mask))
+    metrics.add("advantage/std", masked_mean((advantages - masked_mean(advantages, mask)).square(), mask).sqrt())
+    if batch.values is not None and returns is not None:
+        metrics.add("critic/explained_var", explained_variance(batch.values, returns, mask))
+    if batch.old_logprobs is not None and batch.ref_logprobs is not None:
+        counted = batch.counted
+        metrics.add("kl/ref", masked_mean(sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask), counted), counted.sum())
+    return batch
