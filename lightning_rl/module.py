@@ -242,7 +242,9 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             batch, meta, extra = self._rollout(prompts, self.policy)
             staleness = {}
         else:
-            prompts, batch, meta, extra = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy)
+            max_steps = self.trainer.max_steps
+            rounds_left = max_steps - self.global_step if max_steps > 0 else None  # the final validation waits for every round queued
+            prompts, batch, meta, extra = self._ahead.take(lambda: next(dataloader_iter)[0], self.policy, rounds_left)
             batch, meta, staleness = drop_stale(batch.to(self.device), meta, self._ahead.version, self.loop.max_staleness)
         waited = time.perf_counter() - start
         batch, meta, scored = self._score(batch, meta)
