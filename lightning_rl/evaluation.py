@@ -3,8 +3,11 @@
 pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
 eq. 1): with ``c`` of ``n`` samples correct, pass@k = 1 - C(n - c, k) / C(n, k), the probability that at
 least one of ``k`` samples drawn without replacement from the ``n`` is correct, averaged over prompts.
-A sample is correct when its score is >= 1 (a 0/1 reward's success). mean@k is the mean score of the
-samples (any reward), so for a 0/1 reward pass@1 == mean@n.
+A sample is correct when its score is >= 1 (a 0/1 reward's success). mean@n is the mean score of the
+n samples (any reward), so for a 0/1 reward pass@1 == mean@n.
+
+Every validation score is the reward's raw score (`components.reward.shaping.raw_scores`): a `Shaped`
+reward's or a `RewardModel`'s normalisation and clipping shape what training sees, not what is reported.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from lightning import Callback
 from torch import Tensor
 
 from components.reward import as_scores
+from components.reward.shaping import raw_scores
 
 
 def pass_at_k(correct: Tensor, k: int) -> Tensor:
@@ -77,7 +81,8 @@ class Validation:
             meta = {k: [v for v in vals for _ in range(repeats)] for k, vals in batch["meta"].items()}
             meta = {**meta, **texts}
             meta["prompts"] = meta.get("prompt", [])
-            return as_scores(self.val_reward(rollout, meta), rollout.batch_size, name, meta).to(self.device)
+            with raw_scores():
+                return as_scores(self.val_reward(rollout, meta), rollout.batch_size, name, meta).to(self.device)
 
         rollout, texts = self._sample(prompt_ids, prompt_mask, batch["meta"], greedy=True)  # with an agent, whole episodes
         n_prompts = rollout.batch_size
