@@ -341,7 +341,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Greedy accuracy on held-out prompts, pass@k / mean@k from sampled responses (lightning_rl.evaluation)."""
+        """Greedy accuracy on held-out prompts, pass@k / mean@n from sampled responses (lightning_rl.evaluation)."""
         self._validate(batch, dataloader_idx)
 
     # ------------------------------------------------------------------ checkpoints

@@ -22,7 +22,8 @@ class CovariancePG(Surrogate):
         Cov_t = (log pi(y_t) - mean_s log pi(y_s)) * (A_t - mean_s A_s)      (detached, means over its tokens)
         base:     loss_t = -r_t A_t,   r_t = pi_theta / pi_old
         clip_cov: tokens with w_low <= Cov_t <= w_high, ``ratio`` x N of them drawn at random (at least 1),
-                  lose their gradient (r_t A_t detached)                             (eq. 9; r 2e-4, w 1..5)
+                  lose their gradient: r_t A_t keeps its value, detached             (eq. 9; r 2e-4, w 1..5)
+                  (the paper writes 0 for their term: the same gradient, but the loss logged here still counts them)
         kl_cov:   the ``ratio`` x N tokens of largest Cov_t (at least 1) add beta |log pi_theta - log pi_old|
                                                                                      (eq. 10; k 2e-3, beta 1)
 
