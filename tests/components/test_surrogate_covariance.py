@@ -49,6 +49,29 @@ def test_clip_cov_detaches_the_tokens_in_the_band():
     torch.testing.assert_close(grad, torch.tensor([[-r[0] * 2, 0.0, r[2] * 2, 0.0]]))
 
 
+def test_clip_cov_detaches_ratio_x_n_tokens_drawn_at_random_from_the_band():
+    # log pi = [-2, 0, -1, -1] (mean -1), A = [-1, 3, 1, 1] (mean 1): Cov = [2, 2, 0, 0], tokens 0 and 1 in the band
+    # [1, 5], each with a nonzero advantage. ratio 0.25 of 4 tokens = 1 token: one of the two, drawn at random, loses
+    # its gradient (value kept); the other and the tokens outside the band keep theirs
+    logp, adv, log_ratio = torch.tensor([[-2.0, 0.0, -1.0, -1.0]]), torch.tensor([[-1.0, 3.0, 1.0, 1.0]]), torch.tensor([[0.1, -0.1, 0.2, 0.0]])
+    batch = RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=logp - log_ratio, advantages=adv)
+    full = -(log_ratio.exp() * adv)  # -r A: the loss, and its gradient d/dlogp, of every token left alone
+    drawn = []
+    for seed in range(12):
+        torch.manual_seed(seed)
+        logprobs = logp.clone().requires_grad_(True)
+        loss, metrics = CovariancePG("clip_cov", ratio=0.25, cov_low=1.0, cov_high=5.0)(logprobs, batch)
+        loss.sum().backward()
+        torch.testing.assert_close(loss.detach(), full)
+        detached = [t for t in range(4) if float(logprobs.grad[0, t]) == 0.0]
+        assert len(detached) == 1 and detached[0] in (0, 1), detached
+        kept = [t for t in range(4) if t not in detached]
+        torch.testing.assert_close(logprobs.grad[0, kept], full[0, kept])
+        assert metrics["policy/cov_selected_frac"].item() == pytest.approx(0.25)
+        drawn.append(detached[0])
+    assert set(drawn) == {0, 1}  # a random draw, not always the same token
+
+
 def test_kl_cov_matches_an_independent_rederivation_on_random_tensors():
     torch.manual_seed(0)
     b, t = 4, 6
