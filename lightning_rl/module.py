@@ -41,7 +41,7 @@ from .export import export_info
 from .fault import ResumableCheckpoints, TeardownOnException
 from .health import FiniteCheckpoints, TrainingHealth
 from .logprobs import policy_logprobs
-from .lora import base_fingerprints, check_bases, frozen_base_names, reference_is_base, reference_model
+from .lora import base_fingerprints, check_adapters, check_bases, frozen_base_names, reference_is_base, reference_model
 from .metrics import PhaseTimer, WeightedMeans
 from .microbatch import micro_batches, pad_to
 from .models import ModelSpec, freeze, load_causal_lm, load_tokenizer
@@ -364,6 +364,7 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict")
         check_bases(checkpoint.get("lora_base"), self)
+        check_adapters(checkpoint, self)  # before torch lists a size mismatch per adapted layer
         if state is not None:
             lora_base = frozen_base_names(self)
             for key, value in self.state_dict().items():
