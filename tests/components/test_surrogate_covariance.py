@@ -89,3 +89,31 @@ def test_kl_cov_matches_an_independent_rederivation_on_random_tensors():
         lr = float(logp[c] - old[c])
         expected = -math.exp(lr) * float(adv[c]) + (0.5 * abs(lr) if c in top else 0.0)
         assert float(loss[c]) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_kl_cov_penalty_is_logged_and_zero_on_policy():
+    _, _, metrics = _loss_and_grad(CovariancePG("kl_cov", ratio=0.25, beta=1.0))
+    assert metrics["policy/cov_penalty"].item() == pytest.approx(0.2 / 4)  # beta |log r| = 0.2 on 1 of 4 tokens
+    on_policy = RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=LOGP, advantages=ADV)
+    logprobs = LOGP.clone().requires_grad_(True)
+    loss, metrics = CovariancePG("kl_cov", ratio=0.25, beta=1.0)(logprobs, on_policy)
+    loss.sum().backward()
+    # ratio 1: the penalty and its gradient vanish (d|x|/dx at 0 is 0), leaving -A
+    assert metrics["policy/cov_penalty"].item() == 0.0
+    torch.testing.assert_close(logprobs.grad, -ADV)
+
+
+def test_a_ratio_penalty_on_a_single_on_policy_update_warns():
+    import warnings
+
+    from lightning_rl.config import LoopConfig
+    from lightning_rl.module import RLModule
+
+    with pytest.warns(UserWarning, match=r"KL-Cov penalty .* exactly 0.*model.loop.num_mini_batches"):
+        RLModule(surrogate=CovariancePG("kl_cov"), loop=LoopConfig(ppo_epochs=1, num_mini_batches=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RLModule(surrogate=CovariancePG("kl_cov"), loop=LoopConfig(num_mini_batches=4))  # off-policy after the first mini-batch
+        RLModule(surrogate=CovariancePG("kl_cov"), loop=LoopConfig(ppo_epochs=2))
+        RLModule(surrogate=CovariancePG("clip_cov"))  # detaching a token's gradient acts on-policy too
+        RLModule(surrogate=CovariancePG("kl_cov", beta=0.0))
