@@ -170,8 +170,11 @@ def check_adapters(checkpoint: dict, module) -> None:
         differ = [f"{key}.{name}: {stored[name]} in the checkpoint, {getattr(spec, name)} in this config" for name in ("rank", "alpha") if stored[name] != getattr(spec, name)]
         before = {k[len(prefix):].split(".lora_")[0] for k in (state or {}) if k.startswith(prefix) and ".lora_" in k}
         now = {n.split(".lora_")[0] for n, _ in model.named_parameters() if ".lora_" in n} if model is not None else set()
-        # the layers adapted (an equivalent spelling of the targets is no change); the settings where the state is sharded
-        if before != now if before else stored["target_modules"] != spec.target_modules:
+        if before:  # the layers adapted, as the state names them: another spelling of the same targets is no change
+            other_targets = before != now
+        else:  # a sharded state, not loaded here: the settings as written
+            other_targets = stored["target_modules"] != spec.target_modules
+        if other_targets:
             only = sorted({name.rsplit(".", 1)[-1] for name in before - now}), sorted({name.rsplit(".", 1)[-1] for name in now - before})
             where = f" (adapters on {only[0]} only in the checkpoint, on {only[1]} only in this config)" if before else ""
             differ.append(f"{key}.target_modules: {stored['target_modules']} in the checkpoint, {spec.target_modules} in this config{where}")
