@@ -94,6 +94,44 @@ def check_bases(stored: dict[str, list[float]] | None, module) -> None:
             check_base((stored or {}).get(prefix), model, what, str(path))
 
 
+def check_adapters(checkpoint: dict, module) -> None:
+    """Raise, naming the config key, when a checkpoint's adapters do not fit this config's LoRA settings: another rank
+    or other target modules (torch would list a size mismatch or an unexpected key per adapted layer), another alpha
+    (the update silently scaled by another alpha / rank), adapters on a model now trained in full, or the reverse."""
+    info, state = checkpoint.get("hf_export") or {}, checkpoint.get("state_dict")
+    critic = module.critic
+    parts = {  # {checkpoint key prefix: (the checkpoint's part, its LoRA spec now, the model now, config key)}
+        "policy.": ("policy", module.policy_spec.lora, module.policy, "model.policy.lora"),
+        "critic.backbone.": ("critic", getattr(critic, "lora", None), getattr(critic, "backbone", None), "model.critic.init_args.lora"),
+    }
+    for prefix, (part, spec, model, key) in parts.items():
+        if part not in info:
+            continue  # not in the checkpoint (no critic then), or a checkpoint without export info
+        stored = info[part].get("lora")
+        if stored is None and spec is not None:
+            raise ValueError(f"{key}: the checkpoint's {part} was trained in full ({key}: null) and this config puts LoRA adapters on it: "
+                             f"resume without {key}, or start a new run from the exported model (lightning-rl export)")
+        if stored is None:
+            continue
+        settings = f"rank {stored['rank']}, alpha {stored['alpha']}, target_modules {stored['target_modules']}"
+        if spec is None:
+            raise ValueError(f"{key}: the checkpoint holds LoRA adapters ({settings}) and this config trains the {part} in full: set {key} to those settings to resume it")
+        differ = [f"{key}.{name}: {stored[name]} in the checkpoint, {getattr(spec, name)} in this config" for name in ("rank", "alpha") if stored[name] != getattr(spec, name)]
+        before = {k[len(prefix):].split(".lora_")[0] for k in (state or {}) if k.startswith(prefix) and ".lora_" in k}
+        now = {n.split(".lora_")[0] for n, _ in model.named_parameters() if ".lora_" in n} if model is not None else set()
+        if before:  # the layers adapted, as the state names them: another spelling of the same targets is no change
+            other_targets = before != now
+        else:  # a sharded state, not loaded here: the settings as written
+            other_targets = stored["target_modules"] != spec.target_modules
+        if other_targets:
+            only = sorted({name.rsplit(".", 1)[-1] for name in before - now}), sorted({name.rsplit(".", 1)[-1] for name in now - before})
+            where = f" (adapters on {only[0]} only in the checkpoint, on {only[1]} only in this config)" if before else ""
+            differ.append(f"{key}.target_modules: {stored['target_modules']} in the checkpoint, {spec.target_modules} in this config{where}")
+        if differ:
+            raise ValueError(f"{key}: the checkpoint's adapters do not fit this config: {'; '.join(differ)}. Resume with the checkpoint's "
+                             "settings, or start a new run (without --ckpt_path) to train new adapters")
+
+
 def frozen_base_names(module) -> set[str]:
     """Names (as in ``module.state_dict()``) of the frozen base parameters of LoRA models: left out of checkpoints."""
     names: set[str] = set()
@@ -129,6 +167,7 @@ def load(module, checkpoint: dict[str, Any]) -> None:
     """Read back what `save` wrote: the left-out weights are taken from the models as loaded, the loop state restored."""
     state = checkpoint.get("state_dict")
     check_bases(checkpoint.get("lora_base"), module)
+    check_adapters(checkpoint, module)  # before torch lists a size mismatch per adapted layer
     if state is not None:
         lora_base = frozen_base_names(module)
         for key, value in module.state_dict().items():

@@ -21,6 +21,8 @@
 | reward returning numpy / 0-d tensor scores               | accepted; a wrong shape is named as a shape                         | test_numpy_scores / components/test_rewards.py                                            |
 | prompt + response past max_position_embeddings          | warning at fit start; truncated prompts counted                     | test_context_overflow / lightning_rl/test_errors.py                                       |
 | multi-node launch (2 nodes x 1 process, loopback)        | trains exactly like 1 process                                       | lightning_rl/test_distributed.py::test_two_nodes_of_one_process_on_loopback_equal_one_process |
+| max_staleness deeper than the run (100 on 3 steps)       | only the run's rounds sampled; the final validation waits for none  | lightning_rl/test_async.py::test_a_bound_deeper_than_the_run_samples_only_the_runs_rounds |
+| LoRA checkpoint resumed with another rank/alpha/targets  | error naming model.policy.lora.<key> and the checkpoint's value     | lightning_rl/test_lora.py::test_resuming_adapters_with_another_lora_spec_names_the_key   |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.

@@ -107,3 +107,23 @@ def test_every_preset_is_found_and_every_other_yaml_has_its_own_test():
     tests = [t for t in Path(__file__).parent.rglob("test_*.py") if t.name != Path(__file__).name]
     for config in OTHERS:
         assert any(config.name in t.read_text() for t in tests), f"configs/{config.name} is shipped but no test instantiates it"
+
+
+@pytest.mark.slow
+def test_the_klcov_preset_trains_off_policy_so_its_penalty_acts(tiny_model_path, tmp_path):
+    """configs/grpo_klcov.yaml: on one on-policy update |log r| = 0, so the penalty and its gradient were exactly 0 and
+    beta 1 trained the same weights as beta 0 (issue 24). With several mini-batches, every one after the first is
+    off-policy: the penalty is positive and changes the update."""
+    from lightning_rl.cli import main
+
+    preset = CONFIGS / "grpo_klcov.yaml"
+    trained = {}
+    for beta in (1.0, 0.0):
+        root = tmp_path / f"beta{beta:g}"
+        root.mkdir()
+        cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, root, tiny_model_path)), f"--model.surrogate.init_args.beta={beta}",
+                    "--model.optimizer.lr=1e-2"])  # fmt: skip
+        trained[beta] = cli.model.policy.state_dict()
+        penalty = float(cli.trainer.callback_metrics["policy/cov_penalty"])
+        assert (penalty > 0) if beta else (penalty == 0), (beta, penalty)
+    assert any(not torch.equal(trained[1.0][k], trained[0.0][k]) for k in trained[1.0])

@@ -57,7 +57,8 @@ def last_token_scores(scorer: nn.Module, input_ids: Tensor, attention_mask: Tens
 class RewardModel(ScoreNormalizer, Reward):
     """r(x, y): a learned scalar reward read at the last valid token (InstructGPT, Ouyang et al. 2022,
     arXiv:2203.02155), then optionally normalised and clipped: static (r - mean) / std, or running
-    statistics, then clamp to [-clip, clip] (`components.reward.shaping`, which applies to any reward).
+    statistics (the identity until the scores seen have a spread), then clamp to [-clip, clip]
+    (`components.reward.shaping`, which applies to any reward; validation reports the raw score).
 
     Frozen: no gradients, no optimizer state, the transformer always in eval mode. Like batch norm,
     the running statistics update only while the module is in train mode (not during validation);

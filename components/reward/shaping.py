@@ -2,16 +2,20 @@
 
     static:   r' = (r - mean) / std
     running:  r' = (r - mu) / sigma, with mu, sigma the running statistics of every score seen in
-              training (this batch included; all data-parallel ranks; Chan et al.'s parallel merge)
+              training (this batch included; all data-parallel ranks; Chan et al.'s parallel merge);
+              sigma = 1 while those scores have no spread, so before any score is seen r' = r
     clip:     r' <- clamp(r', -clip, clip)
 
 Like batch norm, the running statistics update only in train mode (not during validation); they are
-buffers (``running_count``, ``running_mean``, ``running_m2``), so checkpoints carry them.
+buffers (``running_count``, ``running_mean``, ``running_m2``), so checkpoints carry them. Inside
+`raw_scores` (validation) every shaping is skipped: scores are reported on the reward's own scale.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Literal
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +26,20 @@ from lightning_rl.core.ops import all_reduce_sum
 from .base import Reward, Scores, as_scores
 
 Normalize = Literal["none", "static", "running"]
+
+_RAW = ContextVar("raw_scores", default=False)
+
+
+@contextmanager
+def raw_scores() -> Iterator[None]:
+    """Within this context every `ScoreNormalizer` (`Shaped`, `RewardModel`), however deeply nested in other rewards,
+    returns its raw scores and leaves its statistics alone: what validation reports (pass@k counts a score >= 1 as
+    solved, which a normalised score says nothing about), whatever the training shaping."""
+    token = _RAW.set(True)
+    try:
+        yield
+    finally:
+        _RAW.reset(token)
 
 
 class ScoreNormalizer(nn.Module):
@@ -42,6 +60,8 @@ class ScoreNormalizer(nn.Module):
     def normalized(self, scores: Tensor) -> Tensor:
         """Apply the configured normalisation and clipping to raw scores (B,). When either is on, the raw scores'
         mean is kept as ``reward/raw_mean`` in ``last_metrics`` (``reward/mean`` is then the shaped reward)."""
+        if _RAW.get():
+            return scores
         if self.normalize != "none" or self.clip is not None:
             self.last_metrics = {"reward/raw_mean": scores.detach().float().mean()}
         if self.normalize == "static":
@@ -50,7 +70,10 @@ class ScoreNormalizer(nn.Module):
             if self.training:
                 self._update_running(scores)
             std = (self.running_m2 / self.running_count.clamp_min(1.0)).sqrt().float()
-            scores = (scores - self.running_mean.float()) / std.clamp_min(1e-6)
+            # no spread yet (no score seen, e.g. the validation before the first iteration, or equal scores only): a std
+            # clamped to a tiny floor would multiply the scores by up to 1e6
+            sigma = torch.where(std > 1e-6, std, torch.ones_like(std))
+            scores = (scores - self.running_mean.float()) / sigma
         if self.clip is not None:
             scores = scores.clamp(-self.clip, self.clip)
         return scores

@@ -74,6 +74,12 @@ class Surrogate(ABC):
         if correction is not None:
             self.requires = self.requires | correction.requires
 
+    @property
+    def inert_on_policy(self) -> str | None:
+        """A term of this surrogate that is exactly 0, value and gradient, when pi_theta = pi_old on every update (one
+        epoch of one mini-batch), named for the warning a config then gets; None when every term acts on-policy."""
+        return None
+
     @abstractmethod
     def per_token_loss(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Unreduced loss before the off-policy correction. Shape: (B, R)."""

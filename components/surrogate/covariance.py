@@ -22,11 +22,14 @@ class CovariancePG(Surrogate):
         Cov_t = (log pi(y_t) - mean_s log pi(y_s)) * (A_t - mean_s A_s)      (detached, means over its tokens)
         base:     loss_t = -r_t A_t,   r_t = pi_theta / pi_old
         clip_cov: tokens with w_low <= Cov_t <= w_high, ``ratio`` x N of them drawn at random (at least 1),
-                  lose their gradient (r_t A_t detached)                             (eq. 9; r 2e-4, w 1..5)
+                  lose their gradient: r_t A_t keeps its value, detached             (eq. 9; r 2e-4, w 1..5)
+                  (the paper writes 0 for their term: the same gradient, but the loss logged here still counts them)
         kl_cov:   the ``ratio`` x N tokens of largest Cov_t (at least 1) add beta |log pi_theta - log pi_old|
                                                                                      (eq. 10; k 2e-3, beta 1)
 
     The random draw of clip_cov uses torch's global generator, which the trainer seeds per iteration.
+    KL-Cov's penalty (logged as ``policy/cov_penalty``, its token mean) is 0, with its gradient, where pi_theta = pi_old:
+    on the first mini-batch of an iteration, and on every one of an on-policy loop (one epoch, one mini-batch).
     """
 
     def __init__(
@@ -54,6 +57,10 @@ class CovariancePG(Surrogate):
             raise ValueError(f"CovariancePG: need 0 < ratio <= 1, cov_low <= cov_high, beta >= 0; got {ratio}, {cov_low}, {cov_high}, {beta}")
         self.mode, self.ratio, self.cov_low, self.cov_high, self.beta = mode, ratio, cov_low, cov_high, beta
 
+    @property
+    def inert_on_policy(self) -> str | None:
+        return "its KL-Cov penalty beta |log pi_theta - log pi_old|" if self.mode == "kl_cov" and self.beta > 0 else None
+
     def covariance(self, logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """Cov_t over the valid tokens, 0 elsewhere. Shape: (B, R)."""
         lp, adv = logprobs.detach().float(), advantages.float()
@@ -79,8 +86,11 @@ class CovariancePG(Surrogate):
         if self.mode == "clip_cov":
             loss = -torch.where(chosen, objective.detach(), objective)
         else:
-            loss = -objective + self.beta * chosen.float() * log_ratio.abs()
+            penalty = self.beta * chosen.float() * log_ratio.abs()  # (B, R)
+            loss = -objective + penalty
         metrics = ratio_metrics(ratio.detach(), log_ratio.detach(), mask)
+        if self.mode == "kl_cov":
+            metrics["policy/cov_penalty"] = masked_mean(penalty.detach(), mask)
         metrics["policy/cov_selected_frac"] = masked_mean(chosen.float(), mask)
         metrics["policy/cov_mean"] = masked_mean(cov.view_as(mask), mask)
         return loss, metrics

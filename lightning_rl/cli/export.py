@@ -12,7 +12,8 @@ Output folders (each loads with ``from_pretrained``):
 * LoRA runs: the checkpoint holds the adapters only; the base is reloaded from its recorded path
   (checked against the weight fingerprint stored with the adapters) and the adapters are merged into
   it, so ``policy/`` and ``critic/`` are full models as above. ``--adapter_only`` writes the adapters
-  instead: ``policy/`` loads with ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "policy")``;
+  instead: ``policy/`` loads alone with ``AutoPeftModelForCausalLM.from_pretrained("policy")`` (its config names the
+  base by its absolute path, or its hub id), or as ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "policy")``;
   ``critic/`` holds the backbone's adapter and ``value_head.safetensors``.
 * ``reward_model/`` (checkpoints of the reward-model trainer, ``lightning_rl.recipes.reward_model``):
   ``AutoModelForSequenceClassification`` + tokenizer.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +165,10 @@ def export_adapters(state: dict[str, Tensor], info: dict[str, Any], out_dir: str
     out_dir = Path(out_dir)
     policy_info = info["policy"]
     written = {"policy": out_dir / "policy"}
-    save_adapter(_lora_policy(policy_info, _strip(state, POLICY)), written["policy"], base_path=policy_info["path"])
+    # peft picks the model class from task_type, and loads the base from the path written here, from any folder
+    base = os.path.expanduser(policy_info["path"])
+    base = os.path.abspath(base) if os.path.isdir(base) else policy_info["path"]  # a hub id stays as it is
+    save_adapter(_lora_policy(policy_info, _strip(state, POLICY)), written["policy"], base_path=base, task_type="CAUSAL_LM")
     load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)").save_pretrained(written["policy"])
     if "lora" in info.get("critic", {}):
         critic = _lora_critic(info["critic"], policy_info["path"], _strip(state, CRITIC))

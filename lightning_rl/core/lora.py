@@ -123,17 +123,21 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_peft_model_state_dict(model, adapter_name=ADAPTER)
 
 
-def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | None = None, base_path: str | None = None) -> None:
-    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (loads with ``PeftModel.from_pretrained``)."""
+def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | None = None, base_path: str | None = None, task_type: str | None = None) -> None:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (loads with ``PeftModel.from_pretrained``; with
+    ``task_type`` and a resolvable ``base_path`` also alone, e.g. ``AutoPeftModelForCausalLM.from_pretrained``)."""
+    import copy
     from pathlib import Path
 
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = model.peft_config[ADAPTER]
+    config = copy.copy(model.peft_config[ADAPTER])  # the live model's config stays as it is
     if base_path is not None:
         config.base_model_name_or_path = base_path
+    if task_type is not None:
+        config.task_type = task_type
     config.save_pretrained(directory)
     state = adapter_state(model) if state is None else state
     save_file({_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors")

@@ -72,12 +72,15 @@ class RolloutAhead:
         self.version = self.rollout.weight_version
         self._started = True
 
-    def take(self, next_prompts: Callable[[], dict], policy: nn.Module) -> tuple[dict, RolloutBatch, dict]:
-        """The next round: (data batch, sampled batch, metrics). Requests rounds until ``depth`` are queued behind it;
-        the first failure of a round is raised here, on the trainer's thread."""
+    def take(self, next_prompts: Callable[[], dict], policy: nn.Module, rounds_left: int | None = None) -> tuple[dict, RolloutBatch, dict]:
+        """The next round: (data batch, sampled batch, metrics). Requests rounds until ``depth`` are queued behind it, but
+        never more than ``rounds_left``, the iterations the run has still to train (this one included; None = no end):
+        each takes at least one round, so every round requested is trained. The first failure of a round is raised
+        here, on the trainer's thread."""
         if not self._started:  # at the first iteration: every strategy has restored a checkpoint's weights by then
             self.start(policy)
-        while len(self._pending) < self.depth + 1:
+        wanted = self.depth + 1 if rounds_left is None else max(1, min(self.depth + 1, rounds_left))
+        while len(self._pending) < wanted:
             position = self.position()
             data = next_prompts()
             self._pending.append(_Round(position, data, self._pool.submit(self._produce, data["prompts"], policy, self._push)))

@@ -64,13 +64,16 @@ class Collector:
         parts = {name: part.to(device) for name, part in scored.parts.items()} or None
         return batch.replace(scores=scored.total.to(device), score_parts=parts), scored.metrics
 
-    def collect(self, next_prompts: NextPrompts, policy: nn.Module, metrics: WeightedMeans, device: torch.device, iteration: int) -> tuple[RolloutBatch, dict]:
+    def collect(
+        self, next_prompts: NextPrompts, policy: nn.Module, metrics: WeightedMeans, device: torch.device, iteration: int, rounds_left: int | None = None
+    ) -> tuple[RolloutBatch, dict]:
         """The iteration's scored batch and its first round's data batch (which carries PPO-ptx's text); with dynamic
-        sampling, informative groups kept over rounds until the batch is full."""
+        sampling, informative groups kept over rounds until the batch is full. ``rounds_left``: the iterations the run
+        has still to train, this one included (None = no end): asynchronous rounds are never requested past them."""
         kept, groups_seen, target, waited, first = [], 0, None, 0.0, None
         rounds = self.sampling.max_rounds if self.sampling is not None else 1
         for round_ in range(rounds):
-            data, batch, extra, wait = self._next_round(next_prompts, policy, device)
+            data, batch, extra, wait = self._next_round(next_prompts, policy, device, rounds_left)
             first = first or data
             waited += wait
             n_prompts = len(data["prompts"])
@@ -99,7 +102,7 @@ class Collector:
         metrics.add("time/rollout_wait_s", torch.tensor(waited))
         return batch, first
 
-    def _next_round(self, next_prompts: NextPrompts, policy: nn.Module, device: torch.device) -> tuple[dict, RolloutBatch, dict, float]:
+    def _next_round(self, next_prompts: NextPrompts, policy: nn.Module, device: torch.device, rounds_left: int | None) -> tuple[dict, RolloutBatch, dict, float]:
         """A data batch and its scored samples: sampled now, or (asynchronous) taken from the rounds sampled ahead,
         with the groups older than ``loop.max_staleness`` versions left out. Scoring runs here, on the trainer's
         thread: a reward may hold state or run collectives (running normalisation, a sharded reward model)."""
@@ -109,7 +112,7 @@ class Collector:
             batch, extra = self.produce(data["prompts"], policy, device)
             staleness = {}
         else:
-            data, batch, extra = self.ahead.take(next_prompts, policy)
+            data, batch, extra = self.ahead.take(next_prompts, policy, rounds_left)
             batch, staleness = drop_stale(batch.to(device), self.ahead.version, self.loop.max_staleness)
         waited = time.perf_counter() - start
         batch, scored = self.score(batch)

@@ -182,8 +182,10 @@ class RLModule(LightningModule):
     def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans()
         iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
+        max_steps = self.trainer.max_steps
+        rounds_left = max_steps - self.global_step if max_steps > 0 else None  # the final validation waits for every round queued
         with timer("rollout"):
-            batch, data = self.collector.collect(lambda: next(dataloader_iter)[0], self.policy, metrics, self.device, self.global_step)
+            batch, data = self.collector.collect(lambda: next(dataloader_iter)[0], self.policy, metrics, self.device, self.global_step, rounds_left)
             ptx_text = self._ptx_text(data)
         with timer("score"):
             batch = self.trainer_forward(batch, self.temperature)

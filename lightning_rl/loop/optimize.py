@@ -49,10 +49,11 @@ class PolicyUpdate:
 
     def worth_optimizing(self, batch: RolloutBatch, iteration: int) -> bool:
         """False when nothing in the loss has a gradient on any rank: every advantage on a token that counts is
-        zero (every group degenerate), no KL term is in the loss and no loss term touches a counted token.
-        (A step without gradient is not a no-op: AdamW's momentum and weight decay would still move the policy.)"""
+        zero (every group degenerate), no KL term is in the loss, no loss term touches a counted token and no
+        PPO-ptx loss is mixed in. (A step without gradient is not a no-op: AdamW's momentum and weight decay would
+        still move the policy.)"""
         kl_in_loss = self.kl is not None and self.kl.placement == "loss" and float(self.kl.coef) > 0
-        if not self.loop.skip_degenerate_batches or self.critic is not None or kl_in_loss:
+        if not self.loop.skip_degenerate_batches or self.critic is not None or kl_in_loss or self.ptx is not None:
             return True
         informative = ((batch.advantages.abs() > 0).float() * batch.loss_mask).sum()
         for term in self.loss_terms:

@@ -19,7 +19,7 @@ from lightning_rl.loop.samples import markdown, print_rows, sample_rows
 LAYOUT = {
     "1 training signal": {
         "reward (mean, parts, raw, shaped)": ["Multiline", [r"^reward/(mean|raw_mean|shaped_mean)$", r"^reward/(?!std|mean|raw_mean|shaped_mean|timeout|error)"]],
-        "validation (greedy reward, pass@k, mean@k)": ["Multiline", [r"^val/.*(reward|pass@|mean@)"]],
+        "validation (greedy reward, pass@k, mean@n)": ["Multiline", [r"^val/.*(reward|pass@|mean@)"]],
         "response length (tokens)": ["Multiline", [r"^response_length/mean$", r"^val/.*response_length$"]],
     },
     "2 policy": {

@@ -73,6 +73,13 @@ def check_requirements(module) -> Needs:
             "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
             "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
         )
+    inert = module.surrogate.inert_on_policy
+    if inert is not None and module.loop.ppo_epochs == 1 and module.loop.num_mini_batches == 1:
+        warnings.warn(
+            f"model.surrogate ({type(module.surrogate).__name__}): {inert} is exactly 0, and so is its gradient, on this "
+            "on-policy update (model.loop.ppo_epochs 1 and num_mini_batches 1: pi_theta = pi_old when the loss is taken), so it "
+            "has no effect; set model.loop.num_mini_batches (or ppo_epochs) > 1, as configs/grpo_klcov.yaml does"
+        )
     if module.loop.max_staleness > 0 and "rollout_logprobs" not in _requires(module.surrogate):
         warnings.warn(
             f"model.loop.max_staleness={module.loop.max_staleness} trains on samples from older weights, but model.surrogate "

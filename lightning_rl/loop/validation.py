@@ -3,8 +3,11 @@
 pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code",
 eq. 1): with ``c`` of ``n`` samples correct, pass@k = 1 - C(n - c, k) / C(n, k), the probability that at
 least one of ``k`` samples drawn without replacement from the ``n`` is correct, averaged over prompts.
-A sample is correct when its score is >= 1 (a 0/1 reward's success). mean@k is the mean score of the
-samples (any reward), so for a 0/1 reward pass@1 == mean@n.
+A sample is correct when its score is >= 1 (a 0/1 reward's success). mean@n is the mean score of the
+n samples (any reward), so for a 0/1 reward pass@1 == mean@n.
+
+Every validation score is the reward's raw score (`components.reward.shaping.raw_scores`): a `Shaped`
+reward's or a `RewardModel`'s normalisation and clipping shape what training sees, not what is reported.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from lightning import Callback
 from torch import Tensor, nn
 
 from components.reward import Reward
+from components.reward.shaping import raw_scores
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
 from lightning_rl.loop.collect import Collector
@@ -66,7 +70,8 @@ class Validator:
         params = self.collector.rollout.params
 
         def scored(batch: RolloutBatch) -> Tensor:
-            return self.collector.score(batch, self.reward)[0].scores
+            with raw_scores():  # the reward's own scale, whatever shaping training uses
+                return self.collector.score(batch, self.reward)[0].scores
 
         greedy, _ = self.collector.sample(prompts, policy, replace(params, greedy=True))  # with an agent, whole episodes
         n_prompts = greedy.batch_size

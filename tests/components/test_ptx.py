@@ -51,3 +51,33 @@ def test_matches_cross_entropy_on_random_text_and_has_its_gradient():
 def test_coef_must_be_non_negative():
     with pytest.raises(ValueError, match="coef"):
         PretrainMix(coef=-1.0)
+
+
+def _gpt2(vocab: int):
+    """A random 1-layer GPT-2: learned absolute position embeddings, so wrong position ids change its output too."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+def test_a_left_padded_row_scores_as_the_same_text_alone(model, tiny_model_path):
+    """A real transformer, so that the mask and the position ids matter: each row's NLL must be its unpadded text's
+    (a left-padded batch scored without the mask attends to the padding; with 0-based positions counted from the
+    padding, absolute position embeddings see other positions)."""
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval() if model == "llama" else _gpt2(vocab=24)
+    torch.manual_seed(1)
+    rows = [torch.randint(1, policy.config.vocab_size, (n,)) for n in (3, 7, 5)]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])  # left padding with id 0
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), torch.ones(len(r), dtype=torch.long)]) for r in rows])
+    with torch.no_grad():
+        loss, metrics = PretrainMix(coef=2.0).loss(policy, ids, mask)
+        # independent: every row alone, unpadded, through a plain forward; the token mean over all rows' predicted tokens
+        nll = [nn.functional.cross_entropy(policy(input_ids=r[None]).logits[0, :-1], r[1:], reduction="sum") for r in rows]
+    expected = sum(nll) / sum(len(r) - 1 for r in rows)
+    assert metrics["ptx/nll"].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(2.0 * expected.item(), rel=1e-5)

@@ -178,3 +178,10 @@ def test_the_default_path_is_the_built_in_tasks_and_says_how_to_build_it(tok, mo
     monkeypatch.setattr(module, "TINY_REWARD_MODEL_PATH", "/nonexistent/tiny-arith-rm")
     with pytest.raises(FileNotFoundError, match="scripts/make_reward_model.py"):
         RewardModel(path="/nonexistent/tiny-arith-rm").setup(tok)
+
+
+def test_running_normalisation_before_any_statistics_is_the_identity(rm_path, tok):
+    batch = _batch(tok, PAIRS)
+    raw = _reward(rm_path, tok)(batch)
+    running = _reward(rm_path, tok, normalize="running").eval()  # validation before the first iteration
+    torch.testing.assert_close(running(batch), raw, atol=0, rtol=0)

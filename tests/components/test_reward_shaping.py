@@ -48,3 +48,35 @@ def test_bad_settings_are_named():
         Shaped(FunctionReward(lengths_as_scores), normalize="zscore")
     with pytest.raises(ValueError, match="clip > 0"):
         Shaped(FunctionReward(lengths_as_scores), clip=-1.0)
+
+
+def fixed_scores(completions, **_):
+    return [{"half": 0.5, "none": 0.0, "full": 1.0, "two": 2.0}[c] for c in completions]
+
+
+def test_running_normalisation_is_the_identity_until_the_statistics_have_a_spread():
+    # issue 24: in eval mode before any training batch, std 0 was clamped to 1e-6 and [0.5, 0, 1] became [5e5, 0, 1e6]
+    shaped = Shaped(FunctionReward(fixed_scores), normalize="running").eval()
+    torch.testing.assert_close(_call(shaped, ["half", "none", "full"]), torch.tensor([0.5, 0.0, 1.0]))
+    # statistics of equal scores only (every score 2 so far): the mean is subtracted, sigma is 1 until a spread is seen
+    shaped.train()
+    torch.testing.assert_close(_call(shaped, ["two", "two"]), torch.tensor([0.0, 0.0]))
+    shaped.eval()
+    torch.testing.assert_close(_call(shaped, ["half", "none", "full"]), torch.tensor([-1.5, -2.0, -1.0]))
+
+
+def test_raw_scores_skip_every_shaping_even_inside_a_composite():
+    from components.reward import Composite
+    from components.reward.shaping import raw_scores
+
+    shaped = Shaped(FunctionReward(fixed_scores), normalize="static", mean=1.0, std=0.5, clip=0.5)
+    torch.testing.assert_close(_call(shaped, ["half", "full", "two"]), torch.tensor([-0.5, 0.0, 0.5]))
+    composite = Composite([shaped, FunctionReward(fixed_scores)], weights=[1.0, 2.0])
+    with raw_scores():
+        torch.testing.assert_close(_call(shaped, ["half", "full", "two"]), torch.tensor([0.5, 1.0, 2.0]))
+        torch.testing.assert_close(_call(composite, ["half", "full"]), torch.tensor([1.5, 3.0]))
+    torch.testing.assert_close(_call(shaped, ["half", "full", "two"]), torch.tensor([-0.5, 0.0, 0.5]))  # shaped again after
+    running = Shaped(FunctionReward(fixed_scores), normalize="running")
+    with raw_scores():
+        _call(running, ["half", "two"])
+    assert float(running.running_count) == 0  # raw scores are not training's: the statistics do not see them

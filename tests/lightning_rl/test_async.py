@@ -98,18 +98,19 @@ def test_resume_with_a_round_in_flight_loses_and_repeats_no_prompt(tmp_path, tin
 
     monkeypatch.setattr(Collector, "_next_round", recording)
     runs = {}
-    for name, steps, resume in [("straight", 4, None), ("stopped", 2, None), ("resumed", 4, "stopped")]:
+    # the straight run's step=2 checkpoint is saved with round 2 in flight (a run that ends at step 2 never requests it)
+    for name, resume in [("straight", None), ("resumed", "straight")]:
         trained.append([])
         extra = [f"--ckpt_path={tmp_path / resume / 'checkpoints' / 'step=2.ckpt'}"] if resume else []
         # validation every 2 iterations samples 3 responses per prompt: it must wait for the round in flight, never
         # change the group size or temperature it samples with
-        run_cli("fit", cli_args(tmp_path / name, tiny_model_path, steps, *ASYNC, *KEEP, "--model.loop.val_samples=3", *extra))
+        run_cli("fit", cli_args(tmp_path / name, tiny_model_path, 4, *ASYNC, *KEEP, "--model.loop.val_samples=3", *extra))
         runs[name] = trained[-1]
-    assert len(runs["straight"]) == 4 and len(runs["stopped"]) == 2 and len(runs["resumed"]) == 2
-    assert runs["stopped"] + runs["resumed"] == runs["straight"]  # same prompts, in order: none lost, none twice
+    assert len(runs["straight"]) == 4 and len(runs["resumed"]) == 2
+    assert runs["straight"][:2] + runs["resumed"] == runs["straight"]  # same prompts, in order: none lost, none twice
     assert set(sizes) == {2 * 8}  # 2 prompts x group_size 8 in every round
-    stopped = torch.load(tmp_path / "stopped" / "checkpoints" / "step=2.ckpt", weights_only=False)
-    assert stopped["PromptDataModule"]["position"]["batch"] == 2  # round 2 was in flight when it was saved
+    middle = torch.load(tmp_path / "straight" / "checkpoints" / "step=2.ckpt", weights_only=False)
+    assert middle["PromptDataModule"]["position"]["batch"] == 2  # round 2 was in flight when it was saved
 
 
 @pytest.mark.slow
@@ -206,3 +207,42 @@ def test_validation_waits_for_the_round_in_flight():
     drained.join(10)
     assert not drained.is_alive() and finished == [0, 1]
     ahead.close()
+
+
+def test_no_round_is_requested_past_the_last_iteration():
+    """A bound deeper than the run (max_staleness 100, 3 iterations) requests the run's rounds, not 101: the final
+    validation would wait for every round queued (issue 24: 130 s instead of 26 s)."""
+    from types import SimpleNamespace
+
+    from lightning_rl.loop.ahead import RolloutAhead
+
+    batch = RolloutBatch(response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long))
+    requested = []
+
+    def next_prompts():
+        requested.append(len(requested))
+        return {"prompts": requested[-1]}
+
+    ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), lambda prompts, policy: (batch, {}), depth=100)
+    policy = torch.nn.Linear(1, 1)
+    taken = [ahead.take(next_prompts, policy, rounds_left=3 - step)[0]["prompts"] for step in range(3)]
+    assert taken == [0, 1, 2] and requested == [0, 1, 2]
+    # dynamic sampling may take a second round in an iteration: requested then, one at a time
+    assert ahead.take(next_prompts, policy, rounds_left=1)[0]["prompts"] == 3 and requested == [0, 1, 2, 3]
+    ahead.close()
+
+
+@pytest.mark.slow
+def test_a_bound_deeper_than_the_run_samples_only_the_runs_rounds(tmp_path, tiny_model_path, monkeypatch):
+    from lightning_rl.loop.ahead import RolloutAhead
+
+    requested = []
+    produce = RolloutAhead._produce
+
+    def counting(self, prompts, policy, push):
+        requested.append(len(prompts))
+        return produce(self, prompts, policy, push)
+
+    monkeypatch.setattr(RolloutAhead, "_produce", counting)
+    cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 3, *ASYNC, "--model.loop.max_staleness=100", "--trainer.limit_val_batches=0"))
+    assert cli.trainer.global_step == 3 and len(requested) == 3

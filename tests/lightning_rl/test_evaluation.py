@@ -1,4 +1,4 @@
-"""pass@k (Chen et al. 2021's unbiased estimator) and mean@k from sampled validation, and several validation sets."""
+"""pass@k (Chen et al. 2021's unbiased estimator) and mean@n from sampled validation, and several validation sets."""
 
 from __future__ import annotations
 
@@ -69,3 +69,25 @@ def test_sampled_validation_on_two_sets_matches_a_hand_count(tmp_path, tiny_mode
             assert logged[f"val/{name}/pass@{k}"] == pytest.approx(_by_subsets(correct, k), abs=1e-6)
     assert 0 < logged["val/easy/pass@1"] < logged["val/easy/pass@2"] < 1  # not a trivial all-or-nothing count
     assert "val/reward" not in logged and not any("dataloader_idx" in key for key in logged)
+
+
+@pytest.mark.slow
+def test_validation_reports_raw_scores_whatever_the_training_shaping(tmp_path, tiny_model_path):
+    """A normalised reward (issue 24: running statistics before the first iteration made mean@4 6.8e5 and pass@1 0.94
+    where the raw scores gave 0.68 and 0.06): val/reward, pass@k and mean@n are computed on the raw score."""
+    from components.reward import FunctionReward, Shaped
+
+    n, n_prompts = 4, 6
+    args = cli_args(tmp_path, tiny_model_path, 1, f"--model.loop.val_samples={n}", f"--data.val_size={n_prompts}")
+    cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
+    for shaping in (dict(normalize="running"), dict(normalize="static", mean=0.5, std=0.25, clip=1.0)):
+        cli.model.val_reward = Shaped(FunctionReward(rewards.starts_with_digit), **shaping)
+        rewards.SCORED.clear()
+        (logged,) = cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+        greedy, sampled = rewards.SCORED
+        correct = torch.tensor(sampled).reshape(n_prompts, n).bool()
+        assert logged["val/reward"] == pytest.approx(sum(greedy) / n_prompts), shaping
+        assert logged["val/mean@4"] == pytest.approx(sum(sampled) / (n_prompts * n)), shaping
+        for k in (1, 2, 4):
+            assert logged[f"val/pass@{k}"] == pytest.approx(_by_subsets(correct, k), abs=1e-6), shaping
+        assert 0 < logged["val/mean@4"] < 1, shaping  # some samples solved, some not: a normalised score would differ

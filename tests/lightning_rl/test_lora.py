@@ -116,6 +116,33 @@ def test_merged_and_adapter_only_exports_reload_with_the_lora_models_logprobs(lo
         torch.testing.assert_close(policy_logprobs(adapted, batch)[0], expected, rtol=0, atol=1e-5)
 
 
+def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(lora_grpo, tiny_model_path, tmp_path, monkeypatch):
+    """adapter_config.json names the task (peft needs it to pick the model class) and a base path that resolves from
+    anywhere: a run started with a relative model.policy.path exported an adapter only that folder could load."""
+    import json
+    import os
+
+    from peft import AutoPeftModelForCausalLM
+
+    from lightning_rl.cli.export import export_checkpoint
+
+    module, root, _ = lora_grpo
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir(), elsewhere.mkdir()
+    checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint["hf_export"]["policy"]["path"] = os.path.relpath(tiny_model_path, work)  # as recorded by a run started in work/
+    torch.save(checkpoint, tmp_path / "relative.ckpt")
+    monkeypatch.chdir(work)
+    folder = export_checkpoint(tmp_path / "relative.ckpt", tmp_path / "hf", adapter_only=True)["policy"]
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM" and os.path.samefile(config["base_model_name_or_path"], tiny_model_path)
+    monkeypatch.chdir(elsewhere)
+    adapted = AutoPeftModelForCausalLM.from_pretrained(folder).eval()
+    batch = probe_batch(module.tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(policy_logprobs(adapted, batch)[0], policy_logprobs(module.policy, batch)[0], rtol=0, atol=1e-5)
+
+
 def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, tiny_model_path_b, tmp_path):
     _, root, _ = lora_grpo
     args = cli_args(tmp_path, tiny_model_path_b, 3, *DENSE_REWARD, *LORA, *WITH_KL, "--data.val_data=null", f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}")
@@ -123,6 +150,32 @@ def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, ti
         run_cli("fit", args)
     with pytest.raises(ValueError, match="different base model"):
         _export_on(root, tiny_model_path_b, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--model.policy.lora.rank=8"], r"model.policy.lora.rank: 4 in the checkpoint, 8 in this config"),
+        (["--model.policy.lora.target_modules=[q_proj,v_proj]"], r"model.policy.lora.target_modules: \['q_proj', 'v_proj', 'up_proj'\] in the checkpoint, \['q_proj', 'v_proj'\] in this config .*up_proj"),
+        (["--model.policy.lora.alpha=16"], r"model.policy.lora.alpha: 8.0 in the checkpoint, 16.0 in this config"),
+        (["--model.policy.lora=null"], r"model.policy.lora: the checkpoint holds LoRA adapters .*rank 4.*this config trains the policy in full"),
+    ],
+)
+def test_resuming_adapters_with_another_lora_spec_names_the_key(lora_grpo, tiny_model_path, tmp_path, change, message):
+    """Instead of torch's dozens of size mismatches (another rank), missing keys (other targets), or silently another
+    scale (another alpha): one error naming the setting, with the checkpoint's value."""
+    _, root, _ = lora_grpo
+    args = cli_args(tmp_path, tiny_model_path, 3, *DENSE_REWARD, *LORA, *WITH_KL, "--data.val_data=null", *change, f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}")
+    with pytest.raises(ValueError, match=message):
+        run_cli("fit", args)
+
+
+def test_resuming_a_full_fine_tune_with_lora_names_the_key(tmp_path, tiny_model_path):
+    full = tmp_path / "full"
+    run_cli("fit", cli_args(full, tiny_model_path, 1, *DENSE_REWARD, "--data.val_data=null"))
+    args = cli_args(tmp_path / "lora", tiny_model_path, 2, *DENSE_REWARD, *LORA, "--data.val_data=null", f"--ckpt_path={full / 'checkpoints' / 'last.ckpt'}")
+    with pytest.raises(ValueError, match=r"model.policy.lora: the checkpoint's policy was trained in full .*model.policy.lora: null"):
+        run_cli("fit", args)
 
 
 def _export_on(root, base: str, tmp_path):

@@ -36,7 +36,20 @@ def _degenerate_batch(scores):
     ids=["nothing", "kl-in-loss", "kl-in-reward", "positive-nll", "positive-nll-no-positive", "entropy", "entropy-0"],
 )
 def test_skip_only_without_any_gradient(kl, terms, scores, expected):
-    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms)
+    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms, ptx=None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert PolicyUpdate.worth_optimizing(update, _degenerate_batch(scores), 0) is expected
+
+
+def test_a_pretraining_loss_is_a_gradient_too():
+    # PPO-ptx mixes gamma x NLL of the pretraining text into the policy loss: a batch whose every group is degenerate
+    # still has it, so the update runs
+    from components.ptx import PretrainMix
+
+    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=None, loss_terms=[], ptx=PretrainMix(coef=0.5))
+    assert PolicyUpdate.worth_optimizing(update, _degenerate_batch([0.0, 0.0]), 0) is True
+    update.ptx = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert PolicyUpdate.worth_optimizing(update, _degenerate_batch([0.0, 0.0]), 0) is False

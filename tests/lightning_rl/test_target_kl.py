@@ -22,3 +22,20 @@ def test_target_kl_stops_the_epochs(tmp_path, tiny_model_path):
     assert epochs == 1.0 and kl > 1e-9
     epochs, _ = _epochs_run(tmp_path / "all", tiny_model_path)
     assert epochs == 4.0
+
+
+def test_the_epoch_kl_is_the_token_mean_of_that_epoch_alone():
+    """The early-stopping criterion: approx-KL averaged over the epoch's tokens (each micro-batch's mean weighted by its
+    token count), not their sum (which grows with the batch), nor including the epochs before it."""
+    import torch
+
+    from lightning_rl.loop.metrics import WeightedMeans
+    from lightning_rl.loop.optimize import PolicyUpdate
+
+    metrics = WeightedMeans()
+    metrics.add("policy/approx_kl", torch.tensor(0.5), torch.tensor(10.0))  # an earlier epoch
+    before = metrics.running("policy/approx_kl")
+    metrics.add("policy/approx_kl", torch.tensor(0.01), torch.tensor(30.0))  # this epoch: two micro-batches
+    metrics.add("policy/approx_kl", torch.tensor(0.03), torch.tensor(10.0))
+    kl = PolicyUpdate._epoch_kl(metrics, before, torch.device("cpu"))
+    assert kl == pytest.approx((0.01 * 30 + 0.03 * 10) / 40)  # 0.015; the sum is 0.6
