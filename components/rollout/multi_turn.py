@@ -162,6 +162,16 @@ class MultiTurnRollout:
             raise TypeError(
                 f"{who} returned observation={step.observation!r:.80} with done=False; an episode that goes on needs a str or a list of token ids"
             )
+        if isinstance(step.observation, str) and not step.done:
+            try:
+                step.observation.encode("utf-8")
+            except UnicodeEncodeError as err:  # a tokenizer would fail on it, far from the culprit
+                raise ValueError(f"{who} returned an observation that is not valid text ({err.reason} at character {err.start}: "
+                                 f"{step.observation[max(0, err.start - 20) : err.end + 20]!r}); decode bytes with errors='replace'") from None
+        counts = (step.tool_calls, step.tool_errors)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) or step.tool_errors > step.tool_calls:
+            raise TypeError(f"{who} returned tool_calls={step.tool_calls!r}, tool_errors={step.tool_errors!r}; they must be integers "
+                            "with 0 <= tool_errors <= tool_calls")
         return step
 
     def _observation_ids(self, observation: str | list[int], turn_ids: list[int]) -> list[int]:

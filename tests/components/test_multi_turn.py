@@ -129,6 +129,10 @@ class Wrong(Environment):
         (Step("x", float("nan"), False), r"reward=nan; it must be a finite number"),
         (Step("x", None, 1), r"done=1; it must be True or False"),
         (Step([1, 2, 99999], None, False), r"token ids outside the vocabulary"),
+        (Step("caf\udcff", None, False), r"Wrong.step returned an observation that is not valid text \(surrogates not allowed at character 3"),
+        (Step("x", None, False, "many", 0), r"Wrong.step returned tool_calls='many', tool_errors=0; they must be integers"),
+        (Step("x", None, False, -5, 7), r"Wrong.step returned tool_calls=-5, tool_errors=7; they must be integers with 0 <= tool_errors <= tool_calls"),
+        (Step("x", None, False, 1, 2), r"tool_calls=1, tool_errors=2"),
     ],
 )
 def test_a_misbehaving_environment_fails_with_one_clear_error(tokenizer, answer, message):
