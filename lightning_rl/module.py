@@ -390,6 +390,8 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             self._ahead.drain()
 
     def teardown(self, stage: str) -> None:
+        if self._ahead is not None and self.agent is not None:
+            self.agent.cancel()  # a round sampling ahead ends its episodes and tool calls now, not after every tool's timeout
         if self._ahead is not None:
             self._ahead.close()
             self._ahead = None

@@ -44,10 +44,15 @@ class ToolEnvironment(Environment):
         self.tools = {t.name: t for t in tools}
         self.protocol = protocol or ToolProtocol()
         self.default_tool, self.max_calls_per_turn, self.error_reward = default_tool, max_calls_per_turn, error_reward
+        self._closed = False  # set by close(), cleared by the next episode: the calls of a turn under way stop at once
 
     @property
     def stop_texts(self) -> tuple[str, ...]:
         return (self.protocol.call_close,)
+
+    def reset(self, row: dict[str, Any]) -> Any:
+        self._closed = False
+        return super().reset(row)
 
     def step(self, state: Any, turn: Turn) -> Step:
         calls = self.protocol.calls(turn.text)
@@ -70,6 +75,8 @@ class ToolEnvironment(Environment):
         return text, failed
 
     def _answer(self, call, index: int) -> tuple[str, bool]:
+        if self._closed:
+            return "the environment was closed", True
         if call.error is not None:
             return f"malformed call: {call.error}", True
         if index >= self.max_calls_per_turn:
@@ -91,5 +98,6 @@ class ToolEnvironment(Environment):
         return result, False
 
     def close(self) -> None:
+        self._closed = True
         for tool in self.tools.values():
             tool.close()

@@ -3,6 +3,8 @@ and flag, clear errors for a misbehaving environment, and trainer log-probs equa
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -111,6 +113,45 @@ def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
     batch, _ = agent.generate(sampler, prompt, mask, None, [{}])
     assert batch.response_ids.tolist() == [enc("12")] and batch.truncated.tolist() == [True]
     assert agent.last_metrics["agent/max_turns_frac"] == 0
+
+
+class Blocking(Echo):
+    """Its first step waits until the environment is closed (a tool call stuck until the run's teardown)."""
+
+    def __init__(self):
+        super().__init__(turns=10)
+        self.closed, self.stepped = threading.Event(), threading.Event()
+        self.steps = 0
+
+    def step(self, state, turn):
+        self.steps += 1
+        self.stepped.set()
+        self.closed.wait()
+        return super().step(state, turn)
+
+    def close(self):
+        self.closed.set()
+
+
+def test_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer):
+    """An asynchronous run's teardown cancels the round sampling ahead: the step under way is released (the environment is
+    closed), and every episode ends at its next turn, flagged truncated, without the environment."""
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Scripted([[enc("1"), enc("2")], [enc("3")]], eos, group_size=2)
+    env = Blocking()
+    agent = _agent(env, tokenizer, sampler, max_turns=5)
+    prompt = torch.tensor([enc("1+1=")])
+    result = []
+    thread = threading.Thread(target=lambda: result.append(agent.generate(sampler, prompt, torch.ones_like(prompt), None, [{}])), daemon=True)
+    thread.start()
+    assert env.stepped.wait(10.0)
+    agent.cancel()
+    thread.join(10.0)
+    assert not thread.is_alive()
+    batch, _ = result[0]
+    assert env.steps == 1 and batch.truncated.tolist() == [True, True]
+    assert batch.response_ids[0].tolist() == enc("1=7 3") and batch.response_ids[1, :1].tolist() == enc("2")
+    assert agent._running == set() and agent._cancelled == set()
 
 
 class Wrong(Environment):
