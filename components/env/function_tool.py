@@ -44,6 +44,8 @@ class FunctionTool(Tool):
             raise ValueError(f"FunctionTool: timeout_s must be > 0 (or null), got {timeout_s}")
         try:
             pickle.dumps(fn)
+            if getattr(fn, "__module__", type(fn).__module__) == "__main__":  # the worker's __main__ is not the trainer's script
+                raise ValueError("it is defined in the script being run")
         except Exception as err:
             raise ValueError(
                 f"FunctionTool: {fn!r} cannot be sent to the tool's worker process ({err}); define it at the top level of a "

@@ -14,10 +14,10 @@ MAX_PROGRAM_CHARS = 100_000
 
 
 class PythonTool(Tool):
-    """Runs the call's text as a Python program (``python -I -c``) and answers its standard output.
+    """Runs the call's text as a Python program (``python -I -c``), sandboxed by default, and answers its standard output.
 
     The code is the policy's, so untrusted. With ``isolation: namespaces`` (the default) it runs in a sandbox built
-    by the kernel (components.env.sandbox): its own user, PID, mount, IPC, UTS and network namespaces; a read-only
+    by the kernel (components.env.sandbox): its own user, PID, mount, IPC, UTS, cgroup and network namespaces; a read-only
     root with only the interpreter and system libraries; ``/tmp`` (``scratch_mb``, deleted afterwards) as its
     only writable place; no view of the trainer's processes, files, home or network; no capabilities;
     ``max_processes`` processes; every one of them killed at ``timeout_s``. ``network: true`` shares the host's

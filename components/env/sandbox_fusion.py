@@ -15,8 +15,10 @@ REQUEST_SLACK_S = 30.0
 
 
 class SandboxFusionTool(Tool):
-    """Runs the call's text as a program on a `SandboxFusion <https://github.com/bytedance/SandboxFusion>`_ server, the
-    code sandbox verl users deploy (``docker run -p 8080:8080 ...``); it answers the program's standard output.
+    """Runs the call's text as a program on a SandboxFusion server and answers its standard output.
+
+    SandboxFusion (https://github.com/bytedance/SandboxFusion) is the code sandbox verl users deploy
+    (``docker run -p 8080:8080 ...``).
 
     Each call is one ``POST {url}/run_code`` with ``{"code", "language", "run_timeout", "compile_timeout",
     "memory_limit_MB"}``; the answer's ``status`` (``Success``, ``Failed``, ``SandboxError``) and ``run_result``

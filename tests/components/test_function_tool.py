@@ -66,3 +66,10 @@ def test_what_a_tool_prints_never_reaches_the_trainers_log(capfd):
 def test_the_function_must_be_importable():
     with pytest.raises(ValueError, match="define it at the top level of a module"):
         FunctionTool(lambda text: text)
+
+    def script_function(text):
+        return text
+
+    script_function.__module__ = script_function.__qualname__ = "__main__"  # as if defined in the script being run
+    with pytest.raises(ValueError, match="define it at the top level of a module"):
+        FunctionTool(script_function)
