@@ -24,7 +24,6 @@ Status lines go to ``status_fd`` (closed by the program's ``execve``, so the pro
 import ctypes
 import json
 import os
-import re
 import resource
 import signal
 import sys
@@ -86,7 +85,9 @@ def mount_points_under(target: str) -> list[str]:
     points = []
     with open("/proc/self/mountinfo") as info:
         for line in info:
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])  # a space is written \040
+            point = line.split()[4]
+            for escaped, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):  # how mountinfo writes them
+                point = point.replace(escaped, char)
             if point == target or point.startswith(target.rstrip("/") + "/"):
                 points.append(point)
     return points
