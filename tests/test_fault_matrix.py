@@ -23,6 +23,12 @@
 | multi-node launch (2 nodes x 1 process, loopback)        | trains exactly like 1 process                                       | lightning_rl/test_distributed.py::test_two_nodes_of_one_process_on_loopback_equal_one_process |
 | max_staleness deeper than the run (100 on 3 steps)       | only the run's rounds sampled; the final validation waits for none  | lightning_rl/test_async.py::test_a_bound_deeper_than_the_run_samples_only_the_runs_rounds |
 | LoRA checkpoint resumed with another rank/alpha/targets  | error naming model.policy.lora.<key> and the checkpoint's value     | lightning_rl/test_lora.py::test_resuming_adapters_with_another_lora_spec_names_the_key   |
+| model-written code (PythonTool) attacks the trainer      | each attempt fails: no secret, file, socket, kill, survivor, bomb   | test_hostile_tool_code / components/test_sandbox.py                                       |
+| no user namespaces for PythonTool's sandbox              | refuses to start naming why; isolation: none warns what is exposed  | test_hostile_tool_code / components/test_sandbox.py                                       |
+| tool function that never returns (any thread, C code)    | error result at timeout_s, its worker killed and started again      | test_hung_tool / components/test_function_tool.py                                         |
+| Ctrl-C / SIGTERM, async agent run hung in a tool         | the process ends, last.ckpt at the last completed iteration         | test_hung_tool / lightning_rl/test_fault.py (subprocess: agent_calc + loop/async)         |
+| tool that prints 100 MB                                  | nothing reaches the trainer's log                                   | test_tool_flood / components/test_function_tool.py                                        |
+| tool result with a lone surrogate; Step with bad counts  | error observation; one error naming the environment                 | test_bad_tool_text / components/test_env_tools.py, components/test_multi_turn.py          |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -218,3 +224,48 @@ def test_context_overflow():
     config = type("Config", (), {"max_position_embeddings": 64})()
     with pytest.warns(UserWarning, match="exceeds the policy's max_position_embeddings \\(64\\)"):
         check_context_length(config, 60, 256, 8)
+
+
+def test_hostile_tool_code(tmp_path, monkeypatch):
+    from tests.components.test_sandbox import (
+        test_no_file_outside_the_scratch_folder_is_read_or_written,
+        test_process_count_is_bounded,
+        test_without_namespaces_the_tool_refuses_unless_opted_out,
+    )
+
+    test_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch)
+    test_process_count_is_bounded()
+    test_without_namespaces_the_tool_refuses_unless_opted_out()
+
+
+def test_hung_tool(tokenizer):
+    from components.env import FunctionTool
+    from tests.components.test_function_tool import attempt, on_a_thread
+    from tests.components.test_multi_turn import test_cancel_ends_the_episodes_of_a_generate_under_way
+    from tests.fixtures.tools import echo_or_hang
+
+    tool = FunctionTool(echo_or_hang, timeout_s=0.5)
+    start = time.monotonic()
+    assert on_a_thread(lambda: attempt(tool, "spin")) == ["error: no answer within 0.5 s"]  # stuck in C code, on a background thread
+    assert time.monotonic() - start < 5.0
+    tool.close()
+    test_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer)  # what the teardown of an interrupted async run does
+
+
+def test_tool_flood(capfd):
+    from tests.components.test_function_tool import test_what_a_tool_prints_never_reaches_the_trainers_log
+
+    test_what_a_tool_prints_never_reaches_the_trainers_log(capfd)
+
+
+def test_bad_tool_text():
+    from components.env import FunctionTool, Step, ToolEnvironment, Turn
+    from components.env.base import checked_step
+    from tests.fixtures.tools import unencodable
+
+    env = ToolEnvironment([FunctionTool(unencodable)])
+    step = env.step(None, Turn([], "<call>unencodable()</call>", "stop", 0))
+    env.close()
+    assert step.observation == "<result>error: the tool's result is not valid text (surrogates not allowed at character 3)</result>"
+    with pytest.raises(TypeError, match=r"ToolEnvironment.step returned tool_calls=-5, tool_errors=7"):
+        checked_step(env, Step("x", None, False, -5, 7))

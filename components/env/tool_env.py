@@ -12,8 +12,8 @@ from .tools import Tool, ToolError
 class ToolEnvironment(Environment):
     """Each turn that calls tools gets their results as the observation; the first turn without a call ends the episode.
 
-    A call that raises, times out, is malformed or names no tool (with no ``default_tool``) answers an error
-    result instead: the model reads it and goes on, and the iteration logs it in ``tool/error_frac``.
+    A call that raises, times out, is malformed, names no tool (with no ``default_tool``) or answers something that is
+    not valid text (a lone surrogate) answers an error result instead: the model reads it and goes on, and the iteration logs it in ``tool/error_frac``.
     The final answer is judged by the configured ``reward`` (its ``completions`` are the model's last turns);
     ``error_reward`` optionally adds a per-turn reward for each failed call (e.g. -0.1).
     """
@@ -44,10 +44,15 @@ class ToolEnvironment(Environment):
         self.tools = {t.name: t for t in tools}
         self.protocol = protocol or ToolProtocol()
         self.default_tool, self.max_calls_per_turn, self.error_reward = default_tool, max_calls_per_turn, error_reward
+        self._closed = False  # set by close(), cleared by the next episode: the calls of a turn under way stop at once
 
     @property
     def stop_texts(self) -> tuple[str, ...]:
         return (self.protocol.call_close,)
+
+    def reset(self, row: dict[str, Any]) -> Any:
+        self._closed = False
+        return super().reset(row)
 
     def step(self, state: Any, turn: Turn) -> Step:
         calls = self.protocol.calls(turn.text)
@@ -62,6 +67,16 @@ class ToolEnvironment(Environment):
         return Step("".join(results), reward, False, len(calls), errors)
 
     def _run(self, call, index: int) -> tuple[str, bool]:
+        text, failed = self._answer(call, index)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # e.g. bytes decoded with surrogateescape: no tokenizer can encode it
+            return f"the tool's {'error' if failed else 'result'} is not valid text ({err.reason} at character {err.start})", True
+        return text, failed
+
+    def _answer(self, call, index: int) -> tuple[str, bool]:
+        if self._closed:
+            return "the environment was closed", True
         if call.error is not None:
             return f"malformed call: {call.error}", True
         if index >= self.max_calls_per_turn:
@@ -75,10 +90,14 @@ class ToolEnvironment(Environment):
         else:
             return f"no tool named in {call.body[:40]!r}; write name(arguments) with a tool from {sorted(self.tools)}", True
         try:
-            return tool(arguments), False
+            result = tool(arguments)
         except Exception as err:  # the model's call failed, not the run: it reads why
             return str(err) if isinstance(err, ToolError) else f"{type(err).__name__}: {err}", True
+        if not isinstance(result, str):
+            return f"the tool {tool.name!r} answered a {type(result).__name__}, not text", True
+        return result, False
 
     def close(self) -> None:
+        self._closed = True
         for tool in self.tools.values():
             tool.close()

@@ -1,4 +1,4 @@
-"""Tools an environment can call: the `Tool` contract, a safe calculator and any Python function.
+"""Tools an environment can call: the `Tool` contract and a safe calculator (in-process: it is pure and bounded).
 
 A tool takes the call's argument text and returns its result as text; it raises `ToolError` (or any
 exception) on bad input, which `ToolEnvironment` turns into an error observation for the model.
@@ -7,13 +7,9 @@ exception) on bad input, which `ToolEnvironment` turns into an error observation
 from __future__ import annotations
 
 import ast
-import json
 import math
 import operator
 from abc import ABC, abstractmethod
-from typing import Any, Callable
-
-from components.reward.deadline import DeadlineExceeded, deadline
 
 
 class ToolError(Exception):
@@ -90,36 +86,3 @@ class Calculator(Tool):
         if isinstance(value, int) and value.bit_length() > 3.33 * self.max_digits:
             raise ToolError(f"result has more than {self.max_digits} digits")
         return value
-
-
-class FunctionTool(Tool):
-    """Any Python function as a tool: ``fn(**arguments)`` when the argument text is a JSON object, else ``fn(text)``.
-
-    In YAML ``fn`` is a dotted import path (``my_project.tools.lookup``). The function runs in this process,
-    interrupted after ``timeout_s`` (Python code only: a C call that never returns is not; run such code with
-    `PythonTool`, in its own process). Its return value is sent back as ``str(value)``.
-    """
-
-    def __init__(self, fn: Callable[..., Any], name: str | None = None, timeout_s: float | None = 10.0):
-        """
-        Args:
-            fn: the function (or its dotted import path).
-            name: the tool's name in a call (None = the function's name).
-            timeout_s: seconds one call may take (None = no limit).
-        """
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"FunctionTool: timeout_s must be > 0 (or null), got {timeout_s}")
-        self.fn, self.timeout_s = fn, timeout_s
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
-
-    def __call__(self, arguments: str) -> str:
-        try:
-            parsed = json.loads(arguments) if arguments.strip().startswith("{") else None
-        except json.JSONDecodeError as err:
-            raise ToolError(f"arguments are not valid JSON: {err.msg}") from None
-        try:
-            with deadline(self.timeout_s):
-                value = self.fn(**parsed) if isinstance(parsed, dict) else self.fn(arguments)
-        except DeadlineExceeded:
-            raise ToolError(f"no answer within {self.timeout_s} s") from None
-        return str(value)

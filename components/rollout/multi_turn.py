@@ -26,14 +26,14 @@ ended samples a stand-in turn beside the others and discards it.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from components.env import Environment, Step, Turn
+from components.env import Environment, Turn
+from components.env.base import checked_step
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.core.sampling import SamplingParams
@@ -64,6 +64,7 @@ class MultiTurnRollout:
         self.env, self.max_turns, self.max_total_tokens = env, max_turns, max_total_tokens
         self.chat_template, self.observation_role = chat_template, observation_role
         self.tokenizer, self.chat, self.stop_ids = None, None, []
+        self._running, self._cancelled = set(), set()  # tokens of the generate calls under way, and of those to stop
 
     def setup(self, tokenizer, sampler: Rollout) -> None:
         """Resolve the environment's stop texts to token ids and check the sampler can drive episodes."""
@@ -99,25 +100,31 @@ class MultiTurnRollout:
         g = turn.batch_size // n
         rows = prompts.rows()
         episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
-        active, index = list(range(turn.batch_size)), 0
-        while True:
-            self._absorb(turn, [episodes[i] for i in active], index)
-            active = [i for i in active if not episodes[i].done]
-            if not int(all_reduce_sum(torch.tensor(float(len(active)), device=prompt_ids.device))):  # on every rank
-                break
-            index += 1
-            sampled = active or [0]  # a rank whose episodes all ended samples a stand-in turn, discarded by _absorb
-            context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device)
-            # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
-            room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
-            turn_params = replace(params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room))
-            turn = sampler.generate(Prompts(context_ids, context_mask), policy, turn_params)
+        active, index, run = list(range(turn.batch_size)), 0, object()
+        self._running.add(run)  # cancel() ends the episodes of the calls in this set
+        try:
+            while True:
+                self._absorb(turn, [episodes[i] for i in active], index, run)
+                active = [i for i in active if not episodes[i].done]
+                if not int(all_reduce_sum(torch.tensor(float(len(active)), device=prompt_ids.device))):  # on every rank
+                    break
+                index += 1
+                sampled = active or [0]  # a rank whose episodes all ended samples a stand-in turn, discarded by _absorb
+                context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device)
+                # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
+                room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
+                turn_params = replace(params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room))
+                turn = sampler.generate(Prompts(context_ids, context_mask), policy, turn_params)
+        finally:
+            self._running.discard(run)
+            self._cancelled.discard(run)
         batch = episode_batch(episodes, prompts, g, sampler.pad_token_id)
         batch = batch.with_columns(completions=[self._decode(e.last_turn) for e in episodes], transcripts=[transcript(e, self._decode) for e in episodes])
         return batch, episode_metrics(episodes)
 
-    def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int) -> None:
-        """Append each row's sampled turn to its episode, let the environment act, append its observation."""
+    def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int, run: object = None) -> None:
+        """Append each row's sampled turn to its episode, let the environment act, append its observation (once the
+        ``generate`` call ``run`` is cancelled: end each episode at this turn, without the environment)."""
         lengths = turn.response_mask.sum(-1).tolist()
         ids_rows = turn.response_ids.tolist()
         logprob_rows = turn.rollout_logprobs.tolist() if turn.rollout_logprobs is not None else None
@@ -131,10 +138,10 @@ class MultiTurnRollout:
             finish = "length" if cut or bool(turn.truncated[row]) else "stop"
             episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)], version_rows[row][: len(ids)])
             episode.turns, episode.last_turn = episode.turns + 1, ids
-            if cut:
+            if cut or run in self._cancelled:
                 episode.end(truncated=True)
                 continue
-            step = self._step(episode, Turn(ids, self._turn_text(ids), finish, index))
+            step = checked_step(self.env, self.env.step(episode.state, Turn(ids, self._turn_text(ids), finish, index)))
             episode.tool_calls += step.tool_calls
             episode.tool_errors += step.tool_errors
             if step.reward is not None:
@@ -149,21 +156,6 @@ class MultiTurnRollout:
                     episode.end(truncated=True)
                 else:
                     episode.add(observation, 0, None)
-
-    def _step(self, episode: Episode, turn: Turn) -> Step:
-        step = self.env.step(episode.state, turn)
-        who = f"{type(self.env).__name__}.step"
-        if not isinstance(step, Step):
-            raise TypeError(f"{who} returned a {type(step).__name__}; it must return components.env.Step(observation, reward, done)")
-        if not isinstance(step.done, bool):
-            raise TypeError(f"{who} returned done={step.done!r}; it must be True or False")
-        if step.reward is not None and not (isinstance(step.reward, (int, float)) and math.isfinite(step.reward)):
-            raise TypeError(f"{who} returned reward={step.reward!r}; it must be a finite number or None")
-        if not step.done and not (isinstance(step.observation, str) or _is_ids(step.observation)):
-            raise TypeError(
-                f"{who} returned observation={step.observation!r:.80} with done=False; an episode that goes on needs a str or a list of token ids"
-            )
-        return step
 
     def _observation_ids(self, observation: str | list[int], turn_ids: list[int]) -> list[int]:
         if not isinstance(observation, str):
@@ -186,9 +178,11 @@ class MultiTurnRollout:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def close(self) -> None:
+    def cancel(self) -> None:
+        """Stop the `generate` calls under way on other threads (a round sampled ahead, when the run is interrupted): their
+        episodes end at the next turn, and the environment is closed, which ends its tool calls under way."""
+        self._cancelled |= self._running
         self.env.close()
 
-
-def _is_ids(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    def close(self) -> None:
+        self.env.close()

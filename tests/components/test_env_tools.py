@@ -79,6 +79,35 @@ def test_tool_environment_runs_calls_and_reports_errors():
     assert step.observation == "<result>error: no answer within 0.5 s</result>" and step.tool_errors == 1
 
 
+def test_a_result_that_is_not_valid_text_answers_an_error(tokenizer):
+    from tests.fixtures.tools import unencodable
+
+    env = ToolEnvironment([FunctionTool(unencodable), FunctionTool(boom_with_surrogate)])
+    step = env.step(None, _turn("<call>unencodable()</call><call>boom_with_surrogate()</call>"))
+    assert step.observation == (
+        "<result>error: the tool's result is not valid text (surrogates not allowed at character 3)</result>"
+        "<result>error: the tool's error is not valid text (surrogates not allowed at character 15)</result>"
+    )
+    assert (step.tool_calls, step.tool_errors) == (2, 2)
+    assert len(tokenizer.encode(step.observation)) > 0  # the raw result would raise inside the tokenizer
+    env.close()
+
+
+def boom_with_surrogate(text: str) -> str:
+    raise ValueError("caf\udcff")
+
+
+def test_a_closed_environment_answers_at_once_until_the_next_episode():
+    """close() (a run's teardown) stops the calls left in a turn under way; the next episode (reset) calls tools again."""
+    env = ToolEnvironment([Calculator(), FunctionTool(lookup, timeout_s=5.0)])
+    env.close()
+    start = time.monotonic()
+    step = env.step(None, _turn("<call>lookup(slow)</call><call>calc(1+1)</call>"))
+    assert step.observation == "<result>error: the environment was closed</result>" * 2 and time.monotonic() - start < 1.0
+    env.reset({})
+    assert env.step(None, _turn("<call>calc(1+1)</call>")).observation == "<result>2</result>"
+
+
 def test_default_tool_and_call_limit():
     env = ToolEnvironment([Calculator()], default_tool="calc", max_calls_per_turn=1)
     step = env.step(None, _turn("<call>123*45</call><call>1+1</call>"))

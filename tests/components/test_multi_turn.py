@@ -3,6 +3,7 @@ and flag, clear errors for a misbehaving environment, and trainer log-probs equa
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -117,6 +118,45 @@ def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
     assert metrics["agent/max_turns_frac"] == 0
 
 
+class Blocking(Echo):
+    """Its first step waits until the environment is closed (a tool call stuck until the run's teardown)."""
+
+    def __init__(self):
+        super().__init__(turns=10)
+        self.closed, self.stepped = threading.Event(), threading.Event()
+        self.steps = 0
+
+    def step(self, state, turn):
+        self.steps += 1
+        self.stepped.set()
+        self.closed.wait()
+        return super().step(state, turn)
+
+    def close(self):
+        self.closed.set()
+
+
+def test_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer):
+    """An asynchronous run's teardown cancels the round sampling ahead: the step under way is released (the environment is
+    closed), and every episode ends at its next turn, flagged truncated, without the environment."""
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    sampler = Scripted([[enc("1"), enc("2")], [enc("3")]], eos, group_size=2)
+    env = Blocking()
+    agent = _agent(env, tokenizer, sampler, max_turns=5)
+    prompt = torch.tensor([enc("1+1=")])
+    result = []
+    thread = threading.Thread(target=lambda: result.append(agent.generate(sampler, prompts(prompt), None)), daemon=True)
+    thread.start()
+    assert env.stepped.wait(10.0)
+    agent.cancel()
+    thread.join(10.0)
+    assert not thread.is_alive()
+    batch, _ = result[0]
+    assert env.steps == 1 and batch.truncated.tolist() == [True, True]
+    assert batch.response_ids[0].tolist() == enc("1=7 3") and batch.response_ids[1, :1].tolist() == enc("2")
+    assert agent._running == set() and agent._cancelled == set()
+
+
 class Wrong(Environment):
     def __init__(self, answer):
         self.answer = answer
@@ -133,6 +173,10 @@ class Wrong(Environment):
         (Step("x", float("nan"), False), r"reward=nan; it must be a finite number"),
         (Step("x", None, 1), r"done=1; it must be True or False"),
         (Step([1, 2, 99999], None, False), r"token ids outside the vocabulary"),
+        (Step("caf\udcff", None, False), r"Wrong.step returned an observation that is not valid text \(surrogates not allowed at character 3"),
+        (Step("x", None, False, "many", 0), r"Wrong.step returned tool_calls='many', tool_errors=0; they must be integers"),
+        (Step("x", None, False, -5, 7), r"Wrong.step returned tool_calls=-5, tool_errors=7; they must be integers with 0 <= tool_errors <= tool_calls"),
+        (Step("x", None, False, 1, 2), r"tool_calls=1, tool_errors=2"),
     ],
 )
 def test_a_misbehaving_environment_fails_with_one_clear_error(tokenizer, answer, message):

@@ -1,9 +1,15 @@
 """Stopping ``fit`` never loses completed iterations: last.ckpt holds the final iteration at the end of a run, and
-the last completed one after an exception in a component, a Ctrl-C or a SIGTERM (lightning_rl.loop.fault)."""
+the last completed one after an exception in a component, a Ctrl-C or a SIGTERM (lightning_rl.loop.fault), also when an
+asynchronous agent run is stuck in a tool call."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,3 +73,63 @@ def test_ctrl_c_and_sigterm_save_last_ckpt_before_exiting(tmp_path, tiny_model_p
     finally:
         signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C while it shuts down
     assert last(tmp_path)["global_step"] == step
+
+
+HANGING_TOOL = """
+model:
+  rollout: {{init_args: {{group_size: 4, return_logprobs: true}}}}
+  agent:
+    init_args:
+      env:
+        init_args:
+          tools:
+            - class_path: components.env.FunctionTool
+              init_args: {{fn: tests.fixtures.tools.calc_or_hang, name: calc, timeout_s: 1.0}}
+data: {{batch_size: 2, val_size: 4}}
+trainer:
+  max_steps: 500
+  val_check_interval: null
+  default_root_dir: {root}
+  logger: false
+  enable_progress_bar: false
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {root}/checkpoints, save_last: true, every_n_train_steps: 1, save_top_k: 0}}
+"""
+
+
+def _wait_for(path: Path, process: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert process.poll() is None, f"the run ended (exit {process.returncode}) before {path.name} appeared"
+        assert time.monotonic() < deadline, f"no {path.name} after {seconds} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, signum):
+    """configs/agent_calc.yaml + configs/loop/async.yaml with a calculator tool that, once the run has saved an iteration,
+    never returns (on the rollout-ahead thread): Ctrl-C and SIGTERM still end the process, with last.ckpt saved."""
+    repo = Path(__file__).resolve().parents[2]
+    overlay, marker, log = tmp_path / "hanging_tool.yaml", tmp_path / "hang", tmp_path / "log.txt"
+    overlay.write_text(HANGING_TOOL.format(root=tmp_path))
+    command = [sys.executable, "-m", "lightning_rl.cli", "fit", "--config", "configs/agent_calc.yaml", "--config", "configs/loop/async.yaml", "--config", str(overlay)]
+    with open(log, "wb") as out:
+        run = subprocess.Popen(command, cwd=repo, env={**os.environ, "HANG_MARKER": str(marker)}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(tmp_path / "checkpoints" / "last.ckpt", run, 300.0)
+        marker.touch()  # from now on every tool call hangs
+        _wait_for(Path(f"{marker}.hung"), run, 120.0)
+        run.send_signal(signum)
+        start = time.monotonic()
+        try:
+            run.wait(timeout=60.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within 60 s of the signal; its log ends: {log.read_text()[-1500:]}")
+        assert time.monotonic() - start < 60.0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] >= 1

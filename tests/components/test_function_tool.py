@@ -1,0 +1,75 @@
+"""FunctionTool calls run in a worker process: a call that never returns ends at its timeout on any thread, in Python
+or C code; close() ends a call under way; nothing the function prints reaches the trainer's log."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from components.env import FunctionTool, ToolError
+from tests.fixtures.tools import echo_or_hang, flood
+
+
+def attempt(tool, arguments: str) -> str:
+    try:
+        return tool(arguments)
+    except ToolError as err:
+        return f"error: {err}"
+
+
+def on_a_thread(call, join_s: float = 15.0) -> list:
+    """``call()`` on a background thread, as the rollout-ahead thread of asynchronous training calls tools."""
+    answers = []
+    caller = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    caller.start()
+    caller.join(join_s)
+    assert not caller.is_alive(), "the call still runs"
+    return answers
+
+
+@pytest.mark.parametrize("how", ["hang", "spin"])
+def test_a_call_that_never_returns_ends_at_its_timeout_on_any_thread(how):
+    tool = FunctionTool(echo_or_hang, timeout_s=1.0)
+    try:
+        assert tool("warm") == "WARM"  # the worker is up: what follows times the call alone
+        start = time.monotonic()
+        assert on_a_thread(lambda: attempt(tool, how)) == ["error: no answer within 1.0 s"]
+        assert time.monotonic() - start < 3.0
+        start = time.monotonic()
+        assert attempt(tool, how) == "error: no answer within 1.0 s"  # on the main thread too (C code ignores SIGALRM)
+        assert time.monotonic() - start < 3.0
+        assert tool("again") == "AGAIN"  # a new worker answers the next call
+    finally:
+        tool.close()
+
+
+def test_close_ends_a_call_under_way():
+    tool = FunctionTool(echo_or_hang, timeout_s=None)
+    assert tool("warm") == "WARM"
+    threading.Timer(0.5, tool.close).start()
+    (answer,) = on_a_thread(lambda: attempt(tool, "hang"), join_s=10.0)
+    assert answer == "error: the tool's process ended during the call (killed by signal 9)"
+
+
+def test_what_a_tool_prints_never_reaches_the_trainers_log(capfd):
+    tool = FunctionTool(flood, timeout_s=60.0)
+    try:
+        assert tool("") == "printed 100 MB"
+    finally:
+        tool.close()
+    out, err = capfd.readouterr()
+    assert len(out) + len(err) < 1000
+
+
+def test_the_function_must_be_importable():
+    with pytest.raises(ValueError, match="define it at the top level of a module"):
+        FunctionTool(lambda text: text)
+
+    def script_function(text):
+        return text
+
+    script_function.__module__ = script_function.__qualname__ = "__main__"  # as if defined in the script being run
+    with pytest.raises(ValueError, match="define it at the top level of a module"):
+        FunctionTool(script_function)

@@ -1,0 +1,231 @@
+"""Model-written code cannot reach the trainer: each test is an attack a policy could write, run through the default
+`PythonTool` (isolated by the kernel: components.env.sandbox), and each must fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from components.env import PythonTool, ToolError
+
+
+def attempt(tool: PythonTool, code: str) -> str:
+    """What the model reads back: the program's output, or its error."""
+    try:
+        return tool(code)
+    except ToolError as err:
+        return f"error: {err}"
+
+
+def as_trainer(programs: list[str], **env: str) -> list[str]:
+    """Run ``programs`` through a PythonTool in a fresh process standing in for the trainer (started with ``env`` added,
+    so the secrets are in its /proc/<pid>/environ) and return the answers, or fail if that process died."""
+    script = (
+        "import json, sys\nfrom components.env import PythonTool\nfrom tests.components.test_sandbox import attempt\n"
+        "tool = PythonTool(timeout_s=5.0)\nanswers = [attempt(tool, code) for code in json.load(sys.stdin)]\nprint(json.dumps(answers))"
+    )
+    trainer = subprocess.run([sys.executable, "-c", script], input=json.dumps(programs), capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).parents[2], env={**os.environ, **env})
+    assert trainer.returncode == 0, f"the trainer died (exit {trainer.returncode}): {trainer.stderr[-2000:]}"
+    return json.loads(trainer.stdout.splitlines()[-1])
+
+
+def test_the_trainers_secrets_are_out_of_reach():
+    secret = f"hf_{uuid.uuid4().hex}"
+    environ = (  # the parent's environment (the trainer's, unsandboxed), then every process's it can see
+        "import os\nfor p in [os.getppid(), *os.listdir('/proc')]:\n    try: data = open(f'/proc/{p}/environ', 'rb').read()\n"
+        "    except OSError: continue\n    if b'HF_TOKEN=' in data: print(data[data.index(b'HF_TOKEN='):][:60])"
+    )
+    memory = (  # the first readable mapping of the parent process
+        "import os\npid = os.getppid()\nfor line in open(f'/proc/{pid}/maps'):\n    if line.split()[1].startswith('r'):\n"
+        "        with open(f'/proc/{pid}/mem', 'rb') as mem:\n            mem.seek(int(line.split('-')[0], 16)); print('READ', len(mem.read(64)))\n"
+        "        break"
+    )
+    answers = as_trainer([environ, memory], HF_TOKEN=secret)
+    assert secret not in answers[0] and "READ" not in answers[1], answers
+
+
+def test_the_trainer_survives_a_kill():
+    answers = as_trainer(["import os; os.kill(os.getppid(), 9)", "import os; os.kill(os.getppid(), 19)"])
+    assert len(answers) == 2
+
+
+def test_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    key = home / ".ssh" / "id_rsa"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY----- trainer-key")
+    monkeypatch.setenv("HOME", str(home))
+    run_folder = tmp_path / "run"
+    (run_folder / "checkpoints").mkdir(parents=True)
+    checkpoint = run_folder / "checkpoints" / "last.ckpt"
+    checkpoint.write_bytes(b"weights")
+    monkeypatch.chdir(run_folder)
+    tool = PythonTool(timeout_s=5.0)
+    for path in (str(key), "~/.ssh/id_rsa"):
+        assert "trainer-key" not in attempt(tool, f"import os; print(open(os.path.expanduser({path!r})).read())")
+    for path in (str(checkpoint), "checkpoints/last.ckpt"):
+        attempt(tool, f"import os; os.remove({path!r})")
+        attempt(tool, f"open({path!r}, 'wb').write(b'overwritten')")
+    for path in (str(run_folder / "planted"), "planted", str(tmp_path / "planted")):
+        attempt(tool, f"open({path!r}, 'w').write('x')")
+    assert checkpoint.read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["home", ".ssh", "id_rsa", "run", "checkpoints", "last.ckpt"])
+    # the scratch folder is writable while the program runs and empty at the next call
+    assert attempt(tool, "open('notes', 'w').write('kept?'); print(open('notes').read())") == "kept?"
+    assert attempt(tool, "import os; print(os.listdir('.'))") == "[]"
+
+
+def test_no_network(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                pass
+
+    waiter = threading.Thread(target=accept)
+    waiter.start()
+    tool = PythonTool(timeout_s=3.0)
+    answer = attempt(tool, f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=2); s.sendall(b'POST /update_weights_from_disk'); print('SENT')")
+    waiter.join()
+    server.close()
+    assert "SENT" not in answer and accepted == []
+    # a server the program opens is reachable from nowhere outside it
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    listening = f"import socket, time; s = socket.create_server(('0.0.0.0', {free})); s.settimeout(2.5)\ntry: s.accept(); print('ACCEPTED')\nexcept OSError: pass"
+    answers = []
+    runner = threading.Thread(target=lambda: answers.append(attempt(tool, listening)))
+    runner.start()
+    connected = False
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not connected:
+        try:
+            socket.create_connection(("127.0.0.1", free), timeout=0.2).close()
+            connected = True
+        except OSError:
+            time.sleep(0.05)
+    runner.join()
+    assert not connected and "ACCEPTED" not in answers[0]
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_no_process_outlives_the_timeout(tmp_path):
+    marker, late = f"survivor-{uuid.uuid4().hex}", tmp_path / "written-after-the-timeout"
+    code = (
+        f"import os, time  # {marker}\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(6.0)\n"
+        f"        open({str(late)!r}, 'w').write('x')\n        os._exit(0)\n    os._exit(0)\ntime.sleep(60)"
+    )
+    start = time.monotonic()
+    assert attempt(PythonTool(timeout_s=1.0), code) == "error: timed out after 1.0 s"
+    assert time.monotonic() - start < 3.0
+    assert _processes_with(marker) == []
+    time.sleep(6.0)  # past the moment the survivor would write
+    assert not late.exists()
+
+
+def test_process_count_is_bounded():
+    tool = PythonTool(timeout_s=10.0)
+    bomb = (
+        "import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n            time.sleep(30); os._exit(0)\n        n += 1\n"
+        "except OSError as err:\n    print('refused after', n, err.strerror)\nelse:\n    print('forked', n)"
+    )
+    answer = attempt(tool, bomb)
+    assert answer.startswith("refused after") and int(answer.split()[2]) <= 32, answer
+
+
+def test_bytes_written_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tool = PythonTool(timeout_s=10.0)
+    filler = "n = 0\nfor i in range(128):\n    with open(f'fill{i}', 'wb') as f: f.write(b'x' * (1 << 20))\n    n += 1\nprint('wrote', n, 'MiB')"
+    answer = attempt(tool, filler)
+    assert "No space left on device" in answer, answer
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_what_the_program_sees(monkeypatch):
+    """Its own two processes, no capabilities, a read-only root, /tmp as its working folder; the trainer's home and working
+    folder hidden even where they lie under a mounted path (here two folders of the mounted standard library)."""
+    stdlib = os.path.dirname(os.__file__)
+    home, work = os.path.join(stdlib, "json"), os.path.join(stdlib, "email")
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.chdir(work)
+    code = (
+        "import os\nstatus = dict(line.split(':\\t') for line in open('/proc/self/status').read().splitlines() if ':\\t' in line)\n"
+        f"print(sorted(p for p in os.listdir('/proc') if p.isdigit()), status['CapEff'], os.getcwd(), os.listdir({home!r}), os.listdir({work!r}))\n"
+        "for folder in ('/', '/usr', '/etc', '/dev', '/tmp'):\n"
+        "    try: open(os.path.join(folder, 'w'), 'w').close(); print(folder, 'writable')\n    except OSError as err: print(folder, err.strerror)"
+    )
+    assert PythonTool()(code).splitlines() == [
+        "['1', '2'] 0000000000000000 /tmp [] []",
+        "/ Read-only file system", "/usr Read-only file system", "/etc Read-only file system", "/dev Read-only file system", "/tmp writable",
+    ]
+
+
+def test_the_network_is_opt_in():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert PythonTool(network=True)(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')") == "connected"
+
+
+def test_without_namespaces_the_tool_refuses_unless_opted_out():
+    """A trainer in a user namespace that may create none (user.max_user_namespaces = 0, as a locked-down container)."""
+    script = (
+        "import warnings\nfrom components.env import PythonTool\ntry: PythonTool()\nexcept RuntimeError as err: print(err)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    tool = PythonTool(isolation='none')\n"
+        "print(caught[0].message)\nprint(tool('print(6 * 7)'))"
+    )
+    run = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh",
+                          sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    refusal, warning, answer = run.stdout.strip().splitlines()
+    assert refusal.startswith("PythonTool cannot isolate the model's code on this machine: error: [Errno 28] unshare(CLONE_NEWUSER)")
+    assert "isolation: none" in refusal and "SandboxFusionTool" in refusal
+    assert warning.startswith("PythonTool(isolation: none): the program runs with the trainer's user and rights: it can read the trainer's files and secrets")
+    assert answer == "42"
+
+
+def test_close_ends_a_program_under_way():
+    tool = PythonTool(timeout_s=30.0)
+    threading.Timer(1.0, tool.close).start()
+    start = time.monotonic()
+    assert attempt(tool, "import time; time.sleep(30)").startswith("error:")
+    assert time.monotonic() - start < 5.0
+
+
+def test_a_trainer_that_is_not_root():
+    """The trainer as uid 1000 (in a user namespace): the program is mapped to it, alone in its namespaces, with no capabilities."""
+    script = (
+        "from components.env import PythonTool\nprint(PythonTool()('import os; print(open(\"/proc/self/uid_map\").read().split(), "
+        "sorted(p for p in os.listdir(\"/proc\") if p.isdigit()), open(\"/proc/self/status\").read().split(\"CapEff:\")[1].split()[0])'))"
+    )
+    run = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert run.stdout.strip() == "['0', '1000', '1'] ['1', '2'] 0000000000000000", run.stderr[-2000:]
