@@ -176,7 +176,9 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
         with timer("estimate"):
             batch = self._estimate(batch, metrics)
         steps = 0
-        if batch.batch_size and self._worth_optimizing(batch):
+        worth = bool(batch.batch_size) and self._worth_optimizing(batch)
+        metrics.add("health/skipped_degenerate", torch.tensor(float(bool(batch.batch_size) and not worth), device=self.device))
+        if worth:
             with timer("optimize"):
                 steps = self._optimize(batch, metrics)
         with timer("sync"):
@@ -334,7 +336,12 @@ class RLModule(UpdatePhase, IterationReporting, Validation, LightningModule):
             informative = informative + term.gradient_tokens(batch)
         if float(all_reduce_sum(informative)) > 0:
             return True
-        warnings.warn(f"iteration {self.global_step}: every advantage is zero (all groups degenerate) and nothing else in the loss has a gradient; skipping the update")
+        if not getattr(self, "_said_degenerate", False):  # said once; health/skipped_degenerate counts every one
+            self._said_degenerate = True
+            warnings.warn(
+                f"iteration {self.global_step}: every advantage is zero (all groups degenerate) and nothing else in the loss has a "
+                "gradient; skipping the update. Said once: health/skipped_degenerate is 1 at each iteration skipped so"
+            )
         return False
 
     # ------------------------------------------------------------------ validation

@@ -40,3 +40,16 @@ def test_skip_only_without_any_gradient(kl, terms, scores, expected):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert RLModule._worth_optimizing(module, _degenerate_batch(scores)) is expected
+
+
+@pytest.mark.slow
+def test_skipped_updates_are_counted_in_a_metric_and_said_once(tmp_path, tiny_model_path):
+    from .cli_runs import cli_args, run_cli, scalars
+
+    args = cli_args(tmp_path, tiny_model_path, 3, "--data.val_data=null", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.always_zero")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cli("fit", args)
+    said = [w for w in caught if "every advantage is zero" in str(w.message)]
+    assert len(said) == 1 and "health/skipped_degenerate" in str(said[0].message)
+    assert [value for _, value in scalars(tmp_path)["health/skipped_degenerate"]] == [1.0, 1.0, 1.0]
