@@ -8,6 +8,7 @@ import torch
 from .batch import RolloutBatch
 from .metrics import PhaseTimer, WeightedMeans
 from .ops import all_reduce_sum, masked_mean, zero_variance_fraction
+from .prompts import visible_text
 from .samples import markdown, print_rows, sample_rows
 
 
@@ -88,7 +89,7 @@ class IterationReporting:
     def _log_samples(self, meta: dict, batch: RolloutBatch) -> None:
         if self.global_rank != 0:
             return
-        rows = sample_rows(meta, batch, self.loop.log_samples)
+        rows = sample_rows(meta, batch, self.loop.log_samples, lambda ids: visible_text(self.tokenizer, ids))
         experiment = getattr(self.logger, "experiment", None)
         if hasattr(experiment, "add_text"):
             experiment.add_text("samples", markdown(rows), self.global_step)
