@@ -2,6 +2,7 @@
 
     lightning-rl fit                                   # the embedded default: GRPO on builtin:arithmetic
     lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
+    lightning-rl fit --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt   # continues that run
     lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
     lightning-rl fit --config configs/dapo.yaml --print_config
     lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
@@ -36,11 +37,14 @@ from .callbacks import AtomicCheckpointIO
 from .data import PromptDataModule
 from .module import RLModule
 from .progress import RLProgressBar
-from .runs import log_into_run
+from .runs import claim_file, resolve_checkpoint, run_folder, start_run
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
 EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
+DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
+NEW_RUN_HELP = ("With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
+                "the checkpoint belongs to (runs/<name>/version_N)")
 
 
 # Lightning warnings that are expected here, each for a reason:
@@ -91,17 +95,23 @@ class RLArgumentParser(LightningArgumentParser):
 
 
 class SaveConfigBeside(SaveConfigCallback):
-    """The resolved config in the run's folder, or in ``trainer.default_root_dir`` for a logger that has no folder
-    (MLflow on a database, configs/logger/mlflow.yaml), where Lightning's callback fails an assertion."""
+    """The resolved config in the run's folder, written once per command and never over another file: ``config.yaml``
+    by the fit that started the run, ``resume_config.yaml`` by a fit that continued it, ``validate_config.yaml`` by a
+    validate that logged into it (``.2``, ``.3`` ... when taken). Nothing without a run folder (``--trainer.logger false``)."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if self.already_saved or trainer.log_dir is not None:
-            return super().setup(trainer, pl_module, stage)
-        if trainer.is_global_zero:
-            os.makedirs(trainer.default_root_dir, exist_ok=True)
-            path = os.path.join(trainer.default_root_dir, self.config_filename)
-            self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
-        self.already_saved = True
+        if self.already_saved:
+            return
+        self.already_saved = True  # every rank: only global rank 0 writes, and no collective is needed
+        folder = run_folder(trainer) if trainer.is_global_zero else None
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = str(getattr(stage, "value", stage))  # Lightning passes its TrainerFn enum
+        names = ["config.yaml", "resume_config.yaml"] if stage == "fit" else [f"{stage}_config.yaml"]
+        path = claim_file(folder, names)
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=self.multifile)
+        self.save_config(trainer, pl_module, stage)
 
 
 class RLCLI(LightningCLI):
@@ -128,9 +138,25 @@ class RLCLI(LightningCLI):
             callbacks = [*callbacks, RLProgressBar()]
         return super()._instantiate_trainer(config, callbacks)
 
-    def before_validate(self) -> None:
-        # validate --ckpt_path runs/grpo/latest/checkpoints/last.ckpt: the points go into that run's folder (lightning_rl.runs)
-        log_into_run(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "fit":
+            parser.add_argument("--dry_run", action="store_true", help=DRY_RUN_HELP)
+            parser.add_argument("--new_run", action="store_true", help=NEW_RUN_HELP)
+        return parser
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand == "fit" and self.config_init[subcommand].get("dry_run"):
+            from .dry_run import describe
+
+            print(describe(self))
+            return
+        # the run's folder, before Lightning creates anything (lightning_rl.runs): `latest` in --ckpt_path is resolved
+        # first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
+        config = self.config_init[subcommand]
+        config["ckpt_path"] = resolve_checkpoint(config.get("ckpt_path"))
+        start_run(self.trainer, subcommand, config["ckpt_path"], new_run=bool(config.get("new_run")))
+        super()._run_subcommand(subcommand)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
@@ -175,7 +201,6 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },
         save_config_callback=SaveConfigBeside,
-        save_config_kwargs={"overwrite": True},
         args=args,
         run=run,
     )
@@ -195,12 +220,6 @@ def entry() -> None:
         from .catalog import main as components
 
         components()
-        return
-    if sys.argv[1:2] == ["fit"] and "--dry_run" in sys.argv:  # compose and describe, train nothing
-        from .dry_run import describe
-
-        args, sys.argv = [a for a in sys.argv[2:] if a != "--dry_run"], sys.argv[:1]  # given as `args` (Lightning warns of both)
-        print(describe(main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)))
         return
     main()
 
