@@ -15,29 +15,49 @@ relative to the node, e.g. in ``model.aggregator.init_args``:
 ``constant: ${...rollout.init_args.max_new_tokens}`` (``.`` = init_args, ``..`` = aggregator,
 ``...`` = model). Absolute keys (``${model.rollout...}``) do not resolve under a subcommand with
 jsonargparse 4.53 (it looks them up under ``fit.``).
+
+A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean", and exit
+status 2; a server that does not answer, a bad data row or a missing file is one line and exit status 1.
+``LIGHTNING_RL_DEBUG=1`` shows the trace instead.
 """
 
 from __future__ import annotations
 
-import difflib
-import logging
 import os
 import re
 import sys
-import warnings
 from pathlib import Path
 
-import torch
-from jsonargparse import set_parsing_settings
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.callbacks.progress import ProgressBar
-from lightning.pytorch.plugins.io import CheckpointIO
 
-from .callbacks import AtomicCheckpointIO
-from .data import PromptDataModule
-from .module import RLModule
-from .progress import RLProgressBar
-from .runs import claim_file, resolve_checkpoint, run_folder, start_run
+def _pin_our_components() -> None:
+    """Import our ``components`` package from the folder that holds ``lightning_rl`` before anything else can: under
+    ``python -m lightning_rl.cli`` the working folder is first on ``sys.path``, and a user project with its own
+    ``components/`` folder would shadow ours."""
+    if "components" in sys.modules:
+        return
+    root = str(Path(sys.modules[(__package__ or "lightning_rl").split(".")[0]].__file__).resolve().parents[1])
+    sys.path.insert(0, root)
+    try:
+        import components  # noqa: F401
+    finally:
+        sys.path.remove(root)
+
+
+_pin_our_components()
+
+import torch  # noqa: E402
+from jsonargparse import set_parsing_settings  # noqa: E402
+from lightning.pytorch.callbacks.progress import ProgressBar  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
+
+from .callbacks import AtomicCheckpointIO  # noqa: E402
+from .console import quiet  # noqa: E402
+from .data import PromptDataModule  # noqa: E402
+from .module import RLModule  # noqa: E402
+from .progress import RLProgressBar  # noqa: E402
+from .runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
+from .suggest import hint  # noqa: E402
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -45,47 +65,32 @@ EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl ex
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
 NEW_RUN_HELP = ("With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
                 "the checkpoint belongs to (runs/<name>/version_N)")
+DEBUG = "LIGHTNING_RL_DEBUG"
 
 
-# Lightning warnings that are expected here, each for a reason:
-QUIET = (
-    ".*Found `dataloader_iter` argument.*",  # training_step pulls prompts itself (dynamic sampling needs more than one batch)
-    ".*You are using the `dataloader_iter` step flavor.*",
-    ".*module\\(s\\) in eval mode.*",  # frozen reference / reward models stay in eval mode by design
-    ".*ModelCheckpoint with manual optimization.*",  # we want the post-update weights in checkpoints
-    ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
-    ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
-    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.runs): a resumed or validated run's differs
-)
-
-
-class _DropNoise(logging.Filter):
-    """Lightning's info lines a researcher cannot act on (a product tip, the seed echo)."""
-
-    NOISE = ("💡 Tip:", "Seed set to", "`Trainer.fit` stopped: `max_steps=")  # the bar says it; a raw line under it breaks its redraw
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.NOISE)
-
-
-# LightningCLI's own flags for Lightning's optimizer / scheduler, which optimize nothing here: where their settings live
-ROUTED = {"--optimizer": "--model.optimizer", "--lr_scheduler": "--model.optimizer.schedule"}
+def debugging() -> bool:
+    """``LIGHTNING_RL_DEBUG=1`` (or jsonargparse's ``JSONARGPARSE_DEBUG``): errors raise with their trace."""
+    return any(os.environ.get(name, "").lower() not in ("", "0", "false", "no") for name in (DEBUG, "JSONARGPARSE_DEBUG"))
 
 
 class RLArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser with a suggestion for a mistyped option, after the error (the last line printed)."""
+    """LightningCLI's parser, whose errors are for people: ``error: <message>`` with a "did you mean" (lightning_rl.suggest)
+    and where to find every option, without the 100 lines of usage."""
 
     def error(self, message: str, ex: Exception | None = None):
-        unknown = re.search(r"unrecognized arguments: (.*)", message)
-        if unknown:
-            options = {o for action in self._all_actions() for o in action.option_strings if o.startswith("--")}
-            hints = []
-            for name in (arg.split("=", 1)[0] for arg in unknown.group(1).split() if arg.startswith("--")):
-                close = [ROUTED[name]] if name in ROUTED else difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.75)
-                hints += [f"{name} -> did you mean {close[0]}?"] if close else []
-            if hints:
-                message = f"{message} ({'; '.join(hints)})"
-        super().error(message, ex)
+        suggestion = hint(message, set(self._option_keys()))
+        if suggestion:
+            message = f"{message} ({suggestion})"
+        if not self.exit_on_error or debugging():
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        message = " ".join(line.strip() for line in message.splitlines())  # jsonargparse indents its causes over several lines
+        sys.stderr.write(f"error: {message}\nevery option: {parser.prog.replace(' [options]', '')} --help\n")
+        self.exit(2)
+
+    def _option_keys(self):
+        for action in self._all_actions():
+            yield from (o[2:] for o in action.option_strings if o.startswith("--"))
 
     def _all_actions(self):
         yield from self._actions
@@ -145,6 +150,15 @@ class RLCLI(LightningCLI):
             parser.add_argument("--new_run", action="store_true", help=NEW_RUN_HELP)
         return parser
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # a component, the data module or the Trainer refused its arguments: a config error
+            if debugging():
+                raise
+            parser = self._subcommand_parsers.get(self.subcommand, self.parser)  # its prog names the subcommand's --help
+            parser.error(config_error(err, self.config.get(self.subcommand) if self.subcommand else self.config))
+
     def _run_subcommand(self, subcommand: str) -> None:
         if subcommand == "fit" and self.config_init[subcommand].get("dry_run"):
             from .dry_run import describe
@@ -184,19 +198,16 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
     asked = args if args is not None else sys.argv[1:]
     set_parsing_settings(docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked))
-    for pattern in QUIET:
-        warnings.filterwarnings("ignore", message=pattern)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed", "lightning.fabric.utilities.rank_zero"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropNoise) for f in log.filters):
-            log.addFilter(_DropNoise())
+    quiet()  # the console shows what a researcher can act on (lightning_rl.console)
     return RLCLI(
         RLModule,
         PromptDataModule,
         parser_class=RLArgumentParser,
         auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
         parser_kwargs={
-            "description": "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option.",
+            "prog": "lightning-rl",
+            "description": "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option. "
+            f"Errors are one line; {DEBUG}=1 shows their trace.",
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },
@@ -206,10 +217,47 @@ def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
     )
 
 
+def config_error(err: Exception, config) -> str:
+    """One line for an exception raised while the config was being built: the innermost message (ours names the key
+    and the fix), prefixed with the config key of the component that raised it when jsonargparse's wrapper names one."""
+    chain = [err]
+    while chain[-1].__cause__ is not None or (chain[-1].__context__ is not None and not chain[-1].__suppress_context__):
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    message = str(chain[-1]).strip() or type(chain[-1]).__name__
+    # the wrapper nearest the cause names the component that raised first ("Given value: Namespace(class_path='...'")
+    named = [m.group(1) for e in reversed(chain[:-1]) if (m := re.search(r"class_path[ =]'([\w.]+)'", str(e)))]
+    key = _key_of(config, named[0]) if named and config is not None else None
+    return f"{key}: {message}" if key and not message.startswith(key) else message
+
+
+def _key_of(config, class_path: str, prefix: str = "") -> str | None:
+    """The dotted key under which ``config`` names ``class_path`` (``model.kl`` for components.kl.KLRegularizer)."""
+    config = config.as_dict() if hasattr(config, "as_dict") else config
+    for name, value in config.items() if isinstance(config, dict) else []:
+        if isinstance(value, dict) and value.get("class_path") == class_path:
+            return f"{prefix}{name}"
+        found = _key_of(value, class_path, f"{prefix}{name}.")
+        if found:
+            return found
+    return None
+
+
+def _said_in_one_line() -> tuple[type[BaseException], ...]:
+    """Errors whose message names the culprit and the fix: the trace would only hide it."""
+    from components.rollout.sglang.client import SGLangError
+
+    from .prompts import DataError
+    from .health import NonFiniteTrainingError
+
+    return (SGLangError, DataError, NonFiniteTrainingError, FileNotFoundError)
+
+
 def entry() -> None:
-    """The ``lightning-rl`` console script (returns nothing, so the exit status is 0 on success)."""
-    if os.getcwd() not in sys.path:  # dotted paths in configs (my_project.rewards.fn) import from the working folder, as with `python cli.py`
-        sys.path.insert(0, os.getcwd())
+    """The ``lightning-rl`` console script and ``python cli.py`` (returns nothing, so the exit status is 0 on success)."""
+    # dotted paths in configs (my_project.rewards.fn) import from the working folder, after our own packages
+    here = os.getcwd()
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here] + [here]
+    quiet()
 
     if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
         from .export import main as export
@@ -221,7 +269,13 @@ def entry() -> None:
 
         components()
         return
-    main()
+    try:
+        main()
+    except _said_in_one_line() as err:
+        if debugging():
+            raise
+        sys.stderr.write(f"error: {err}\n")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
