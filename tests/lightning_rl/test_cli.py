@@ -1,6 +1,7 @@
 """End to end through the CLI: fit a few iterations, then validate from the checkpoint."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,7 @@ def _entry(monkeypatch, capsys, *argv) -> str:
     from lightning_rl.cli import entry
 
     monkeypatch.setattr("sys.argv", ["lightning-rl", *argv])
+    monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to the end of it
     entry()
     return capsys.readouterr().out
 

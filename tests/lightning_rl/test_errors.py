@@ -1,6 +1,7 @@
 """Bad input gets one clear message naming the culprit and the fix."""
 
 import json
+import sys
 
 import pytest
 
@@ -53,6 +54,7 @@ def test_a_bad_row_is_one_line_from_the_command_line(tmp_path, tiny_model_path, 
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": 7, "answer": "4"}])
     args = cli_args(tmp_path, tiny_model_path, 1, f"--data.train_data={data}", "--data.val_data=null", "--data.batch_size=1")
     monkeypatch.setattr("sys.argv", ["lightning-rl", "fit", *args])
+    monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to the end of it
     monkeypatch.delenv("LIGHTNING_RL_DEBUG", raising=False)
     with pytest.raises(SystemExit) as exit_:
         entry()

@@ -162,3 +162,28 @@ def test_version_folders_are_claimed_exclusively(tmp_path):
     (tmp_path / "version_2").mkdir()
     assert claim_version(tmp_path).name == "version_3"  # after the highest, never a folder that exists
     assert claim_version(tmp_path).name == "version_4"
+
+
+@pytest.mark.slow
+def test_two_ranks_share_one_run_folder_and_resume_it(tmp_path, tiny_model_path):
+    """DDP on 2 CPU processes: only rank 0 claims a version (Lightning broadcasts its folders), and a resume through
+    latest/ continues that run on both ranks."""
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    ddp = ["--config", str(REPO / "configs/strategy/ddp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2"]
+
+    def fit(steps, *extra):
+        args = [a for a in _args(tmp_path, tiny_model_path, steps, *extra) if not a.startswith("--trainer.enable_progress_bar")]
+        run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "fit", *args, *ddp], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+
+    fit(2)
+    runs = tmp_path / "exp_a"
+    assert sorted(p.name for p in runs.iterdir()) == ["latest", "version_0"]  # rank 1 claimed nothing
+    assert _step(runs / "latest" / "checkpoints" / "last.ckpt") == 2
+    assert [p.name for p in (runs / "version_0").glob("*config.yaml")] == ["config.yaml"]
+    fit(3, f"--ckpt_path={runs}/latest/checkpoints/last.ckpt")
+    assert sorted(p.name for p in runs.iterdir()) == ["latest", "version_0"]
+    assert _step(runs / "version_0" / "checkpoints" / "last.ckpt") == 3
+    assert _tensorboard_runs(tmp_path) == ["exp_a/version_0"]
