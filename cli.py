@@ -1,6 +1,7 @@
-"""`python cli.py fit --config configs/grpo.yaml`: a thin shim over `lightning_rl.cli`."""
+"""`python cli.py fit --config configs/grpo.yaml`: the same CLI as the `lightning-rl` console script (`fit`, `validate`,
+`--dry_run`, `export`, `components`), without installing it."""
 
-from lightning_rl.cli import main
+from lightning_rl.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

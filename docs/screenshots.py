@@ -8,7 +8,7 @@
     apt-get install chromium              # for the TensorBoard picture (`chromium` on PATH)
     python docs/screenshots.py            # from the repository root, with lightning-rl and tensorboard installed
 
-The job writes into ``runs/grpo`` as `make run` does (a new ``version_N``; ``runs/grpo/latest`` points at it).
+The job writes into ``runs/grpo`` as `make run` does (a new ``version_N``; ``runs/grpo/latest/checkpoints`` links to its checkpoints).
 """
 
 from __future__ import annotations
@@ -146,9 +146,10 @@ def _proxy(upstream: str, head_script: bytes) -> http.server.ThreadingHTTPServer
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
-    parser.add_argument("--skip-run", action="store_true", help="photograph runs/grpo/latest without running the job again")
+    parser.add_argument("--skip-run", action="store_true", help="photograph the newest run of runs/grpo without running the job again")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     if not options.skip_run:
         console_svg(options.out / "console.svg")
-    tensorboard_png(ROOT / "runs" / "grpo" / "latest", options.out / "tensorboard.png")
+    newest = (ROOT / "runs" / "grpo" / "latest" / "checkpoints").resolve().parent  # latest/ links to the run's checkpoints, not its events
+    tensorboard_png(newest, options.out / "tensorboard.png")

@@ -5,7 +5,7 @@
 set -euo pipefail
 CONFIG=${CONFIG:-configs/grpo.yaml}
 RUN=${RUN:-runs/grpo}
-# each fit writes its own $RUN/version_N; $RUN/latest links to the newest, so last.ckpt below is this run's
+# each fit writes its own $RUN/version_N; $RUN/latest/checkpoints links to the newest run's, so last.ckpt below is this run's
 
 echo "== held-out greedy accuracy of the shipped policy (before RL)"
 lightning-rl validate --config "$CONFIG" --trainer.logger=false

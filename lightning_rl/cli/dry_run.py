@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_rl.loop.runs import LATEST, continued_run, follows_run, resolve_checkpoint, shown_path, versioned
 
 
 def describe(cli) -> str:
@@ -43,20 +44,24 @@ def describe(cli) -> str:
             lines.append(f"  {name:10s} {sum(p.numel() for p in params):,} parameters ({trainable:,} trainable)")
     if model.reference is None and getattr(model, "reference_is_base", False):
         lines.append("  reference  the policy with its LoRA adapters off (no second model)")
-    logger = trainer.logger
     lines.append("folders:")
-    run = None
-    if logger is not None and getattr(logger, "save_dir", None):
-        root = Path(logger.save_dir) / logger.name
-        run = root / "version_<next>"
-        lines.append(f"  logs         {_shown(run)} ({_shown(root / 'latest')} will link to it)")
-    for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None):
-        moved = run is not None and Path(checkpoint.dirpath).resolve() == (run.parent / "checkpoints").resolve()  # lightning_rl.loop.runs
-        lines.append(f"  checkpoints  {_shown(run / 'checkpoints' if moved else Path(checkpoint.dirpath))}")
+    lines += _folders(trainer, cli.config_init["fit"].get("ckpt_path"), bool(cli.config_init["fit"].get("new_run")))
     return "\n".join(lines)
 
 
-def _shown(path: Path) -> str:
-    """``path`` relative to the working folder when it is under it, as the config wrote it."""
-    path = Path(os.path.abspath(path))
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+def _folders(trainer, ckpt_path: str | None, new_run: bool) -> list[str]:
+    """Where the run will write (lightning_rl.loop.runs decides it the same way when fit starts)."""
+    logger, lines = trainer.logger, []
+    run = None
+    if logger is not None and versioned(logger):
+        run = continued_run(logger, resolve_checkpoint(ckpt_path), "fit", new_run)
+        if run is not None:
+            lines.append(f"  logs         {shown_path(run)} (continued from its checkpoint; --new_run starts a new version)")
+        else:
+            run = Path(logger.save_dir) / logger.name / "version_<next>"
+            lines.append(f"  logs         {shown_path(run)} ({shown_path(run.parent / LATEST / 'checkpoints')} will link to its checkpoints)")
+    for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)):
+        moved = run is not None and follows_run(checkpoint.dirpath, logger)
+        if moved or checkpoint.dirpath is not None:
+            lines.append(f"  checkpoints  {shown_path(run / 'checkpoints' if moved else Path(checkpoint.dirpath))}")
+    return lines

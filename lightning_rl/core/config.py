@@ -100,6 +100,8 @@ class LoopConfig:
                 raise ValueError(f"model.loop.{key}={value} must be >= 1")
         if self.max_staleness < 0:
             raise ValueError(f"model.loop.max_staleness={self.max_staleness} must be >= 0 (0 = synchronous)")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ValueError(f"model.loop.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be >= 1 (prompt + response tokens per micro-batch), or null for fixed-size micro-batches")
         if self.logprob_chunk_rows is not None and self.logprob_chunk_rows < 1:
             raise ValueError(f"model.loop.logprob_chunk_rows={self.logprob_chunk_rows} must be >= 1 (or null)")
         if self.val_samples < 0 or self.val_temperature <= 0:

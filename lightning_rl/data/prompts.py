@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl.core.batch import Prompts
 from lightning_rl.core.models import load_tokenizer
+from lightning_rl.data.checks import check_prompts, count_unknown_tokens
 from lightning_rl.data.tasks import BUILTIN_TASKS
 
 
@@ -218,6 +219,8 @@ class PromptDataModule(LightningDataModule):
         self._restored_ptx_position: dict | None = None
         self.overlong_prompts: dict[str, int] = {}
         """Prompts longer than max_prompt_length per data source (truncated or dropped)."""
+        self.unknown_tokens: dict[str, int] = {}
+        """Prompt tokens the tokenizer does not know (its unknown token) per data source."""
         self.longest_prompt: int | None = None
         """Tokens in the longest prompt kept, over every source loaded."""
         self._restored_position: dict | None = None
@@ -256,7 +259,9 @@ class PromptDataModule(LightningDataModule):
                 ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
             return {"input_ids": ids}
 
+        check_prompts(rows["prompt"], source, mapping["prompt"])
         rows = rows.map(tokenize, batched=True, desc=None)
+        self.unknown_tokens[source] = count_unknown_tokens(tokenizer, rows["input_ids"], rows["prompt"], source, hp.tokenizer)
         lengths = [len(x) for x in rows["input_ids"]]
         too_long = [i for i, n in enumerate(lengths) if n > hp.max_prompt_length]
         if too_long:

@@ -145,7 +145,7 @@ class RLModule(LightningModule):
         self.trainer_forward = TrainerForward(self.policy, self.reference, self.reference_is_base, self.critic, loop, self.recompute_old)
         self.update = PolicyUpdate(self.policy, self.critic, self.surrogate, self.aggregator, kl, self.loss_terms, self.ptx, loop,
                                    self.optimizer_cfg, self.health, self.loop_state)
-        self.reporter = Reporter(loop, self.health, None if kl is None else (lambda: kl.coef), self.rollout.params.group_size,
+        self.reporter = Reporter(loop, self.health, self.tokenizer, None if kl is None else (lambda: kl.coef), self.rollout.params.group_size,
                                  filters_groups=self.sampling is not None, shapes_reward=kl is not None and kl.placement == "reward",
                                  recompute_old=self.recompute_old)
         self.validator = Validator(self.collector, self.val_reward, loop)
@@ -192,7 +192,9 @@ class RLModule(LightningModule):
         with timer("estimate"):
             batch = estimate(batch, self.advantage, self.kl, metrics)
         steps = 0
-        if batch.batch_size and self.update.worth_optimizing(batch, self.global_step):
+        worth = bool(batch.batch_size) and self.update.worth_optimizing(batch, self.global_step)
+        metrics.add("health/skipped_degenerate", torch.tensor(float(bool(batch.batch_size) and not worth), device=self.device))
+        if worth:
             with timer("optimize"):
                 steps = self.update.run(batch, metrics, self.optimizers(), self.manual_backward, self._trainer, self.temperature,
                                         train_policy=not self.critic_pretraining, ptx_text=ptx_text)

@@ -46,6 +46,7 @@ class PolicyUpdate:
         """``state``: the optimizer step counters (LR schedules) and the mini-batch shuffle, checkpointed."""
         self.policy, self.critic, self.surrogate, self.aggregator, self.kl = policy, critic, surrogate, aggregator, kl
         self.loss_terms, self.ptx, self.loop, self.optimizer_cfg, self.health, self.state = loss_terms, ptx, loop, optimizer, health, state
+        self._said_degenerate = False
 
     def worth_optimizing(self, batch: RolloutBatch, iteration: int) -> bool:
         """False when nothing in the loss has a gradient on any rank: every advantage on a token that counts is
@@ -60,7 +61,12 @@ class PolicyUpdate:
             informative = informative + term.gradient_tokens(batch)
         if float(all_reduce_sum(informative)) > 0:
             return True
-        warnings.warn(f"iteration {iteration}: every advantage is zero (all groups degenerate) and nothing else in the loss has a gradient; skipping the update")
+        if not self._said_degenerate:  # said once; health/skipped_degenerate counts every one
+            self._said_degenerate = True
+            warnings.warn(
+                f"iteration {iteration}: every advantage is zero (all groups degenerate) and nothing else in the loss has a "
+                "gradient; skipping the update. Said once: health/skipped_degenerate is 1 at each iteration skipped so"
+            )
         return False
 
     def run(

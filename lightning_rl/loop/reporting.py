@@ -11,6 +11,7 @@ from torch import Tensor
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import LoopConfig
 from lightning_rl.core.ops import all_reduce_sum, masked_mean, zero_variance_fraction
+from lightning_rl.data.checks import visible_text
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.samples import markdown, print_rows, sample_rows
@@ -39,17 +40,18 @@ LAYOUT = {
 class Reporter:
     """The metrics of one RL iteration and the samples table."""
 
-    def __init__(self, loop: LoopConfig, health: TrainingHealth, kl_coef: Callable[[], Tensor] | None, group_size: int,
+    def __init__(self, loop: LoopConfig, health: TrainingHealth, tokenizer, kl_coef: Callable[[], Tensor] | None, group_size: int,
                  filters_groups: bool, shapes_reward: bool, recompute_old: bool):
         """
         Args:
+            tokenizer: the policy's, to show each prompt in the samples table as the model read it.
             kl_coef: the KL coefficient now (None = no KL).
             group_size: the rollout's samples per prompt (groups of one have no variance to lack).
             filters_groups: dynamic sampling logs ``sampling/zero_var_groups`` before it filters.
             shapes_reward: the KL penalty sits in the reward (``reward/shaped_mean``).
             recompute_old: whether pi_old comes from a separate forward pass (``policy/old_logprobs_recomputed``).
         """
-        self.loop, self.health, self.kl_coef, self.group_size = loop, health, kl_coef, group_size
+        self.loop, self.health, self.tokenizer, self.kl_coef, self.group_size = loop, health, tokenizer, kl_coef, group_size
         self.filters_groups, self.shapes_reward, self.recompute_old = filters_groups, shapes_reward, recompute_old
         self._layout_written = False
 
@@ -106,7 +108,7 @@ class Reporter:
     def _log_samples(self, trainer, batch: RolloutBatch) -> None:
         if trainer.global_rank != 0:
             return
-        rows = sample_rows(batch, self.loop.log_samples)
+        rows = sample_rows(batch, self.loop.log_samples, lambda ids: visible_text(self.tokenizer, ids))
         experiment = getattr(trainer.logger, "experiment", None)
         if hasattr(experiment, "add_text"):
             experiment.add_text("samples", markdown(rows), trainer.global_step)

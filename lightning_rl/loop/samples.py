@@ -1,8 +1,11 @@
 """The table of sampled completions a researcher reads beside the curves: one row per prompt (different prompts,
 not one prompt's group), with the completion, its reward, the gold answer where the data has one and the advantage
-the update gave it. Printed to the console and written to TensorBoard as text."""
+the update gave it. The prompt is shown as the model read it (its token ids decoded): a character the tokenizer does not
+know shows as its unknown token, not as the data's text. Printed to the console and written to TensorBoard as text."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -12,9 +15,10 @@ from lightning_rl.core.ops import masked_mean
 MAX_CHARS = 200  # a cell longer than this is cut: the table is for reading at a glance
 
 
-def sample_rows(batch: RolloutBatch, n: int) -> list[dict[str, str]]:
+def sample_rows(batch: RolloutBatch, n: int, decode: Callable[[list[int]], str] | None = None) -> list[dict[str, str]]:
     """Up to ``n`` rows, the first sampled completion of each of the first ``n`` groups (greedy baseline rows skipped),
-    from the batch's ``columns`` (prompts, completions or an agent's transcripts, the gold answer) and numbers."""
+    from the batch's ``columns`` (prompts, completions or an agent's transcripts, the gold answer) and numbers;
+    ``decode`` turns a prompt's token ids into the text shown (None: the data's text)."""
     columns = batch.columns or {}
     mask = batch.action_tokens  # (B, R): a multi-turn transcript's observations carry no advantage
     advantages = None
@@ -29,7 +33,10 @@ def sample_rows(batch: RolloutBatch, n: int) -> list[dict[str, str]]:
             continue
         seen.add(group)
         completion = columns["transcripts"][i] if "transcripts" in columns else columns["completions"][i]  # multi-turn: observations marked
-        row = {"prompt": columns["prompts"][i], "completion": completion, "reward": f"{float(batch.scores[i]):.3f}"}
+        prompt = columns["prompts"][i]
+        if decode is not None and batch.prompt_ids is not None:
+            prompt = decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist())
+        row = {"prompt": prompt, "completion": completion, "reward": f"{float(batch.scores[i]):.3f}"}
         if "answer" in columns:
             row["gold"] = str(columns["answer"][i])
         if advantages is not None:

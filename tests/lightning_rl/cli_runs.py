@@ -35,10 +35,11 @@ def run_cli(subcommand: str, args: list[str]):
     return main([subcommand, *args])
 
 
-def scalars(root: Path) -> dict[str, list[tuple[int, float]]]:
+def scalars(root: Path, name: str = "run") -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard scalars of the newest run under ``root/name``: tag -> [(step, value)]."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (version,) = sorted((root / "run").glob("version_*"))[-1:]
+    (version,) = sorted((root / name).glob("version_*"))[-1:]
     events = EventAccumulator(str(version))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}

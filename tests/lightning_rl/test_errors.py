@@ -1,6 +1,7 @@
 """Bad input gets one clear message naming the culprit and the fix."""
 
 import json
+import sys
 
 import pytest
 
@@ -35,6 +36,42 @@ def test_dataset_column_not_found(tmp_path, tiny_model_path):
     renamed.setup("fit")
     batch = next(iter(renamed.train_dataloader()))
     assert batch["prompts"].columns["answer"] == ["2"] and batch["prompts"].columns["prompt"] == ["1+1="]
+
+
+def test_a_row_without_its_prompt_names_the_file_line_and_column(tmp_path, tiny_model_path):
+    from lightning_rl.data.checks import DataError
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1=", "gold": "2"}\n\n{"gold": "4"}\n{"question": "3+3=", "gold": "6"}\n')
+    dm = PromptDataModule(train_data=str(data), val_data=None, tokenizer=tiny_model_path, columns={"prompt": "question"})
+    with pytest.raises(DataError, match=r"d\.jsonl, row 1 \(line 3\): has no prompt text in column 'question' \(data.columns.prompt\); 1 of 3"):
+        dm.setup("fit")
+
+
+def test_a_bad_row_is_one_line_from_the_command_line(tmp_path, tiny_model_path, monkeypatch, capsys):
+    from lightning_rl.cli import entry
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": 7, "answer": "4"}])
+    args = cli_args(tmp_path, tiny_model_path, 1, f"--data.train_data={data}", "--data.val_data=null", "--data.batch_size=1")
+    monkeypatch.setattr("sys.argv", ["lightning-rl", "fit", *args])
+    monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to the end of it
+    monkeypatch.delenv("LIGHTNING_RL_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        entry()
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {data}, row 1 (line 2): has a int (7) as prompt text")
+
+
+def test_prompt_tokens_the_tokenizer_does_not_know_are_counted_and_warned_once(tmp_path, tiny_model_path):
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "reverse 3915=", "answer": "5193"}, {"prompt": "12+3=", "answer": "15"}, {"prompt": "sort 21=", "answer": "12"}])
+    dm = PromptDataModule(train_data=data, val_data=data, tokenizer=tiny_model_path, batch_size=1)
+    with pytest.warns(UserWarning) as said:
+        dm.setup("fit")
+    unknown = [str(w.message) for w in said if "does not know" in str(w.message)]
+    assert len(unknown) == 2  # once per source (train, validation), not once per prompt
+    assert "2 of 3 prompt(s)" in unknown[0] and "(11 <unk> of" in unknown[0]  # 'reverse' (7) and 'sort' (4): the tiny vocabulary is digits and +-*=
+    assert "row 0 'reverse 3915=' is read as '<unk><unk><unk><unk><unk><unk><unk> 3915='" in unknown[0]
+    assert dm.unknown_tokens == {data: 11}
 
 
 @pytest.mark.parametrize("policy", ["error", "truncate", "drop"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -58,3 +59,17 @@ def test_a_transcript_shows_its_marked_observations_and_the_advantage_of_the_mod
     out = io.StringIO()
     print_rows(rows, "samples", Console(file=out, width=200))
     assert "<call>12*3</call>[[env: <result>36</result>]]36" in out.getvalue()  # brackets are text, not console markup
+
+
+@pytest.mark.slow
+def test_the_table_shows_the_prompt_as_the_model_read_it(tmp_path, tiny_model_path):
+    """A prompt with characters the tokenizer does not know: the table shows its unknown tokens, not the data's text."""
+    import json
+
+    from .cli_runs import cli_args, run_cli, texts
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"add {a}+{a}=", "answer": str(2 * a)}) for a in range(10, 14)))
+    run_cli("fit", cli_args(tmp_path, tiny_model_path, 1, f"--data.train_data={data}", "--data.val_data=null"))
+    (table,) = [markdown for _, markdown in texts(tmp_path)["samples/text_summary"]]
+    assert "| <unk><unk><unk> 1" in table and "add " not in table

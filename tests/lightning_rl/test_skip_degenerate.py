@@ -36,7 +36,7 @@ def _degenerate_batch(scores):
     ids=["nothing", "kl-in-loss", "kl-in-reward", "positive-nll", "positive-nll-no-positive", "entropy", "entropy-0"],
 )
 def test_skip_only_without_any_gradient(kl, terms, scores, expected):
-    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms, ptx=None)
+    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=kl, loss_terms=terms, ptx=None, _said_degenerate=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert PolicyUpdate.worth_optimizing(update, _degenerate_batch(scores), 0) is expected
@@ -47,9 +47,22 @@ def test_a_pretraining_loss_is_a_gradient_too():
     # still has it, so the update runs
     from components.ptx import PretrainMix
 
-    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=None, loss_terms=[], ptx=PretrainMix(coef=0.5))
+    update = SimpleNamespace(loop=LoopConfig(skip_degenerate_batches=True), critic=None, kl=None, loss_terms=[], ptx=PretrainMix(coef=0.5), _said_degenerate=False)
     assert PolicyUpdate.worth_optimizing(update, _degenerate_batch([0.0, 0.0]), 0) is True
     update.ptx = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert PolicyUpdate.worth_optimizing(update, _degenerate_batch([0.0, 0.0]), 0) is False
+
+
+@pytest.mark.slow
+def test_skipped_updates_are_counted_in_a_metric_and_said_once(tmp_path, tiny_model_path):
+    from .cli_runs import cli_args, run_cli, scalars
+
+    args = cli_args(tmp_path, tiny_model_path, 3, "--data.val_data=null", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.always_zero")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cli("fit", args)
+    said = [w for w in caught if "every advantage is zero" in str(w.message)]
+    assert len(said) == 1 and "health/skipped_degenerate" in str(said[0].message)
+    assert [value for _, value in scalars(tmp_path)["health/skipped_degenerate"]] == [1.0, 1.0, 1.0]

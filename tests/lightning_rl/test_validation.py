@@ -23,6 +23,12 @@ def test_loop_sizes(key):
         LoopConfig(**{key: 0})
 
 
+def test_a_token_budget_of_zero_fails_at_construction():
+    with pytest.raises(ValueError, match=r"model.loop.max_tokens_per_micro_batch=0 must be >= 1 .* or null"):
+        LoopConfig(max_tokens_per_micro_batch=0)  # before any model loads, not at the first forward
+    LoopConfig(max_tokens_per_micro_batch=None)
+
+
 @pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf")])
 def test_learning_rate_must_be_finite_and_not_negative(lr):
     with pytest.raises(ValueError, match="model.optimizer.lr"):

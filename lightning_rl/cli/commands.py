@@ -1,0 +1,282 @@
+"""`lightning-rl` / `python cli.py`: LightningCLI over `RLModule` and `PromptDataModule`.
+
+    lightning-rl fit                                   # the embedded default: GRPO on builtin:arithmetic
+    lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
+    lightning-rl fit --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt   # continues that run
+    lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
+    lightning-rl fit --config configs/dapo.yaml --print_config
+    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.cli.export)
+    lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run   # the components, batch arithmetic, models, folders
+    lightning-rl components                            # every component, with the first line of its formula
+
+Configs stack left to right (later files and command-line flags override earlier ones; lists
+are replaced, not merged). Interpolation resolves across stacked files and overrides when it is
+relative to the node, e.g. in ``model.aggregator.init_args``:
+``constant: ${...rollout.init_args.max_new_tokens}`` (``.`` = init_args, ``..`` = aggregator,
+``...`` = model). Absolute keys (``${model.rollout...}``) do not resolve under a subcommand with
+jsonargparse 4.53 (it looks them up under ``fit.``).
+
+A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean", and exit
+status 2; a server that does not answer, a bad data row or a missing file is one line and exit status 1.
+``LIGHTNING_RL_DEBUG=1`` shows the trace instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+
+def _pin_our_components() -> None:
+    """Import our ``components`` package from the folder that holds ``lightning_rl`` before anything else can: under
+    ``python -m lightning_rl.cli`` the working folder is first on ``sys.path``, and a user project with its own
+    ``components/`` folder would shadow ours."""
+    if "components" in sys.modules:
+        return
+    root = str(Path(sys.modules[(__package__ or "lightning_rl").split(".")[0]].__file__).resolve().parents[1])
+    sys.path.insert(0, root)
+    try:
+        import components  # noqa: F401
+    finally:
+        sys.path.remove(root)
+
+
+_pin_our_components()
+
+import torch  # noqa: E402
+from jsonargparse import set_parsing_settings  # noqa: E402
+from lightning.pytorch.callbacks.progress import ProgressBar  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
+
+from lightning_rl.checkpoint import AtomicCheckpointIO  # noqa: E402
+from lightning_rl.cli.console import quiet  # noqa: E402
+from lightning_rl.data import PromptDataModule  # noqa: E402
+from lightning_rl.loop.module import RLModule  # noqa: E402
+from lightning_rl.cli.progress import RLProgressBar  # noqa: E402
+from lightning_rl.loop.runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
+from lightning_rl.cli.suggest import hint  # noqa: E402
+
+DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
+COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
+EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
+DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
+NEW_RUN_HELP = ("With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
+                "the checkpoint belongs to (runs/<name>/version_N)")
+DEBUG = "LIGHTNING_RL_DEBUG"
+
+
+def debugging() -> bool:
+    """``LIGHTNING_RL_DEBUG=1`` (or jsonargparse's ``JSONARGPARSE_DEBUG``): errors raise with their trace."""
+    return any(os.environ.get(name, "").lower() not in ("", "0", "false", "no") for name in (DEBUG, "JSONARGPARSE_DEBUG"))
+
+
+class RLArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, whose errors are for people: ``error: <message>`` with a "did you mean" (lightning_rl.cli.suggest)
+    and where to find every option, without the 100 lines of usage."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        suggestion = hint(message, set(self._option_keys()))
+        if suggestion:
+            message = f"{message} ({suggestion})"
+        if not self.exit_on_error or debugging():
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        message = " ".join(line.strip() for line in message.splitlines())  # jsonargparse indents its causes over several lines
+        sys.stderr.write(f"error: {message}\nevery option: {parser.prog.replace(' [options]', '')} --help\n")
+        self.exit(2)
+
+    def _option_keys(self):
+        for action in self._all_actions():
+            yield from (o[2:] for o in action.option_strings if o.startswith("--"))
+
+    def _all_actions(self):
+        yield from self._actions
+        if self._subcommands_action is not None:
+            for sub in self._subcommands_action._name_parser_map.values():
+                yield from sub._actions
+
+
+class SaveConfigBeside(SaveConfigCallback):
+    """The resolved config in the run's folder, written once per command and never over another file: ``config.yaml``
+    by the fit that started the run, ``resume_config.yaml`` by a fit that continued it, ``validate_config.yaml`` by a
+    validate that logged into it (``.2``, ``.3`` ... when taken). Nothing without a run folder (``--trainer.logger false``)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        self.already_saved = True  # every rank: only global rank 0 writes, and no collective is needed
+        folder = run_folder(trainer) if trainer.is_global_zero else None
+        if folder is None:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = str(getattr(stage, "value", stage))  # Lightning passes its TrainerFn enum
+        names = ["config.yaml", "resume_config.yaml"] if stage == "fit" else [f"{stage}_config.yaml"]
+        path = claim_file(folder, names)
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=self.multifile)
+        self.save_config(trainer, pl_module, stage)
+
+
+class RLCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """`fit` and `validate` (`test` / `predict` have no RL meaning here; `export` is handled by ``entry``)."""
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}, "validate": {"model", "dataloaders", "datamodule"}}
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        kwargs.setdefault("allow_abbrev", False)  # --trainer.max_step must not silently mean --trainer.max_steps
+        return super().init_parser(**kwargs)
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.cli.export)
+        parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
+        parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        # the RL progress bar (lightning_rl.cli.progress) unless the bar is off or the config brings its own
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in [*configured, *callbacks]):
+            callbacks = [*callbacks, RLProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "fit":
+            parser.add_argument("--dry_run", action="store_true", help=DRY_RUN_HELP)
+            parser.add_argument("--new_run", action="store_true", help=NEW_RUN_HELP)
+        return parser
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # a component, the data module or the Trainer refused its arguments: a config error
+            if debugging():
+                raise
+            parser = self._subcommand_parsers.get(self.subcommand, self.parser)  # its prog names the subcommand's --help
+            parser.error(config_error(err, self.config.get(self.subcommand) if self.subcommand else self.config))
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand == "fit" and self.config_init[subcommand].get("dry_run"):
+            from lightning_rl.cli.dry_run import describe
+
+            print(describe(self))
+            return
+        # the run's folder, before Lightning creates anything (lightning_rl.loop.runs): `latest` in --ckpt_path is resolved
+        # first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
+        config = self.config_init[subcommand]
+        config["ckpt_path"] = resolve_checkpoint(config.get("ckpt_path"))
+        start_run(self.trainer, subcommand, config["ckpt_path"], new_run=bool(config.get("new_run")))
+        super()._run_subcommand(subcommand)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # the prompts are tokenised with the policy's tokenizer
+        parser.link_arguments("model.policy.path", "data.tokenizer")
+
+    def instantiate_trainer(self, **kwargs):
+        accelerator = str(self._get(self.config_init, "trainer", default={}).get("accelerator", "auto"))
+        if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"a CUDA {torch.version.cuda} build that sees no GPU"
+            raise SystemExit(
+                f"trainer.accelerator={accelerator} but torch {torch.__version__} is {build}. Install the CUDA build, e.g. "
+                'make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" install, or use --trainer.accelerator cpu'
+            )
+        # checkpoint files are written atomically unless the config brings its own CheckpointIO (lightning_rl.checkpoint)
+        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
+        plugins = list(plugins) if isinstance(plugins, list) else [] if plugins is None else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())
+        return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
+
+
+def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
+    # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
+    asked = args if args is not None else sys.argv[1:]
+    set_parsing_settings(docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked))
+    quiet()  # the console shows what a researcher can act on (lightning_rl.cli.console)
+    return RLCLI(
+        RLModule,
+        PromptDataModule,
+        parser_class=RLArgumentParser,
+        auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
+        parser_kwargs={
+            "prog": "lightning-rl",
+            "description": "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option. "
+            f"Errors are one line; {DEBUG}=1 shows their trace.",
+            "parser_mode": "omegaconf+",
+            **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
+        },
+        save_config_callback=SaveConfigBeside,
+        args=args,
+        run=run,
+    )
+
+
+def config_error(err: Exception, config) -> str:
+    """One line for an exception raised while the config was being built: the innermost message (ours names the key
+    and the fix), prefixed with the config key of the component that raised it when jsonargparse's wrapper names one."""
+    chain = [err]
+    while chain[-1].__cause__ is not None or (chain[-1].__context__ is not None and not chain[-1].__suppress_context__):
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    message = str(chain[-1]).strip() or type(chain[-1]).__name__
+    # the wrapper nearest the cause names the component that raised first ("Given value: Namespace(class_path='...'")
+    named = [m.group(1) for e in reversed(chain[:-1]) if (m := re.search(r"class_path[ =]'([\w.]+)'", str(e)))]
+    key = _key_of(config, named[0]) if named and config is not None else None
+    return f"{key}: {message}" if key and not message.startswith(key) else message
+
+
+def _key_of(config, class_path: str, prefix: str = "") -> str | None:
+    """The dotted key under which ``config`` names ``class_path`` (``model.kl`` for components.kl.KLRegularizer)."""
+    config = config.as_dict() if hasattr(config, "as_dict") else config
+    for name, value in config.items() if isinstance(config, dict) else []:
+        if isinstance(value, dict) and value.get("class_path") == class_path:
+            return f"{prefix}{name}"
+        found = _key_of(value, class_path, f"{prefix}{name}.")
+        if found:
+            return found
+    return None
+
+
+def _said_in_one_line() -> tuple[type[BaseException], ...]:
+    """Errors whose message names the culprit and the fix: the trace would only hide it."""
+    from components.rollout.sglang.client import SGLangError
+
+    from lightning_rl.data.checks import DataError
+    from lightning_rl.loop.health import NonFiniteTrainingError
+
+    return (SGLangError, DataError, NonFiniteTrainingError, FileNotFoundError)
+
+
+def entry() -> None:
+    """The ``lightning-rl`` console script and ``python cli.py`` (returns nothing, so the exit status is 0 on success)."""
+    # dotted paths in configs (my_project.rewards.fn) import from the working folder, after our own packages
+    here = os.getcwd()
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here] + [here]
+    quiet()
+
+    if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
+        from lightning_rl.cli.export import main as export
+
+        export(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["components"]:  # every component a config can name, with its formula's first line
+        from lightning_rl.cli.catalog import main as components
+
+        components()
+        return
+    try:
+        main()
+    except _said_in_one_line() as err:
+        if debugging():
+            raise
+        sys.stderr.write(f"error: {err}\n")
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    entry()

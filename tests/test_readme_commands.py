@@ -1,0 +1,129 @@
+"""The README's commands, run as printed on CPU in a scratch folder that holds the repository's configs: `lightning-rl`
+through the function its console script calls, `python cli.py` (the same CLI) as a subprocess. A fit gets flags
+appended that shorten it (later flags win); nothing else is changed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SHORT = ["--data.batch_size=4", "--data.val_size=4"]  # and max_steps: 2, or 3 for a resumed run
+
+
+def bash_block(heading: str, index: int = 0) -> list[str]:
+    """The commands of the ``index``-th ```bash block after ``heading`` (comments and continuations joined)."""
+    section = README[README.index(heading) :]
+    block = re.findall(r"```bash\n(.*?)```", section, flags=re.S)[index]
+    text = block.replace("\\\n", " ")
+    return [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+
+
+def _argv(command: str, via_shim: bool = False) -> list[str]:
+    words = shlex.split(command)
+    if words[0] == "lightning-rl":
+        words = ["python", "cli.py", *words[1:]] if via_shim else ["python", "-m", "lightning_rl.cli", *words[1:]]
+    assert words[:2] in (["python", "cli.py"], ["python", "-m"]), command
+    if "fit" in words and not {"--print_config", "--dry_run"} & set(words):
+        words += [*SHORT, "--trainer.max_steps=3" if "--ckpt_path" in words else "--trainer.max_steps=2"]
+    return [sys.executable, *words[1:]]
+
+
+@pytest.fixture
+def run(monkeypatch, capsys):
+    """Run a README command in the current folder; returns what it printed. `lightning-rl` runs in this process (the
+    function its console script calls, without paying an interpreter start per command) unless it starts a strategy
+    (a process group outlives the command); `python ...` runs as a subprocess."""
+
+    def run_(command: str, via_shim: bool = False) -> str:
+        argv = _argv(command, via_shim)
+        if argv[1:3] == ["-m", "lightning_rl.cli"] and "configs/strategy/" not in command:
+            from lightning_rl.cli import entry
+
+            monkeypatch.setattr("sys.argv", ["lightning-rl", *argv[3:]])
+            monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to its end
+            try:
+                entry()
+            except SystemExit as done:  # --print_config exits 0
+                assert done.code in (0, None), command
+            return capsys.readouterr().out
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, f"{command}\n{(done.stdout + done.stderr)[-3000:]}"
+        return done.stdout + done.stderr
+
+    return run_
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch) -> Path:
+    """The working folder, like a clone's root, where runs/ is written: the configs, the shim, the loopback server."""
+    for name in ("configs", "cli.py", "tests", "lightning_rl"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_running_scaling_out_and_export_commands_as_printed(scratch, run):
+    running = bash_block("## Running")
+    assert any(c.startswith("python cli.py") for c in running) and any("--dry_run" in c for c in running)
+    out = {command: run(command) for command in running}
+    assert "model.sampling" not in out["lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run"]  # ppo_rlhf has no dynamic sampling
+    assert "model.critic      ValueCritic" in out["lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run"]
+    grpo = scratch / "runs" / "grpo"
+    # the run of `--model.optimizer.lr 3e-4` is validated, then continued in its own folder, its config untouched
+    (trained,) = [p.parent for p in grpo.glob("version_*/config.yaml") if "lr: 0.0003" in p.read_text()]
+    assert torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+    assert {"resume_config.yaml", "validate_config.yaml"} <= {p.name for p in trained.iterdir()}
+    # `python cli.py fit --config configs/grpo.yaml` after it is a new run, and the newest
+    assert torch.load(grpo / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert (grpo / "latest" / "checkpoints").resolve().parent.name == f"version_{len(list(grpo.glob('version_*'))) - 1}"
+
+    (export,) = [c for c in bash_block("**Export**") if c.startswith("lightning-rl export")]
+    run(export)
+    assert (scratch / "runs" / "grpo" / "hf" / "policy" / "config.json").exists()
+    # `python cli.py` above trained through the shim; its other subcommands are tested in lightning_rl/test_cli.py
+    assert "components.advantage.GroupNormalized" in run("lightning-rl components", via_shim=True)
+
+
+def _wait_listening(port: int, process: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on port {port} after {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_the_asynchronous_cpu_route_as_printed(scratch, run):
+    server_command, fit = bash_block("## Asynchronous training", index=1)
+    with socket.socket() as s:  # the printed port may be taken on a shared machine: the same command on a free one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server_argv = shlex.split(server_command.rstrip("&").replace("--port 30000", f"--port {port}"))
+    assert server_argv[:3] == ["python", "-m", "tests.fixtures.sglang_server"]
+    server = subprocess.Popen([sys.executable, *server_argv[1:]], cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        _wait_listening(port, server)
+        printed = run(f"{fit} --model.rollout.init_args.base_url=http://127.0.0.1:{port}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "samples at iteration 1" in printed
+    (run,) = (scratch / "runs" / "grpo").glob("version_*")
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
