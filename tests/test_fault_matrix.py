@@ -21,6 +21,9 @@
 | reward returning numpy / 0-d tensor scores               | accepted; a wrong shape is named as a shape                         | test_numpy_scores / components/test_rewards.py                                            |
 | prompt + response past max_position_embeddings          | warning at fit start; truncated prompts counted                     | test_context_overflow / lightning_rl/test_errors.py                                       |
 | multi-node launch (2 nodes x 1 process, loopback)        | trains exactly like 1 process                                       | lightning_rl/test_distributed.py::test_two_nodes_of_one_process_on_loopback_equal_one_process |
+| weight_sync: tensor without CUDA (CPU policy, server in another process) | error at construction naming weight_sync: disk      | test_tensor_sync_without_cuda / components/test_sglang_rollout.py                         |
+| SGLang server killed in the middle of a distributed weight push | SGLangError naming its URL; no request sampled until a whole push succeeds | test_sglang_failed_push / components/test_sglang_weight_sync.py (servers in processes) |
+| SGLang server that silently keeps an old tensor          | the push's verification fails the iteration naming the server       | test_stale_server_weights / components/test_sglang_weight_sync.py                         |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -215,3 +218,41 @@ def test_context_overflow():
     config = type("Config", (), {"max_position_embeddings": 64})()
     with pytest.warns(UserWarning, match="exceeds the policy's max_position_embeddings \\(64\\)"):
         check_context_length(config, 60, 256, 8)
+
+
+def test_tensor_sync_without_cuda(monkeypatch):
+    from components.rollout import SGLangRollout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="weight_sync: disk"):
+        SGLangRollout(base_url="http://127.0.0.1:9", weight_sync="tensor")
+
+
+def test_sglang_failed_push():
+    from components.rollout.sglang.client import SamplingGate
+
+    gate = SamplingGate()
+    gate.close()
+    gate.open(failure="SGLang server at http://gen:30000: the weight broadcast of bucket 3/9 failed")
+    with pytest.raises(SGLangError, match="http://gen:30000"), gate.sampling():
+        pass
+
+
+def test_stale_server_weights(tiny_model_path, tokenizer):
+    from components.rollout import SGLangRollout
+    from lightning_rl.models import ModelSpec, load_causal_lm
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    server.keep_stale = {"model.layers.1.mlp.up_proj.weight"}
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    with torch.no_grad():  # an update of that tensor large enough to move the log-probs past the tolerance
+        policy.model.layers[1].mlp.up_proj.weight.add_(torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0)))
+    rollout = SGLangRollout(base_url=server.url, verify_every=1, backoff=0.01)
+    try:
+        rollout.setup(tokenizer)
+        with pytest.raises(SGLangError, match=f"{server.url} does not hold the weights just pushed"):
+            rollout.sync_weights(policy)
+    finally:
+        rollout.close()
+        server.stop()

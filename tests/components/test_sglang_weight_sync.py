@@ -20,12 +20,12 @@ def _perturb(policy, scale: float = 0.05, seed: int = 0) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in policy.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=generator))
+            p.add_(scale * torch.randn(p.shape, generator=generator).to(p.device))
 
 
 def _checksums(policy) -> dict[str, str]:
     """SGLang's CPU weight hash (first 8 bytes of sha256) of every tensor of the trainer."""
-    return {n: hashlib.sha256(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16] for n, t in policy.state_dict().items()}
+    return {n: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16] for n, t in policy.state_dict().items()}
 
 
 @pytest.fixture
@@ -262,6 +262,22 @@ def test_the_probe_reads_the_servers_prompt_logprobs_like_the_trainers(server, p
     assert served.shape == expected.shape == (len(ids) - 1,) and version == "default"
     torch.testing.assert_close(served, expected, atol=1e-5, rtol=0)
     assert policy.training  # put back as it was
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl needs one GPU per rank: the trainer's and the server's")
+def test_nccl_push_from_a_policy_on_the_gpu_to_a_server_on_another_gpu(tiny_model_path, policy, make_rollout):
+    """The path a GPU cluster takes (backend chosen from the policy's device); CPU CI runs the same code over gloo."""
+    server = ServerProcess(tiny_model_path, device="cuda:1")
+    try:
+        rollout = make_rollout(base_url=server.url, weight_sync="distributed", bucket_mb=0.01, verify_every=1, verify_tolerance=1e-3)
+        policy.to("cuda:0")
+        _perturb(policy)
+        rollout.sync_weights(policy)  # nccl: the policy is on a GPU; verified against the server's probe
+        assert server.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy)
+        assert torch.distributed.get_backend(rollout._group.group) == "nccl"
+    finally:
+        server.stop()
 
 
 def test_distributed_options_are_checked():
