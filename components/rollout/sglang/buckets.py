@@ -32,8 +32,7 @@ class Weight:
 
 def plan_buckets(policy: nn.Module, bucket_bytes: int) -> list[list[Weight]]:
     """Every weight once (tied ones under their first name, as ``save_pretrained``), in ``state_dict`` order, cut into
-    buckets of at most ``bucket_bytes`` (a larger tensor is a bucket of its own). Within a bucket, wider dtypes come
-    first: SGLang's flattened bucket needs each tensor's byte offset to be a multiple of its element size."""
+    buckets of at most ``bucket_bytes`` (a larger tensor is a bucket of its own)."""
     state = policy.state_dict(keep_vars=True)
     if any(hasattr(t, "ds_id") for t in state.values()):
         raise ValueError(
@@ -61,7 +60,7 @@ def plan_buckets(policy: nn.Module, bucket_bytes: int) -> list[list[Weight]]:
             size = 0
         buckets[-1].append(weight)
         size += weight.nbytes
-    return [sorted(bucket, key=lambda w: -w.dtype.itemsize) for bucket in buckets if bucket]
+    return [bucket for bucket in buckets if bucket]
 
 
 def _full(tensor: Tensor) -> Tensor:
@@ -80,12 +79,6 @@ def gather(state: dict[str, Tensor], bucket: list[Weight]) -> list[Tensor]:
             full = merged_weight(full, _full(state[a_key]).detach(), _full(state[b_key]).detach(), scaling, fan_in_fan_out)
         tensors.append(full)
     return tensors
-
-
-def flatten(tensors: list[Tensor]) -> Tensor:
-    """One uint8 buffer holding the tensors' bytes back to back (SGLang's ``FlattenedTensorBucket`` layout)."""
-    parts = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def metadata(bucket: list[Weight]) -> dict:

@@ -8,9 +8,10 @@ group_name, backend}`` joins the server's tensor-parallel ranks as ``rank_offset
 name). The trainer is rank 0, the broadcast source, and hosts that rendezvous store, so every server must reach
 master_address. Server i gets rank_offset = 1 + the tp_size of the servers before it; world size = 1 + the sum of
 the tp sizes. ``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, load_format,
-flush_cache, weight_version}`` allocates the bucket and receives it *inside* the request (with ``load_format:
-flattened_bucket``, one uint8 broadcast per bucket, split back by the metadata), then loads it into the model; it
-must run between ``/begin_weight_update`` and ``/end_weight_update``. ``POST /destroy_weights_update_group
+flush_cache, weight_version}`` allocates the bucket's tensors and receives them *inside* the request (one
+broadcast per tensor, in the order named; ``load_format: flattened_bucket`` would take one uint8 broadcast per
+bucket instead, which costs the trainer a copy of every bucket), then loads them into the model; it must run
+between ``/begin_weight_update`` and ``/end_weight_update``. ``POST /destroy_weights_update_group
 {group_name}`` leaves the group.
 
 Order of a push: request k must be in flight before broadcast k starts (the server receives inside it), and
@@ -31,7 +32,7 @@ from urllib.parse import urlsplit
 import torch.distributed as dist
 from torch import Tensor
 
-from .buckets import Weight, flatten, metadata
+from .buckets import Weight, metadata
 from .client import SGLangClient, SGLangError
 from .server import free_port
 from .weights import succeeded
@@ -111,33 +112,35 @@ class WeightGroup:
         """Send every bucket (``tensors`` yields each bucket's full tensors, in order); the last carries ``version``.
         On a failure the rest of ``tensors`` is still drained (under FSDP2 the gathers are collectives the other ranks
         take part in) and `SGLangError` names the server."""
-        previous: tuple | None = None  # (broadcast handle, requests, buffer) of the bucket on the wire
+        previous: tuple | None = None  # (broadcast handles, requests, tensors) of the bucket on the wire
         try:
             for k, bucket in enumerate(buckets):
-                flat = flatten(next(tensors))
+                sending = [t.contiguous() for t in next(tensors)]  # parameters as they are: no copy of plain tensors
                 if previous is not None:
                     self._completed(previous[0], previous[1], k - 1, len(buckets))
                 last = k == len(buckets) - 1
-                body = {**metadata(bucket), "group_name": self.name, "load_format": "flattened_bucket", "flush_cache": flush_cache and last,
+                body = {**metadata(bucket), "group_name": self.name, "load_format": None, "flush_cache": flush_cache and last,
                         "abort_all_requests": False, "weight_version": version if last else None}  # fmt: skip
                 requests = [in_background(self.client.request, url, "/update_weights_from_distributed", body, check=succeeded(url), retries=0) for url in self.urls]
                 if previous is not None:
                     self._answered(previous[1])
-                previous = (dist.broadcast(flat, src=0, group=self.group, async_op=True), requests, flat)
+                previous = ([dist.broadcast(t, src=0, group=self.group, async_op=True) for t in sending], requests, sending)
             self._completed(previous[0], previous[1], len(buckets) - 1, len(buckets))
             self._answered(previous[1])
         except BaseException:
             drain(tensors)
             raise
 
-    def _completed(self, handle, requests: list[Future], k: int, n: int) -> None:
-        """Wait for broadcast k; a server that refused its request never joins it, so its answer ends the wait."""
-        while not handle.is_completed():
+    def _completed(self, handles: list, requests: list[Future], k: int, n: int) -> None:
+        """Wait for the broadcasts of bucket k; a server that refused its request never joins them, so its answer
+        ends the wait."""
+        while not all(h.is_completed() for h in handles):
             wait(requests, timeout=0.005, return_when=FIRST_EXCEPTION)
             if any(f.done() and f.exception() is not None for f in requests):
                 self._answered(requests)
         try:
-            handle.wait()
+            for handle in handles:
+                handle.wait()
         except Exception as err:  # a peer died: its request names it
             wait(requests, timeout=5.0)
             dead = [url for url, f in zip(self.urls, requests) if f.done() and f.exception() is not None] or self.urls
