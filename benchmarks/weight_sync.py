@@ -17,8 +17,8 @@ Each measurement is a fresh trainer process (`SGLangRollout.sync_weights` as the
 (for ``distributed`` it also builds the group) is reported apart from the steady pushes that follow it, whose mean
 is the table's figure. Peak memory: the trainer's resident-set high-water mark during the steady pushes minus its
 size before them. Every measurement is checked: the loopback servers' weight checksums equal the trainer's, and
-every server passes the verification probe, whose cost (the trainer's probe forward, then one probe request per
-server) is what ``verify_every: 1`` adds to a push. Not part of the test suite.
+every server passes the verification probe, whose cost (each server's probe continuation, then the trainer's
+forward) is what ``verify_every: 1`` adds to a push. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from components.rollout import SGLangRollout
     from components.rollout.sglang.client import SGLangClient
-    from components.rollout.sglang.verify import check, server_logprobs, trainer_logprobs
+    from components.rollout.sglang.verify import check, probe_prompt, server_continuation, trainer_scores
     from lightning_rl.models import load_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -89,14 +89,15 @@ def worker(args: argparse.Namespace) -> None:
     if not args.running:  # the loopback hashes its tensors as the trainer holds them (SGLang's are fused, sharded)
         expected = {n: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16] for n, t in policy.state_dict().items()}
         result["exact"] = all(client.request(url, "/weights_checker", method="GET")["ranks"][0]["checksums"] == expected for url in urls)
-    # what verify_every: 1 adds to a push (and the check for running servers): the trainer's probe forward, then each server's
-    probe = list(range(1, 33))
+    # what verify_every: 1 adds to a push (and the check for running servers): each server continues the probe, the
+    # trainer scores the continuations in one forward
+    prompt = probe_prompt(CONFIG["vocab_size"])
     start = time.perf_counter()
-    trainer = trainer_logprobs(policy, probe)
-    result["verify_trainer_s"] = time.perf_counter() - start
-    for url in urls:
-        served, version = server_logprobs(client, url, probe, None)
-        check(url, served, trainer, version, str(rollout.weight_version), args.verify_tolerance)
+    probes = [server_continuation(client, url, prompt, None) for url in urls]
+    result["verify_servers_s"] = time.perf_counter() - start
+    expected = trainer_scores(policy, prompt, [ids for ids, _, _ in probes])
+    for url, (_, served, version), mine in zip(urls, probes, expected):
+        check(url, served, mine, version, str(rollout.weight_version), args.verify_tolerance)
     result["verify_s"] = time.perf_counter() - start
     result["exact"] = result.get("exact", True)
     rollout.close()
@@ -185,7 +186,7 @@ def main() -> None:
             print(f"\n{n} server(s): disk / {variant} = {statistics.mean(timed['disk']) / statistics.mean(timed[variant]):.2f}x")
         runs = [run for (v, m), rs in results.items() if m == n for run in rs]
         print(f"{n} server(s): verification {statistics.mean(r['verify_s'] for r in runs):.2f} s per push "
-              f"(the trainer's probe forward {statistics.mean(r['verify_trainer_s'] for r in runs):.2f} s, then one probe request per server)")
+              f"(the servers' probe continuations {statistics.mean(r['verify_servers_s'] for r in runs):.2f} s, then the trainer's forward)")
 
 
 if __name__ == "__main__":

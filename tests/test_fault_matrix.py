@@ -246,9 +246,9 @@ def test_stale_server_weights(tiny_model_path, tokenizer):
     server = FakeSGLangServer(tiny_model_path).start()
     server.keep_stale = {"model.layers.1.mlp.up_proj.weight"}
     policy = load_causal_lm(ModelSpec(path=tiny_model_path))
-    with torch.no_grad():  # an update of that tensor large enough to move the log-probs past the tolerance
-        policy.model.layers[1].mlp.up_proj.weight.add_(torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0)))
-    rollout = SGLangRollout(base_url=server.url, verify_every=1, backoff=0.01)
+    with torch.no_grad():  # an update of that tensor the server misses
+        policy.model.layers[1].mlp.up_proj.weight.add_(0.1 * torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0)))
+    rollout = SGLangRollout(base_url=server.url, verify_every=1, verify_tolerance=1e-3, backoff=0.01)  # fp32 on both sides
     try:
         rollout.setup(tokenizer)
         with pytest.raises(SGLangError, match=f"{server.url} does not hold the weights just pushed"):

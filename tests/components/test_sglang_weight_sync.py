@@ -132,7 +132,7 @@ def test_verification_catches_a_server_that_kept_one_tensor_over_the_group(pair,
     stale = pair[0]
     stale.get("/loopback_fault", {"keep_stale": ["model.layers.1.mlp.down_proj.weight"]})
     try:
-        rollout = make_rollout(base_url=stale.url, weight_sync="distributed", verify_every=1)
+        rollout = make_rollout(base_url=stale.url, weight_sync="distributed", verify_every=1, verify_tolerance=1e-3)  # fp32 on both sides
         _perturb(policy)
         with pytest.raises(SGLangError, match=rf"{stale.url} does not hold the weights just pushed \(version 1\)"):
             rollout.sync_weights(policy)
@@ -220,10 +220,10 @@ def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model
     good, bad = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     bad.keep_stale = {"model.layers.0.self_attn.o_proj.weight"}
     try:
-        rollout = make_rollout(base_url=[good.url, bad.url], verify_every=1, group_size=2, max_new_tokens=4)
+        rollout = make_rollout(base_url=[good.url, bad.url], verify_every=1, verify_tolerance=1e-3, group_size=2, max_new_tokens=4)  # fp32
         rollout.sync_weights(policy)  # the launch weights: the stale tensor is right by chance
         _perturb(policy)
-        with pytest.raises(SGLangError, match=rf"{bad.url} does not hold the weights just pushed \(version 2\).*verify_tolerance=0.05"):
+        with pytest.raises(SGLangError, match=rf"{bad.url} does not hold the weights just pushed \(version 2\).*verify_tolerance=0.001"):
             rollout.sync_weights(policy)
         bad.keep_stale = set()  # repaired: the next rollout pushes again before it samples
         batch = rollout.generate(*prompts, policy)
@@ -233,9 +233,26 @@ def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model
         bad.stop()
 
 
+def test_a_staged_push_is_verified_against_the_weights_it_staged(server, policy, make_rollout):
+    """Asynchronous training with disk sync: the push runs on another thread while the trainer has moved on."""
+    rollout = make_rollout(base_url=server.url, verify_every=1, verify_tolerance=1e-3)
+    rollout.prepare(policy, max_staleness=1)  # version 1, verified on the trainer's thread
+    _perturb(policy)
+    push = rollout.stage_weights(policy)
+    _perturb(policy, seed=1)  # the next update happens before the push runs
+    push()  # checked against the staged weights: passes
+    assert server.weight_version == "2"
+    server.keep_stale = {"model.layers.0.self_attn.o_proj.weight"}
+    _perturb(policy, seed=2)
+    push = rollout.stage_weights(policy)
+    with pytest.raises(SGLangError, match=rf"{server.url} does not hold the weights just pushed \(version 3\)"):
+        push()
+    assert rollout._push_failed
+
+
 def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
     def probes() -> int:
-        return sum(1 for c in server.generate_calls if c["sampling_params"].get("max_new_tokens") == 0)
+        return sum(1 for c in server.generate_calls if c["sampling_params"].get("ignore_eos"))
 
     rollout = make_rollout(base_url=server.url, verify_every=2)
     for _ in range(4):
@@ -245,16 +262,20 @@ def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
     assert probes() == 2
 
 
-def test_the_probe_reads_the_servers_prompt_logprobs_like_the_trainers(server, policy, tokenizer):
+def test_the_probe_scores_the_same_tokens_on_the_server_and_on_the_trainer(server, policy, tokenizer):
     from components.rollout.sglang.client import SGLangClient
-    from components.rollout.sglang.verify import probe_ids, server_logprobs, trainer_logprobs
+    from components.rollout.sglang.verify import PROBE_TOKENS, probe_prompt, server_continuation, server_scores, trainer_continuation, trainer_scores
 
-    ids = probe_ids(len(tokenizer))
-    served, version = server_logprobs(SGLangClient(30.0, 0, 0.0), server.url, ids, None)
-    expected = trainer_logprobs(policy.train(), ids)
-    assert served.shape == expected.shape == (len(ids) - 1,) and version == "default"
-    torch.testing.assert_close(served, expected, atol=1e-5, rtol=0)
+    client, prompt = SGLangClient(30.0, 0, 0.0), probe_prompt(len(tokenizer))
+    ids, served, version = server_continuation(client, server.url, prompt, None)  # the server writes, the trainer scores
+    expected = trainer_scores(policy.train(), prompt, [ids])
+    assert len(ids) == PROBE_TOKENS and expected.shape == (1, PROBE_TOKENS) and version == "default"
+    torch.testing.assert_close(served, expected[0], atol=1e-5, rtol=0)
     assert policy.training  # put back as it was
+    ids, mine = trainer_continuation(policy, prompt)  # the trainer writes, the server scores (a staged push)
+    served, _ = server_scores(client, server.url, prompt, ids, None)
+    torch.testing.assert_close(served, mine, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trainer_scores(policy, prompt, [ids])[0], mine, atol=1e-5, rtol=0)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from .client import SGLangClient
 from .server import LaunchedServer
-from .verify import probe_ids
+from .verify import probe_prompt
 from .weights import rank
 
 
@@ -22,7 +22,7 @@ class ServerConnection:
     def setup(self, tokenizer) -> None:
         """Read eos/pad, start the server if asked to, and check every server answers ``/health_generate``."""
         super().setup(tokenizer)
-        self._probe = probe_ids(len(tokenizer))
+        self._probe = probe_prompt(len(tokenizer))
         if self.client is None:
             self._connect()
 

@@ -24,7 +24,7 @@ from lightning_rl.lora import is_lora
 from .adapters import adapter_payload, push_adapter, unload_adapter
 from .client import SGLangError
 from .broadcast import DistributedPush
-from .verify import check, server_logprobs, trainer_logprobs
+from .verify import check, server_continuation, server_scores, trainer_continuation, trainer_scores
 from .weights import flush_caches, push_from_disk, push_tensors, rank, save_checkpoint
 
 
@@ -97,7 +97,7 @@ class WeightSync(DistributedPush):
         self._settle(agree(failure))
         self.weight_version, self._needs_sync, self._push_failed = int(version), False, False
         if verify:  # before the servers release their memory: the probe runs on them
-            self._settle(self._verify(trainer_logprobs(policy, self._probe), None if adapter else version, urls))
+            self._settle(self._verify(policy, None if adapter else version, urls))
         self._release_memory()
         if _several_ranks():
             dist.barrier()  # no rank samples before every server holds the new weights
@@ -112,7 +112,7 @@ class WeightSync(DistributedPush):
         self._staged = max(self._staged, self.weight_version) + 1
         version, directory = self._staged, self._checkpoint_dir(str(self._staged))
         save_checkpoint(policy, str(directory))
-        expected = trainer_logprobs(policy, self._probe) if self._verify_due() else None  # these weights, not the trainer's later ones
+        expected = trainer_continuation(policy, self._probe) if self._verify_due() else None  # these weights, not the trainer's later ones
 
         def push() -> None:
             try:
@@ -123,7 +123,7 @@ class WeightSync(DistributedPush):
             shutil.rmtree(directory.parent / f"v{version - 1}", ignore_errors=True)
             self.weight_version, self._push_failed = version, False
             if expected is not None:
-                self._settle(self._verify(expected, str(version), urls))
+                self._settle(self._verify_scores(*expected, str(version), urls))
 
         return push
 
@@ -164,17 +164,35 @@ class WeightSync(DistributedPush):
         self._pushes += 1
         return self.verify_every > 0 and self._pushes % self.verify_every == 0
 
-    def _verify(self, expected, version: str | None, urls: list[str]) -> BaseException | None:
-        """Every server's probe log-probs against ``expected`` (the trainer's); the failure, or None."""
-        failure = None
+    def _verify(self, policy: nn.Module, version: str | None, urls: list[str]) -> BaseException | None:
+        """Each server continues the probe; the trainer scores every continuation (on every rank); the failure, or None."""
+        probes: list = [None]
         if rank() == 0:
             try:
-                for url in urls:
-                    served, served_version = server_logprobs(self.client, url, self._probe, self.adapter_name)
-                    check(url, served, expected, served_version, version, self.verify_tolerance)
+                probes = [[server_continuation(self.client, url, self._probe, self.adapter_name) for url in urls]]
             except SGLangError as err:
-                failure = err
-        return agree(failure)
+                probes = [err]
+        if _several_ranks():
+            dist.broadcast_object_list(probes, src=0)  # the continuations every rank scores
+        if isinstance(probes[0], BaseException):
+            return probes[0] if rank() == 0 else SGLangError(str(probes[0]))
+        expected = trainer_scores(policy, self._probe, [ids for ids, _, _ in probes[0]])  # (S, R)
+        try:
+            for url, (_, served, served_version), mine in zip(urls, probes[0], expected):
+                check(url, served, mine, served_version, version, self.verify_tolerance)
+        except SGLangError as err:
+            return err
+        return None
+
+    def _verify_scores(self, continuation: list[int], expected, version: str, urls: list[str]) -> BaseException | None:
+        """A staged push (one process): every server scores the trainer's continuation, written when it was staged."""
+        try:
+            for url in urls:
+                served, served_version = server_scores(self.client, url, self._probe, continuation, self.adapter_name)
+                check(url, served, expected, served_version, version, self.verify_tolerance)
+        except SGLangError as err:
+            return err
+        return None
 
     def _checkpoint_dir(self, version: str) -> Path:
         if self.weight_dir is None and self._own_dir is None:
