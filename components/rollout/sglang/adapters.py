@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from lightning_rl.lora import adapter_config, adapter_file_tensors, adapter_state
 
 from .client import SGLangClient, SGLangError
+from .weights import tp_size
 
 
 def adapter_payload(policy: nn.Module) -> tuple[dict, dict[str, Tensor]]:
@@ -53,8 +54,7 @@ def push_adapter(client: SGLangClient, urls: list[str], name: str, config: dict,
     serialized = base64.b64encode(pickle.dumps(tensors)).decode()
     checksums = {key: sha256(t) for key, t in tensors.items()}
     for url in urls:
-        tp_size = int((client.request(url, "/server_info", method="GET") or {}).get("tp_size", 1))
-        body = {"lora_name": name, "config_dict": config, "serialized_named_tensors": [serialized] * tp_size, "expected_checksums": checksums}
+        body = {"lora_name": name, "config_dict": config, "serialized_named_tensors": [serialized] * tp_size(client, url), "expected_checksums": checksums}
         try:
             client.request(url, "/load_lora_adapter_from_tensors", body, check=_refused(url, name))
         except SGLangError as err:

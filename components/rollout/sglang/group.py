@@ -35,7 +35,7 @@ from torch import Tensor
 from .buckets import Weight, metadata
 from .client import SGLangClient, SGLangError
 from .server import free_port
-from .weights import succeeded
+from .weights import succeeded, tp_size
 
 
 def address_towards(url: str) -> str:
@@ -80,7 +80,7 @@ class WeightGroup:
     def __init__(self, client: SGLangClient, urls: list[str], backend: str, master_address: str | None, master_port: int | None, name: str):
         self.client, self.urls, self.name = client, urls, name
         self.group = None
-        tp = [int((client.request(url, "/server_info", method="GET") or {}).get("tp_size", 1)) for url in urls]
+        tp = [tp_size(client, url) for url in urls]
         offsets = [1 + sum(tp[:i]) for i in range(len(urls))]
         world_size = 1 + sum(tp)
         address = master_address or address_towards(urls[0])
@@ -98,10 +98,10 @@ class WeightGroup:
         wait([mine, *joins], return_when=FIRST_EXCEPTION)
         failed = [(url, f.exception()) for url, f in zip(urls, joins) if f.done() and f.exception() is not None]
         if failed or (mine.done() and mine.exception() is not None):
-            url, err = failed[0] if failed else ("(trainer side)", mine.exception())
+            who, err = (f"SGLang server at {failed[0][0]}", failed[0][1]) if failed else ("The trainer", mine.exception())
             self._leave([u for u, f in zip(urls, joins) if f.done() and f.exception() is None])  # those that joined
             raise SGLangError(
-                f"SGLang server at {url} could not join the weight update group at {address}:{port} (backend {backend}): {err}. "
+                f"{who} could not join the weight update group at {address}:{port} (backend {backend}): {err}. "
                 "Every server must reach this address and port: set model.rollout.init_args.master_address / master_port"
             )
         for f in joins:

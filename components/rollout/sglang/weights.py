@@ -112,15 +112,19 @@ def push_from_disk(client: SGLangClient, urls: list[str], directory: str, versio
 
 def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False) -> None:
     """One ``/begin_weight_update`` ... ``/end_weight_update`` session of ``/update_weights_from_tensor`` requests."""
-    info = client.request(url, "/get_server_info", method="GET")
-    tp_size = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1  # server_args.tp_size
     client.request(url, "/begin_weight_update", {}, check=succeeded(url))
     try:
-        for i, body in enumerate(tensor_payloads(policy, bucket_bytes, tp_size, version)):
+        for i, body in enumerate(tensor_payloads(policy, bucket_bytes, tp_size(client, url), version)):
             body["abort_all_requests"] = abort and i == 0
             client.request(url, "/update_weights_from_tensor", body, check=succeeded(url))
     finally:
         client.request(url, "/end_weight_update", {}, check=succeeded(url))
+
+
+def tp_size(client: SGLangClient, url: str) -> int:
+    """The server's tensor-parallel size (``server_args.tp_size`` in ``/server_info``)."""
+    info = client.request(url, "/server_info", method="GET")
+    return int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
 
 
 def flush_caches(client: SGLangClient, urls: list[str]) -> None:
