@@ -14,10 +14,12 @@ bucket instead, which costs the trainer a copy of every bucket), then loads them
 between ``/begin_weight_update`` and ``/end_weight_update``. ``POST /destroy_weights_update_group
 {group_name}`` leaves the group.
 
-Order of a push: request k must be in flight before broadcast k starts (the server receives inside it), and
-request k + 1 is sent only once broadcast k has completed (the receiver is then inside handler k, so the requests
-reach its scheduler in bucket order). Meanwhile bucket k + 1 is gathered while bucket k is on the wire, and request
-k + 1 travels while the server loads bucket k. The new ``weight_version`` rides on the last bucket.
+Order of a push: the server receives inside the request, so request k must be in flight before its data can flow,
+and requests must reach the server's scheduler in bucket order. Request k + 1 is therefore sent as soon as the
+first tensor of bucket k has arrived (every server is then inside handler k), while the rest of bucket k is on the
+wire, and its broadcasts are queued at once (they flow when the server enters handler k + 1). Bucket k + 1 is
+gathered while bucket k is on the wire, so at most two buckets of full tensors exist at a time. The new
+``weight_version`` rides on the last bucket.
 """
 
 from __future__ import annotations
@@ -112,35 +114,39 @@ class WeightGroup:
         """Send every bucket (``tensors`` yields each bucket's full tensors, in order); the last carries ``version``.
         On a failure the rest of ``tensors`` is still drained (under FSDP2 the gathers are collectives the other ranks
         take part in) and `SGLangError` names the server."""
-        previous: tuple | None = None  # (broadcast handles, requests, tensors) of the bucket on the wire
+        n = len(buckets)
+        previous: tuple | None = None  # (broadcast handles, requests, tensors) of bucket k - 1, on the wire
         try:
             for k, bucket in enumerate(buckets):
-                sending = [t.contiguous() for t in next(tensors)]  # parameters as they are: no copy of plain tensors
-                if previous is not None:
-                    self._completed(previous[0], previous[1], k - 1, len(buckets))
-                last = k == len(buckets) - 1
+                sending = [t.contiguous() for t in next(tensors)]  # gathered while bucket k - 1 is on the wire; plain tensors: no copy
+                if previous is not None:  # one tensor of bucket k - 1 arrived: every server is inside handler k - 1
+                    self._wait(previous[0], previous[1], k - 1, n, every=False)
+                last = k == n - 1
                 body = {**metadata(bucket), "group_name": self.name, "load_format": None, "flush_cache": flush_cache and last,
                         "abort_all_requests": False, "weight_version": version if last else None}  # fmt: skip
                 requests = [in_background(self.client.request, url, "/update_weights_from_distributed", body, check=succeeded(url), retries=0) for url in self.urls]
+                handles = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in sending]  # flow once handler k starts
                 if previous is not None:
+                    self._wait(previous[0], previous[1], k - 1, n, every=True)
                     self._answered(previous[1])
-                previous = ([dist.broadcast(t, src=0, group=self.group, async_op=True) for t in sending], requests, sending)
-            self._completed(previous[0], previous[1], len(buckets) - 1, len(buckets))
+                previous = (handles, requests, sending)
+            self._wait(previous[0], previous[1], n - 1, n, every=True)
             self._answered(previous[1])
         except BaseException:
             drain(tensors)
             raise
 
-    def _completed(self, handles: list, requests: list[Future], k: int, n: int) -> None:
-        """Wait for the broadcasts of bucket k; a server that refused its request never joins them, so its answer
-        ends the wait."""
-        while not all(h.is_completed() for h in handles):
+    def _wait(self, handles: list, requests: list[Future], k: int, n: int, every: bool) -> None:
+        """Until every broadcast of bucket k (or, ``every=False``, one of them) has completed; a server that refused
+        its request never joins them, so its answer ends the wait."""
+        while not (all if every else any)(h.is_completed() for h in handles):
             wait(requests, timeout=0.005, return_when=FIRST_EXCEPTION)
             if any(f.done() and f.exception() is not None for f in requests):
                 self._answered(requests)
         try:
             for handle in handles:
-                handle.wait()
+                if handle.is_completed():
+                    handle.wait()  # raises if it failed
         except Exception as err:  # a peer died: its request names it
             wait(requests, timeout=5.0)
             dead = [url for url, f in zip(self.urls, requests) if f.done() and f.exception() is not None] or self.urls

@@ -94,8 +94,8 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
             weight_dir: directory the servers can read, for ``disk`` (None = a temporary one, same host only).
             weight_update_urls: servers that receive weight updates (None = ``base_url``); list the
                 workers here when ``base_url`` is a router.
-            bucket_mb: size of one weight-update request (``tensor``, ``distributed``); a ``distributed`` push
-                holds about three buckets of full tensors at a time on rank 0.
+            bucket_mb: size of one weight-update request (``tensor``, ``distributed``); with FSDP2 a ``distributed``
+                push holds at most two buckets of full (gathered) tensors at a time.
             master_address: for ``distributed``, this host's address as the servers reach it (rank 0 hosts the
                 group's rendezvous; None = the address on the route to the first server).
             master_port: for ``distributed``, the rendezvous port on ``master_address`` (None = a free one).
