@@ -52,6 +52,30 @@ def test_buckets_are_bounded_and_cover_every_weight_once(policy):
     assert all(sum(w.nbytes for w in b) <= 4096 or len(b) == 1 for b in buckets) and len(buckets) > 3
 
 
+def test_servers_with_tensor_parallelism_take_consecutive_ranks_after_the_trainer():
+    from components.rollout.sglang.group import rank_layout
+
+    assert rank_layout([1]) == ([1], 2)
+    assert rank_layout([2, 4, 1]) == ([1, 3, 7], 8)  # trainer 0; server 0: 1-2; server 1: 3-6; server 2: 7
+
+
+def test_a_lora_policy_is_sent_merged_bucket_by_bucket_as_merged_state_dict(tiny_model_path):
+    from components.rollout.sglang.buckets import gather
+    from lightning_rl.lora import LoraSpec, merged_state_dict
+
+    lora = load_causal_lm(ModelSpec(path=tiny_model_path, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "down_proj"])))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.3 * torch.randn_like(p))  # B != 0: the merge changes the weights
+    state = lora.state_dict(keep_vars=True)
+    sent = {w.name: t for bucket in plan_buckets(lora, 8192) for w, t in zip(bucket, gather(state, bucket))}
+    expected = {k: v for k, v in merged_state_dict(lora).items() if k != "lm_head.weight"}
+    assert sent.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(sent[name], tensor, rtol=0, atol=0, msg=name)
+
+
 def test_the_sampling_gate_holds_new_requests_during_a_push_and_fails_them_after_a_failed_one():
     import threading
     import time

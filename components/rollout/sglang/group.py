@@ -48,6 +48,12 @@ def address_towards(url: str) -> str:
         return sock.getsockname()[0]
 
 
+def rank_layout(tp_sizes: list[int]) -> tuple[list[int], int]:
+    """Each server's rank offset and the group's world size: the trainer is rank 0, then each server's tensor-parallel
+    ranks in turn (server i's rank_offset = 1 + the tp sizes of the servers before it)."""
+    return [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))], 1 + sum(tp_sizes)
+
+
 def in_background(fn: Callable[..., Any], *args, **kwargs) -> Future:
     """``fn(*args, **kwargs)`` on a daemon thread: a rendezvous or a request left waiting by a failed push must not
     hold the process at exit (a pool's threads are joined there)."""
@@ -82,9 +88,7 @@ class WeightGroup:
     def __init__(self, client: SGLangClient, urls: list[str], backend: str, master_address: str | None, master_port: int | None, name: str):
         self.client, self.urls, self.name = client, urls, name
         self.group = None
-        tp = [tp_size(client, url) for url in urls]
-        offsets = [1 + sum(tp[:i]) for i in range(len(urls))]
-        world_size = 1 + sum(tp)
+        offsets, world_size = rank_layout([tp_size(client, url) for url in urls])
         address = master_address or address_towards(urls[0])
         port = master_port or free_port(address)
         timeout = timedelta(seconds=client.timeout_s)
