@@ -7,6 +7,7 @@
 #
 #   SGLANG_PYTHON=/opt/sglang-env/bin/python MODEL=Qwen/Qwen2.5-0.5B-Instruct bash benchmarks/sglang_smoke.sh
 #   WEIGHT_SYNC=tensor bash benchmarks/sglang_smoke.sh   # CUDA IPC instead of a checkpoint on disk (same GPU)
+#   WEIGHT_SYNC=distributed SERVER_GPU=1 bash benchmarks/sglang_smoke.sh   # an NCCL group: the server on a GPU of its own
 #   MODE=launch bash benchmarks/sglang_smoke.sh          # let SGLangRollout start and stop the server itself
 #
 # Settings (environment): MODEL (hub id or local save_pretrained dir; default Qwen/Qwen2.5-0.5B-Instruct),
@@ -36,7 +37,8 @@ trap cleanup EXIT
 if [[ "$MODE" == connect ]]; then
   echo "starting SGLang: $SGLANG_PYTHON -m sglang.launch_server --model-path $MODEL --port $PORT"
   # setsid: the server and its scheduler/detokenizer processes form one group, stopped together on exit
-  setsid "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  # SERVER_GPU: NCCL (weight_sync: distributed) refuses two ranks on one GPU, so the server gets its own
+  env ${SERVER_GPU:+CUDA_VISIBLE_DEVICES=$SERVER_GPU} setsid "$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL" --host 127.0.0.1 --port "$PORT" \
     --mem-fraction-static "$MEM_FRACTION" --skip-tokenizer-init ${SERVER_ARGS:-} >"$RUN_DIR/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 600); do  # /health_generate answers once the server can generate one token

@@ -34,6 +34,9 @@
 | Ctrl-C / SIGTERM, async agent run hung in a tool         | the process ends, last.ckpt at the last completed iteration         | test_hung_tool / lightning_rl/test_fault.py (subprocess: agent_calc + loop/async)         |
 | tool that prints 100 MB                                  | nothing reaches the trainer's log                                   | test_tool_flood / components/test_function_tool.py                                        |
 | tool result with a lone surrogate; Step with bad counts  | error observation; one error naming the environment                 | test_bad_tool_text / components/test_env_tools.py, components/test_multi_turn.py          |
+| weight_sync: tensor without CUDA (CPU policy, server in another process) | error at construction naming weight_sync: disk      | test_tensor_sync_without_cuda / components/test_sglang_rollout.py                         |
+| SGLang server killed in the middle of a distributed weight push | SGLangError naming its URL; no request sampled until a whole push succeeds | test_sglang_failed_push / components/test_sglang_weight_sync.py (servers in processes) |
+| SGLang server that silently keeps an old tensor          | the push's verification fails the iteration naming the server       | test_stale_server_weights / components/test_sglang_weight_sync.py                         |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -274,3 +277,41 @@ def test_bad_tool_text():
     assert step.observation == "<result>error: the tool's result is not valid text (surrogates not allowed at character 3)</result>"
     with pytest.raises(TypeError, match=r"ToolEnvironment.step returned tool_calls=-5, tool_errors=7"):
         checked_step(env, Step("x", None, False, -5, 7))
+
+
+def test_tensor_sync_without_cuda(monkeypatch):
+    from components.rollout import SGLangRollout
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="weight_sync: disk"):
+        SGLangRollout(base_url="http://127.0.0.1:9", weight_sync="tensor")
+
+
+def test_sglang_failed_push():
+    from components.rollout.sglang.client import SamplingGate
+
+    gate = SamplingGate()
+    gate.close()
+    gate.open(failure="SGLang server at http://gen:30000: the weight broadcast of bucket 3/9 failed")
+    with pytest.raises(SGLangError, match="http://gen:30000"), gate.sampling():
+        pass
+
+
+def test_stale_server_weights(tiny_model_path, tokenizer):
+    from components.rollout import SGLangRollout
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    server.keep_stale = {"model.layers.1.mlp.up_proj.weight"}
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    with torch.no_grad():  # an update of that tensor the server misses
+        policy.model.layers[1].mlp.up_proj.weight.add_(0.1 * torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0)))
+    rollout = SGLangRollout(base_url=server.url, verify_every=1, verify_tolerance=1e-3, backoff=0.01)  # fp32 on both sides
+    try:
+        rollout.setup(tokenizer)
+        with pytest.raises(SGLangError, match=f"{server.url} does not hold the weights just pushed"):
+            rollout.sync_weights(policy)
+    finally:
+        rollout.close()
+        server.stop()

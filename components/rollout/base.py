@@ -39,8 +39,9 @@ class Rollout(ABC):
         ``params`` (None = ``self.params``): ``greedy`` gives one temperature-0 response per prompt (validation).
         """
 
-    def prepare(self, policy: nn.Module) -> None:
-        """Called on the trainer's thread before the first rollout of an asynchronous run (e.g. a first weight push)."""
+    def prepare(self, policy: nn.Module, max_staleness: int = 1) -> None:
+        """Called on the trainer's thread before the first rollout of an asynchronous run (e.g. a first weight push);
+        ``max_staleness``: how many versions older than the trainer's a sample may be (``loop.max_staleness``)."""
 
     def sync_weights(self, policy: nn.Module) -> None:
         """Make the sampler use ``policy``'s current weights (called after every optimize phase). An in-process

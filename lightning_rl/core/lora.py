@@ -139,8 +139,37 @@ def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | N
     if task_type is not None:
         config.task_type = task_type
     config.save_pretrained(directory)
+    save_file(adapter_file_tensors(model, state), directory / "adapter_model.safetensors")
+
+
+def adapter_file_tensors(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The adapter as ``adapter_model.safetensors`` holds it: CPU tensors named from the peft wrapper (``base_model.model.``)."""
     state = adapter_state(model) if state is None else state
-    save_file({_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors")
+    return {_PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}
+
+
+def adapter_config(model: nn.Module) -> dict:
+    """The adapter's ``adapter_config.json`` as a dict (sets as lists, as peft writes them)."""
+    import json
+
+    return json.loads(json.dumps(model.peft_config[ADAPTER].to_dict(), default=sorted))
+
+
+def lora_layers(model: nn.Module) -> dict[str, tuple[float, bool]]:
+    """{layer name: (scaling alpha / rank, fan_in_fan_out)} of the layers carrying the adapter."""
+    from peft.tuners.lora import LoraLayer
+
+    return {
+        name: (layer.scaling[ADAPTER], layer.fan_in_fan_out)
+        for name, layer in model.named_modules()
+        if isinstance(layer, LoraLayer) and ADAPTER in layer.lora_A
+    }
+
+
+def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float, fan_in_fan_out: bool) -> torch.Tensor:
+    """``W + scaling B A`` in ``W``'s dtype. Shapes: weight (out, in) (transposed when ``fan_in_fan_out``), a (r, in), b (out, r)."""
+    delta = (b.float() @ a.float()) * scaling  # (out, in)
+    return (weight.float() + (delta.T if fan_in_fan_out else delta)).to(weight.dtype)
 
 
 def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -149,16 +178,10 @@ def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     ``state``: ``model``'s state dict already gathered (unsharded) by the caller; default ``model.state_dict()``.
     The model itself is left untouched (its adapters keep training).
     """
-    from peft.tuners.lora import LoraLayer
-
     state = model.state_dict() if state is None else state
     merged = {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
     with torch.no_grad():
-        for name, layer in model.named_modules():
-            if not isinstance(layer, LoraLayer) or ADAPTER not in layer.lora_A:
-                continue
-            a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]  # (r, in), (out, r)
-            delta = (b.float() @ a.float()) * layer.scaling[ADAPTER]  # (out, in)
-            weight = merged[f"{name}.weight"]
-            merged[f"{name}.weight"] = (weight.float() + (delta.T if layer.fan_in_fan_out else delta)).to(weight.dtype)
+        for name, (scaling, fan_in_fan_out) in lora_layers(model).items():
+            a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
+            merged[f"{name}.weight"] = merged_weight(merged[f"{name}.weight"], a, b, scaling, fan_in_fan_out)
     return merged

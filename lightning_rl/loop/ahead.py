@@ -68,7 +68,7 @@ class RolloutAhead:
         if self.rollout.samples_in_process:
             self._sampler = copy.deepcopy(policy).eval().requires_grad_(False)
         else:
-            self.rollout.prepare(policy)
+            self.rollout.prepare(policy, self.depth)
         self.version = self.rollout.weight_version
         self._started = True
 

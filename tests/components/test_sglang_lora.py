@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
-from components.rollout.sglang.client import SGLangError
+from components.rollout.sglang.client import SGLangClient, SGLangError
+from components.rollout.sglang.weights import push_tensors
 from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
@@ -26,20 +27,31 @@ def _step(policy, batch) -> None:
     optimizer.step()
 
 
-def test_adapter_sync_makes_the_server_sample_from_the_updated_adapter(server, lora_policy, prompts, make_rollout, tmp_path, tiny_model_path):
+def test_adapter_sync_from_memory_makes_the_server_sample_from_the_updated_adapter(server, lora_policy, prompts, make_rollout, tmp_path, tiny_model_path):
     rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path))
     batch = rollout.generate(make_prompts(*prompts), lora_policy)  # first sync: adapter v1 (B = 0, the base's distribution)
     _step(lora_policy, batch)
     rollout.sync_weights(lora_policy)
 
-    assert "/update_weights_from_disk" not in server.calls and server.calls.count("/load_lora_adapter") == 2
+    assert "/update_weights_from_disk" not in server.calls and "/load_lora_adapter" not in server.calls
+    assert server.calls.count("/load_lora_adapter_from_tensors") == 2 and not list(tmp_path.iterdir())  # no folder written
     assert list(server.adapters) == ["policy-v2"] and rollout.weight_version == 2  # v1 was unloaded
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v2"] and (tmp_path / "v2" / "adapter_model.safetensors").is_file()
     batch = rollout.generate(make_prompts(*prompts), lora_policy)
     assert server.generate_calls[-1]["lora_path"] == "policy-v2" and set(batch.versions.tolist()) == {2}
     assert _server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
     base = load_causal_lm(ModelSpec(path=tiny_model_path))
     assert _server_logprobs_match(base, batch, 1.0) > 1e-2  # the step moved the policy: the adapter sync mattered
+
+
+def test_the_server_checks_every_adapter_tensor_it_received(server, lora_policy, make_rollout, monkeypatch):
+    """expected_checksums (sha256 of each tensor as sent) let the server refuse an adapter damaged on the way."""
+    from components.rollout.sglang import adapters
+
+    monkeypatch.setattr(adapters, "sha256", lambda tensor: "0" * 64)
+    rollout = make_rollout(base_url=server.url)
+    with pytest.raises(SGLangError, match=r"refused LoRA adapter 'policy-v1'.*MISMATCH"):
+        rollout.sync_weights(lora_policy)
+    assert not server.adapters
 
 
 def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(server, lora_policy, prompts, make_rollout, tmp_path):
@@ -53,9 +65,9 @@ def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(server, lor
 
 
 def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(server, lora_policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=8, weight_sync="tensor", lora_sync="merged")
+    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=8, lora_sync="merged")
     _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
-    rollout.sync_weights(lora_policy)
+    push_tensors(SGLangClient(30.0, 0, 0.0), server.url, lora_policy, "2", bucket_bytes=1 << 20)  # CPU tensors: this in-process server only
     assert _server_logprobs_match(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy), 1.0) < 1e-5
 
 
@@ -66,8 +78,12 @@ def test_a_server_that_refuses_the_adapter_says_which_flags_it_needs(server, lor
         rollout.generate(make_prompts(*prompts), lora_policy)
 
 
-def test_asynchronous_training_refuses_adapter_sync(lora_policy):
-    """An adapter push unloads the adapter that requests in flight sample with: asynchronous runs need merged sync."""
-    rollout = SGLangRollout(base_url="http://127.0.0.1:9", lora_sync="adapter")
-    with pytest.raises(ValueError, match="lora_sync: merged"):
-        rollout.prepare(lora_policy)
+def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(server, lora_policy, prompts, make_rollout):
+    """With max_staleness k, a round may still sample with the adapter of k versions ago: k + 1 stay loaded."""
+    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4)
+    rollout.prepare(lora_policy, max_staleness=2)  # v1
+    for _ in range(3):
+        _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
+        rollout.sync_weights(lora_policy)
+    assert list(server.adapters) == ["policy-v2", "policy-v3", "policy-v4"] and rollout.adapter_name == "policy-v4"
+    rollout.close()

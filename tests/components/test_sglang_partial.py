@@ -33,7 +33,7 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    rollout = SGLangRollout(base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01)
+    rollout = SGLangRollout(base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01, verify_every=0)
     rollout.setup(tokenizer)
     rollout.prepare(old)  # version 1; from now on pushes overlap requests
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)

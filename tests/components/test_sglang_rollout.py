@@ -20,7 +20,8 @@ from components.rollout import SGLangRollout
 from components.rollout.sglang import SGLangError
 from components.rollout.sglang.generation import Sample, to_batch
 from components.rollout.sglang.server import free_port, server_argv
-from components.rollout.sglang.weights import tensor_payloads
+from components.rollout.sglang.client import SGLangClient
+from components.rollout.sglang.weights import push_tensors, tensor_payloads
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
@@ -59,6 +60,7 @@ def make_rollout(tokenizer):
 
     def make(**kwargs):
         kwargs.setdefault("backoff", 0.01)
+        kwargs.setdefault("verify_every", 0)  # the probe's requests are counted by tests of their own (test_sglang_weight_sync.py)
         rollout = SGLangRollout(**kwargs)
         rollout.setup(tokenizer)
         made.append(rollout)
@@ -131,21 +133,23 @@ def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, pol
 
 
 def test_tensor_sync_runs_in_a_weight_update_session(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, weight_sync="tensor", tensor_bucket_mb=0)
+    """The requests of a tensor push. CPU tensors reach this in-process server only (the rollout refuses them for a
+    server in another process: see test_tensor_sync_without_cuda_is_refused_at_construction)."""
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    rollout.sync_weights(policy)
+    push_tensors(SGLangClient(30.0, 0, 0.0), server.url, policy, "1", bucket_bytes=1)
     pushes = [c for c in server.calls if "weight" in c]
-    n_tensors = len(policy.state_dict())
+    n_tensors = len({id(t) for t in policy.state_dict(keep_vars=True).values()})  # tied weights once
     assert pushes == ["/begin_weight_update", *["/update_weights_from_tensor"] * n_tensors, "/end_weight_update"]
     assert server.weight_version == "1" and not server.session_open
+    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, sync_before_first_rollout=False)
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
 
 
 def test_tensor_payloads_cover_every_weight_once_per_tp_rank(policy):
-    state = policy.state_dict()
+    state = {k: v for k, v in policy.state_dict().items() if k != "lm_head.weight"}  # tied to the embedding: sent once, as save_pretrained
     bodies = list(tensor_payloads(policy, bucket_bytes=4096, tp_size=2, weight_version="5"))
     assert len(bodies) > 1
     seen = {}
@@ -320,6 +324,22 @@ def test_config_errors_name_the_fix():
         SGLangRollout(base_url="http://x:1", weight_sync="nccl")
     with pytest.raises(ValueError, match="top_k"):
         SGLangRollout(base_url="http://x:1", top_k=-1)
+
+
+def test_tensor_sync_without_cuda_is_refused_at_construction(monkeypatch):
+    """CPU tensors reach another process only through multiprocessing's shared-memory handover, which needs the
+    server to be our child: SGLang answered HTTP 500 'digest sent was rejected' at the first push (#24 item 14)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"weight_sync: tensor.*CUDA.*weight_sync: disk.*distributed"):
+        SGLangRollout(base_url="http://127.0.0.1:9", weight_sync="tensor")
+
+
+def test_tensor_sync_of_a_policy_on_the_cpu_is_refused_before_any_request(server, policy, make_rollout, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, but the policy stayed on the CPU
+    rollout = make_rollout(base_url=server.url, weight_sync="tensor")
+    with pytest.raises(ValueError, match=r"policy's weights are on cpu.*weight_sync: disk"):
+        rollout.sync_weights(policy)
+    assert not [c for c in server.calls if "weight" in c]
 
 
 def test_server_arguments_become_launch_server_flags():

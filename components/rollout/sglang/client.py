@@ -10,11 +10,13 @@ import http.client
 import json
 import logging
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class SGLangClient:
         self.max_retries = max_retries
         self.backoff = backoff
         self.death_note = death_note
+        self.gate = SamplingGate()  # generation requests pass it; a push of several requests closes it
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def request(
@@ -49,13 +52,15 @@ class SGLangClient:
         retry_statuses: tuple[int, ...] = RETRY_STATUSES,
         check: Callable[[Any], None] | None = None,
         timeout_s: float | None = None,
+        retries: int | None = None,
     ) -> Any:
         """The decoded answer (JSON, or text when the body is not JSON).
 
         Connection failures, timeouts, ``retry_statuses`` and ``check`` raising `Retry` are retried
-        ``max_retries`` times, sleeping ``backoff * 2**attempt`` seconds in between; then `SGLangError`.
+        ``retries`` (default ``max_retries``) times, sleeping ``backoff * 2**attempt`` seconds in between; then
+        `SGLangError`.
         """
-        attempts = self.max_retries + 1
+        attempts = (self.max_retries if retries is None else retries) + 1
         last = ""
         for attempt in range(attempts):
             try:
@@ -97,6 +102,48 @@ class SGLangClient:
             return json.loads(text) if text else None
         except json.JSONDecodeError:
             return text
+
+
+class SamplingGate:
+    """Generation requests pass while no weight push runs. A push of several requests (buckets) closes the gate: it
+    waits for the requests in flight and holds new ones back until it is done, because SGLang releases its
+    ``model_update_lock`` between two requests and would let a request sample from a partly updated model. After a
+    failed push every request fails at once until a push succeeds: a server holding part of a push is never sampled."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closed = False
+        self._failure: str | None = None
+
+    @contextmanager
+    def sampling(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed or self._failure is not None)
+            if self._failure is not None:
+                raise SGLangError(self._failure)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """New requests wait from now on (requests in flight go on)."""
+        with self._cond:
+            self._closed = True
+
+    def wait_idle(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._active == 0)
+
+    def open(self, failure: str | None = None) -> None:
+        """The push is over: requests pass again, or (``failure``) fail with this message until the next push opens it."""
+        with self._cond:
+            self._closed, self._failure = False, failure
+            self._cond.notify_all()
 
 
 def wait_for_answers(futures: list[Future], deadline_s: float, progress_every_s: float, urls: list[str]) -> list[Any]:

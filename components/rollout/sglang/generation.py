@@ -79,7 +79,8 @@ def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict,
     body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     if lora_name is not None:  # sample with this loaded adapter (its name carries the version)
         body["lora_path"] = lora_name
-    answer = client.request(url, "/generate", body, check=check)
+    with client.gate.sampling():  # never while a push of several requests is half done
+        answer = client.request(url, "/generate", body, check=check)
     return answer if isinstance(answer, list) else [answer]
 
 

@@ -11,12 +11,10 @@ always), and an EOS sampled exactly at ``max_new_tokens`` is not ``truncated`` (
 
 from __future__ import annotations
 
-import shutil
-import sys
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
@@ -25,12 +23,12 @@ from lightning_rl.core.sampling import SamplingParams
 from ..base import Rollout
 from .client import SGLangClient, wait_for_answers
 from .generation import Sample, generate, sampling_params, to_batch
+from .lifecycle import ServerConnection
 from .server import LaunchedServer
-from .sync import WeightSync
-from .weights import rank
+from .sync import WeightSync, check_weight_options
 
 
-class SGLangRollout(WeightSync, Rollout):
+class SGLangRollout(ServerConnection, WeightSync, Rollout):
     """Sample ``group_size`` responses per prompt from SGLang servers; push the policy's weights after every update.
 
     ``rollout_logprobs`` are the sampler's own: the trainer/sampler mismatch is logged as
@@ -55,10 +53,15 @@ class SGLangRollout(WeightSync, Rollout):
         max_retries: int = 3,
         backoff: float = 1.0,
         max_concurrency: int = 64,
-        weight_sync: Literal["disk", "tensor"] = "disk",
+        weight_sync: Literal["disk", "tensor", "distributed"] = "disk",
         weight_dir: str | None = None,
         weight_update_urls: list[str] | None = None,
-        tensor_bucket_mb: int = 512,
+        bucket_mb: float = 512,
+        master_address: str | None = None,
+        master_port: int | None = None,
+        group_backend: Literal["nccl", "gloo"] | None = None,
+        verify_every: int = 1,
+        verify_tolerance: float = 0.1,
         flush_cache: bool = True,
         release_memory: bool = False,
         sync_before_first_rollout: bool = True,
@@ -86,20 +89,30 @@ class SGLangRollout(WeightSync, Rollout):
             max_retries: extra attempts after a timeout, a dropped connection, a 5xx or an aborted request.
             backoff: seconds before the first retry, doubled for each further one.
             max_concurrency: requests in flight at once, over all servers.
-            weight_sync: ``disk`` (save safetensors to ``weight_dir``, the server loads them) or ``tensor``
-                (CUDA IPC: the server must share this host and GPU).
+            weight_sync: ``disk`` (save safetensors to ``weight_dir``, the server loads them), ``tensor``
+                (CUDA IPC: the server must share this host and GPU) or ``distributed`` (rank 0 and every server
+                in one process group; each push is broadcast bucket by bucket: no folder, servers on any host).
             weight_dir: directory the servers can read, for ``disk`` (None = a temporary one, same host only).
             weight_update_urls: servers that receive weight updates (None = ``base_url``); list the
                 workers here when ``base_url`` is a router.
-            tensor_bucket_mb: size of one ``update_weights_from_tensor`` request, for ``tensor``.
+            bucket_mb: size of one weight-update request (``tensor``, ``distributed``); with FSDP2 a ``distributed``
+                push holds at most two buckets of full (gathered) tensors at a time.
+            master_address: for ``distributed``, this host's address as the servers reach it (rank 0 hosts the
+                group's rendezvous; None = the address on the route to the first server).
+            master_port: for ``distributed``, the rendezvous port on ``master_address`` (None = a free one).
+            group_backend: for ``distributed``, ``nccl`` or ``gloo`` (None = nccl when the policy is on a GPU).
+            verify_every: after every N-th push, check each server holds the pushed weights: the log-probs of its
+                greedy continuation of a fixed prompt against the trainer's (0 = never); a mismatch fails the iteration.
+            verify_tolerance: largest mean |log-prob difference| on the probe that passes (an fp32 sampler ~1e-6, a
+                bf16 one about rollout/logprob_diff_mean; set a few times that).
             flush_cache: ``POST /flush_cache`` after each update (the radix cache holds KV of the old weights).
             release_memory: release the servers' GPU memory between rollouts and resume it before the next
                 (colocated training; the server needs ``--enable-memory-saver``).
             sync_before_first_rollout: push the policy's weights before the first rollout, so a server
                 started from another checkpoint (or a resumed run) samples from the trained policy.
             launch_timeout_s: seconds to wait for a launched server to answer ``/health_generate``.
-            lora_sync: for a LoRA policy, push the adapter alone (``adapter``: written to ``weight_dir`` and
-                loaded with ``/load_lora_adapter``; the server needs ``enable_lora``, ``max_lora_rank`` and
+            lora_sync: for a LoRA policy, push the adapter alone (``adapter``: from memory, with
+                ``/load_lora_adapter_from_tensors``; the server needs ``enable_lora``, ``max_lora_rank`` and
                 ``lora_target_modules``) or the base with the adapters merged in (``merged``: as ``weight_sync``).
             deadline_s: seconds one rollout (every request of a batch, retries included) may take before it fails.
             progress_every_s: while a rollout is slower than this, log its progress (answered / pending) this often.
@@ -115,10 +128,7 @@ class SGLangRollout(WeightSync, Rollout):
             self.params = SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, tuple(stop_token_ids or ()), False, greedy_baseline)
         except ValueError as err:
             raise ValueError(f"SGLangRollout: {err}") from None
-        if weight_sync not in ("disk", "tensor"):
-            raise ValueError(f"SGLangRollout: weight_sync must be 'disk' or 'tensor', got {weight_sync!r}")
-        if lora_sync not in ("adapter", "merged"):
-            raise ValueError(f"SGLangRollout: lora_sync must be 'adapter' or 'merged', got {lora_sync!r}")
+        check_weight_options(weight_sync, lora_sync, group_backend, bucket_mb, verify_every, verify_tolerance)
         if deadline_s <= 0 or progress_every_s <= 0:
             raise ValueError(f"SGLangRollout: deadline_s ({deadline_s}) and progress_every_s ({progress_every_s}) must be > 0")
         if max_retries < 0 or max_concurrency < 1:
@@ -128,10 +138,16 @@ class SGLangRollout(WeightSync, Rollout):
         self.timeout_s, self.max_retries, self.backoff, self.max_concurrency = timeout_s, max_retries, backoff, max_concurrency
         self.weight_sync, self.weight_dir = weight_sync, weight_dir
         self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
-        self.tensor_bucket_mb, self.flush_cache, self.release_memory = tensor_bucket_mb, flush_cache, release_memory
+        self.bucket_mb, self.flush_cache, self.release_memory = bucket_mb, flush_cache, release_memory
+        self.master_address, self.master_port, self.group_backend = master_address, master_port, group_backend
+        self.verify_every, self.verify_tolerance = verify_every, verify_tolerance
+        self._pushes = 0  # pushes started; every verify_every-th is verified
+        self._push_failed = False  # the servers may hold part of a push: the next rollout pushes again first
         self.sync_before_first_rollout = sync_before_first_rollout
         self.lora_sync = lora_sync
         self.adapter_name: str | None = None  # the loaded LoRA adapter that samples (adapter sync)
+        self._adapters: deque[str] = deque()  # adapters loaded on the servers, oldest first
+        self._keep_adapters = 1  # max_staleness + 1 in asynchronous training: requests in flight finish on theirs
         self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
         self.partial_rollouts = partial_rollouts
         self.overlapping = False  # asynchronous training (from prepare to close): requests may be in flight during a push
@@ -145,68 +161,12 @@ class SGLangRollout(WeightSync, Rollout):
         self._released = False
         self._needs_sync = True  # the servers hold the checkpoint they started from, not (yet) the policy's weights
 
-    # ------------------------------------------------------------------ lifecycle
-    def setup(self, tokenizer) -> None:
-        """Read eos/pad, start the server if asked to, and check every server answers ``/health_generate``."""
-        super().setup(tokenizer)
-        if self.client is None:
-            self._connect()
-
-    def _connect(self) -> None:
-        if self.release_memory and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise ValueError("SGLangRollout: release_memory is for one colocated training process; with several ranks set it to false")
-        if self.launch is not None and rank() == 0:  # one server per job, started by rank 0
-            self.server = LaunchedServer(self.launch, self.launch_python or sys.executable)
-            try:
-                self.server.wait_ready(self.launch_timeout_s)
-            except BaseException:
-                self.server.close()
-                self.server = None
-                raise
-        if self.launch is not None:
-            self.urls = [self._broadcast_url()]
-            self._needs_sync = True  # a fresh server holds the launch checkpoint
-            self.adapter_name = None  # and no adapter
-        self.client = SGLangClient(self.timeout_s, self.max_retries, self.backoff, death_note=self._death_note)
-        self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="sglang-rollout")
-        for url in self.urls:
-            self.client.request(url, "/health_generate", method="GET")
-
-    def close(self) -> None:
-        self.overlapping = False
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-            self._own_dir = None
-        self.client = None
-
-    def _broadcast_url(self) -> str:
-        url = [self.server.url if self.server is not None else None]
-        if dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(url, src=0)
-        return url[0]
-
-    def _death_note(self, url: str) -> str | None:
-        return self.server.death_note() if self.server is not None and url == self.server.url else None
-
-    def _connected(self) -> SGLangClient:
-        if self.client is None:
-            if not hasattr(self, "eos_token_id"):
-                raise RuntimeError("SGLangRollout.setup(tokenizer) must run before generate/sync_weights (RLModule.configure_model calls it)")
-            self._connect()  # used again after close() (e.g. trainer.validate after trainer.fit)
-        return self.client
-
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
         params = params or self.params
         self._connected()
-        if self._needs_sync and self.sync_before_first_rollout:
-            self.sync_weights(policy)
+        if (self._needs_sync and self.sync_before_first_rollout) or (self._push_failed and not self.overlapping):
+            self.sync_weights(policy)  # after a failed push: the whole policy again, so no server samples from part of one
         n_prompts = len(prompts)
         # left padding stripped
         unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]

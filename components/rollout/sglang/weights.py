@@ -12,12 +12,11 @@ tensors the pickle holds CUDA IPC handles, not data, so the server maps the trai
 only. SGLang's scheduler asserts an open ``/begin_weight_update`` ... ``/end_weight_update`` session
 around tensor (and distributed) updates (``SchedulerWeightUpdaterManager``); disk updates need none.
 
-LoRA policies. ``lora_sync="adapter"``: the adapter alone is written in peft's format and loaded under a
-new name per version with ``POST /load_lora_adapter {lora_name, lora_path}``; ``/generate`` names it in
-``lora_path``, and the previous version is dropped with ``POST /unload_lora_adapter {lora_name}``
-(answers ``{success, error_message, loaded_adapters}``). The server must run with ``--enable-lora`` and
-a ``--max-lora-rank`` / ``--lora-target-modules`` that cover the adapter. ``lora_sync="merged"``: the
-adapters are folded into the base (W + alpha/r B A) and the full weights go out as without LoRA.
+CPU tensors cannot take that road to another process (multiprocessing's shared-memory handover needs the
+server to be our child: SGLang answers "digest sent was rejected"), so tensor sync of a policy on the CPU is refused.
+
+LoRA policies with ``lora_sync="merged"``: the adapters are folded into the base (W + alpha/r B A) and the full
+weights go out as without LoRA (``lora_sync="adapter"``: `adapters`).
 """
 
 from __future__ import annotations
@@ -31,8 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_rl.core.lora import adapter_state, is_lora, merged_state_dict, save_adapter
+from lightning_rl.core.lora import is_lora, merged_state_dict
 
+from .buckets import gather, plan_buckets
 from .client import RETRY_STATUSES, SGLangClient, SGLangError
 
 
@@ -76,27 +76,21 @@ def serialize_named_tensors(named: list[tuple[str, Tensor]]) -> str:
 
 def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
     """The policy's weights as ``(name, tensor)`` lists of about ``bucket_bytes`` each (one request per bucket)."""
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    for name, tensor in (merged_state_dict(policy) if is_lora(policy) else policy.state_dict()).items():
-        if type(tensor) is not Tensor:
+    state = policy.state_dict(keep_vars=True)
+    for name, tensor in state.items():
+        if hasattr(tensor, "full_tensor"):
             raise ValueError(
                 f"SGLangRollout weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
-                "use weight_sync='disk' with sharded (FSDP) policies"
+                "use weight_sync: distributed (or disk) with sharded (FSDP) policies"
             )
-        bucket.append((name, tensor.detach()))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
+    for bucket in plan_buckets(policy, bucket_bytes):
+        yield [(w.name, t) for w, t in zip(bucket, gather(state, bucket))]
 
 
 @torch.no_grad()
 def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_version: str) -> Iterator[dict]:
     """``/update_weights_from_tensor`` request bodies; the last one carries the new ``weight_version``."""
-    buckets = list(tensor_buckets(policy, bucket_bytes))
+    buckets = list(tensor_buckets(policy, bucket_bytes))  # references (merged LoRA weights: copies) kept until the server has them
     for i, bucket in enumerate(buckets):
         serialized = serialize_named_tensors(bucket)
         last = i == len(buckets) - 1
@@ -118,38 +112,19 @@ def push_from_disk(client: SGLangClient, urls: list[str], directory: str, versio
 
 def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False) -> None:
     """One ``/begin_weight_update`` ... ``/end_weight_update`` session of ``/update_weights_from_tensor`` requests."""
-    info = client.request(url, "/get_server_info", method="GET")
-    tp_size = int(info.get("tp_size", 1)) if isinstance(info, dict) else 1  # server_args.tp_size
     client.request(url, "/begin_weight_update", {}, check=succeeded(url))
     try:
-        for i, body in enumerate(tensor_payloads(policy, bucket_bytes, tp_size, version)):
+        for i, body in enumerate(tensor_payloads(policy, bucket_bytes, tp_size(client, url), version)):
             body["abort_all_requests"] = abort and i == 0
             client.request(url, "/update_weights_from_tensor", body, check=succeeded(url))
     finally:
         client.request(url, "/end_weight_update", {}, check=succeeded(url))
 
 
-def save_adapter_version(policy: nn.Module, directory: str) -> None:
-    """Write the policy's adapter (peft format) to ``directory``; rank 0 writes, every rank gathers (FSDP2 shards)."""
-    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in adapter_state(policy).items()}
-    if rank() == 0:
-        save_adapter(policy, directory, state)
-
-
-def push_adapter(client: SGLangClient, urls: list[str], directory: str, name: str, previous: str | None) -> None:
-    """Load the adapter at ``directory`` as ``name`` on every server, then unload ``previous``."""
-    for url in urls:
-
-        def check(answer, url=url) -> None:
-            if isinstance(answer, dict) and answer.get("success") is False:
-                raise SGLangError(
-                    f"SGLang server at {url} refused LoRA adapter {name!r}: {answer.get('error_message')}. It must run with --enable-lora "
-                    "and --max-lora-rank / --lora-target-modules covering the policy's lora spec, or set lora_sync: merged"
-                )
-
-        client.request(url, "/load_lora_adapter", {"lora_name": name, "lora_path": directory}, check=check)
-        if previous is not None:
-            client.request(url, "/unload_lora_adapter", {"lora_name": previous}, check=check)
+def tp_size(client: SGLangClient, url: str) -> int:
+    """The server's tensor-parallel size (``server_args.tp_size`` in ``/server_info``)."""
+    info = client.request(url, "/server_info", method="GET")
+    return int(info.get("tp_size", 1)) if isinstance(info, dict) else 1
 
 
 def flush_caches(client: SGLangClient, urls: list[str]) -> None:

@@ -1,0 +1,182 @@
+"""`WeightGroup`: the trainer's rank 0 and every SGLang server in one torch.distributed group, and a push of the
+policy's weights through it, bucket by bucket (``weight_sync: distributed``).
+
+SGLang's side (checked against SGLang 0.5.23: ``io_struct.py``, ``http_server.py``, the model runner's
+``weight_updater.py``): ``POST /init_weights_update_group {master_address, master_port, rank_offset, world_size,
+group_name, backend}`` joins the server's tensor-parallel ranks as ``rank_offset + tp_rank`` inside the request
+(``init_custom_process_group``: a TCP rendezvous at master_address:master_port, the store prefixed with the group's
+name). The trainer is rank 0, the broadcast source, and hosts that rendezvous store, so every server must reach
+master_address. Server i gets rank_offset = 1 + the tp_size of the servers before it; world size = 1 + the sum of
+the tp sizes. ``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, load_format,
+flush_cache, weight_version}`` allocates the bucket's tensors and receives them *inside* the request (one
+broadcast per tensor, in the order named; ``load_format: flattened_bucket`` would take one uint8 broadcast per
+bucket instead, which costs the trainer a copy of every bucket), then loads them into the model; it must run
+between ``/begin_weight_update`` and ``/end_weight_update``. ``POST /destroy_weights_update_group
+{group_name}`` leaves the group.
+
+Order of a push: the server receives inside the request, so request k must be in flight before its data can flow,
+and requests must reach the server's scheduler in bucket order. Request k + 1 is therefore sent as soon as the
+first tensor of bucket k has arrived (every server is then inside handler k), while the rest of bucket k is on the
+wire, and its broadcasts are queued at once (they flow when the server enters handler k + 1). Bucket k + 1 is
+gathered while bucket k is on the wire, so at most two buckets of full tensors exist at a time. The new
+``weight_version`` rides on the last bucket.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Iterator
+from urllib.parse import urlsplit
+
+import torch.distributed as dist
+from torch import Tensor
+
+from .buckets import Weight, metadata
+from .client import SGLangClient, SGLangError
+from .server import free_port
+from .weights import succeeded, tp_size
+
+
+def address_towards(url: str) -> str:
+    """This host's address on the route to ``url``'s host (what a server there can connect back to)."""
+    parts = urlsplit(url)
+    with socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((parts.hostname, parts.port or 80))  # UDP: picks the route, sends nothing
+        return sock.getsockname()[0]
+
+
+def rank_layout(tp_sizes: list[int]) -> tuple[list[int], int]:
+    """Each server's rank offset and the group's world size: the trainer is rank 0, then each server's tensor-parallel
+    ranks in turn (server i's rank_offset = 1 + the tp sizes of the servers before it)."""
+    return [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))], 1 + sum(tp_sizes)
+
+
+def in_background(fn: Callable[..., Any], *args, **kwargs) -> Future:
+    """``fn(*args, **kwargs)`` on a daemon thread: a rendezvous or a request left waiting by a failed push must not
+    hold the process at exit (a pool's threads are joined there)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as err:  # noqa: BLE001 (handed to whoever waits)
+            future.set_exception(err)
+
+    threading.Thread(target=run, daemon=True, name="sglang-weight-group").start()
+    return future
+
+
+def _join_as_rank_zero(backend: str, address: str, port: int, world_size: int, name: str, timeout: timedelta):
+    """Rank 0 of the group the servers create with SGLang's ``init_custom_process_group``: the same rendezvous, the
+    same store prefixes (the group name, then torch's own), a group registered apart from any default group."""
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    host = f"[{address}]" if ":" in address else address
+    store, _, _ = next(rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    group, _ = _new_process_group_helper(world_size, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, timeout=timeout)
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+class WeightGroup:
+    """One weight-update group over ``urls``; `push` sends a version through it, `close` tears it down."""
+
+    def __init__(self, client: SGLangClient, urls: list[str], backend: str, master_address: str | None, master_port: int | None, name: str):
+        self.client, self.urls, self.name = client, urls, name
+        self.group = None
+        offsets, world_size = rank_layout([tp_size(client, url) for url in urls])
+        address = master_address or address_towards(urls[0])
+        port = master_port or free_port(address)
+        timeout = timedelta(seconds=client.timeout_s)
+        joins = [
+            in_background(
+                client.request, url, "/init_weights_update_group",
+                {"master_address": address, "master_port": port, "rank_offset": offset, "world_size": world_size, "group_name": name, "backend": backend},
+                check=succeeded(url), retries=0,
+            )  # fmt: skip
+            for url, offset in zip(urls, offsets)
+        ]
+        mine = in_background(_join_as_rank_zero, backend, address, port, world_size, name, timeout)
+        wait([mine, *joins], return_when=FIRST_EXCEPTION)
+        failed = [(url, f.exception()) for url, f in zip(urls, joins) if f.done() and f.exception() is not None]
+        if failed or (mine.done() and mine.exception() is not None):
+            who, err = (f"SGLang server at {failed[0][0]}", failed[0][1]) if failed else ("The trainer", mine.exception())
+            self._leave([u for u, f in zip(urls, joins) if f.done() and f.exception() is None])  # those that joined
+            raise SGLangError(
+                f"{who} could not join the weight update group at {address}:{port} (backend {backend}): {err}. "
+                "Every server must reach this address and port: set model.rollout.init_args.master_address / master_port"
+            )
+        for f in joins:
+            f.result()
+        self.group = mine.result()
+
+    def push(self, buckets: list[list[Weight]], tensors: Iterator[list[Tensor]], version: str, flush_cache: bool) -> None:
+        """Send every bucket (``tensors`` yields each bucket's full tensors, in order); the last carries ``version``.
+        On a failure the rest of ``tensors`` is still drained (under FSDP2 the gathers are collectives the other ranks
+        take part in) and `SGLangError` names the server."""
+        n = len(buckets)
+        previous: tuple | None = None  # (broadcast handles, requests, tensors) of bucket k - 1, on the wire
+        try:
+            for k, bucket in enumerate(buckets):
+                sending = [t.contiguous() for t in next(tensors)]  # gathered while bucket k - 1 is on the wire; plain tensors: no copy
+                if previous is not None:  # one tensor of bucket k - 1 arrived: every server is inside handler k - 1
+                    self._wait(previous[0], previous[1], k - 1, n, every=False)
+                last = k == n - 1
+                body = {**metadata(bucket), "group_name": self.name, "load_format": None, "flush_cache": flush_cache and last,
+                        "abort_all_requests": False, "weight_version": version if last else None}  # fmt: skip
+                requests = [in_background(self.client.request, url, "/update_weights_from_distributed", body, check=succeeded(url), retries=0) for url in self.urls]
+                handles = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in sending]  # flow once handler k starts
+                if previous is not None:
+                    self._wait(previous[0], previous[1], k - 1, n, every=True)
+                    self._answered(previous[1])
+                previous = (handles, requests, sending)
+            self._wait(previous[0], previous[1], n - 1, n, every=True)
+            self._answered(previous[1])
+        except BaseException:
+            drain(tensors)
+            raise
+
+    def _wait(self, handles: list, requests: list[Future], k: int, n: int, every: bool) -> None:
+        """Until every broadcast of bucket k (or, ``every=False``, one of them) has completed; a server that refused
+        its request never joins them, so its answer ends the wait."""
+        while not (all if every else any)(h.is_completed() for h in handles):
+            wait(requests, timeout=0.005, return_when=FIRST_EXCEPTION)
+            if any(f.done() and f.exception() is not None for f in requests):
+                self._answered(requests)
+        try:
+            for handle in handles:
+                if handle.is_completed():
+                    handle.wait()  # raises if it failed
+        except Exception as err:  # a peer died: its request names it
+            wait(requests, timeout=5.0)
+            dead = [url for url, f in zip(self.urls, requests) if f.done() and f.exception() is not None] or self.urls
+            raise SGLangError(f"SGLang server at {', '.join(dead)}: the weight broadcast of bucket {k + 1}/{n} failed ({err}); the server may have died") from err
+
+    def _answered(self, requests: list[Future]) -> None:
+        for f in requests:
+            f.result()  # SGLangError naming the server (refused, or the connection dropped)
+
+    def close(self) -> None:
+        """The trainer leaves the group (a server still waiting in a broadcast is released), then every server (best
+        effort: a server that died or restarted is not in it)."""
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+        self._leave(self.urls)
+
+    def _leave(self, urls: list[str]) -> None:
+        for url in urls:
+            try:
+                self.client.request(url, "/destroy_weights_update_group", {"group_name": self.name}, retries=0, timeout_s=30.0)
+            except SGLangError:
+                pass
+
+
+def drain(tensors: Iterable) -> None:
+    """Take part in every gather of a push without sending (trainer ranks other than 0)."""
+    for _ in tensors:
+        pass
