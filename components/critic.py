@@ -100,12 +100,17 @@ class ValueCritic(nn.Module):
             raise RuntimeError("ValueCritic.build() must run before the critic is used (RLModule.configure_model does it)")
         if packed and packable(self.backbone, batch.prompt_mask, batch.response_mask):
             row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(self.backbone))
-            return row.scatter(self.head(packed_outputs(self.backbone, row, hidden=True).float()).squeeze(-1))  # (B, R)
+            return row.scatter(self._values(packed_outputs(self.backbone, row, hidden=True)))  # (B, R)
         input_ids, attention_mask, position_ids = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
         r = batch.response_ids.shape[1]
         states = hidden[:, -(r + 1) : -1]  # (B, R, H): the state before each response token
-        return self.head(states.float()).squeeze(-1) * batch.response_mask.float()
+        return self._values(states) * batch.response_mask.float()
+
+    def _values(self, states: Tensor) -> Tensor:
+        """The fp32 head on fp32 states, also under bf16-mixed: autocast would run the product in bf16. Shape: (..., H) -> (...)."""
+        with torch.autocast(states.device.type, enabled=False):
+            return self.head(states.float()).squeeze(-1)
 
     def loss(self, values: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-token value loss (B, R) and metrics; the module aggregates it like the policy loss."""

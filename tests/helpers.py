@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA_BF16 = ["--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.precision=bf16-mixed"]
+"""CLI flags of a run on one GPU in bf16 autocast, as a GPU user runs it."""
+
+
+def cpu_and_cuda(cpu, cuda) -> list:
+    """``parametrize`` values of a test that runs here on CPU and, under ``pytest -m gpu`` on a GPU, on CUDA in bf16-mixed:
+    ids ``cpu`` and ``cuda-bf16``."""
+    return [pytest.param(cpu, id="cpu"), pytest.param(cuda, id="cuda-bf16", marks=[pytest.mark.gpu, needs_cuda])]
 
 
 def batch_from_scores(scores, lengths=None, width: int | None = None, group_size: int | None = None, **fields) -> RolloutBatch:
@@ -35,3 +46,13 @@ def prompts(ids, mask=None, rows: list[dict] | None = None):
     mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
     rows = rows or [{} for _ in range(ids.shape[0])]
     return Prompts(ids, mask, {k: [r[k] for r in rows] for k in rows[0]})
+
+
+def pythonpath(*first) -> str:
+    """PYTHONPATH for a child process the tests start: ``first``, this repository, then the parent's own entries, so
+    packages installed with ``pip install --target`` (a GPU machine's carried wheels) stay importable there too."""
+    import os
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    return os.pathsep.join([*map(str, first), repo, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])

@@ -16,6 +16,8 @@ import pytest
 import torch
 import yaml
 
+from tests.helpers import cpu_and_cuda
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ALL_YAMLS = sorted(CONFIGS.glob("*.yaml"))  # presets; fragments that stack on them live in subfolders
 
@@ -27,6 +29,8 @@ def _is_rl_preset(path: Path) -> bool:
 
 PRESETS = [p for p in ALL_YAMLS if _is_rl_preset(p)]
 OTHERS = [p for p in ALL_YAMLS if not _is_rl_preset(p)]
+# the CPU run here; on a GPU (pytest -m gpu) the same two iterations on CUDA in bf16-mixed precision
+ACCELERATORS = cpu_and_cuda({"accelerator": "cpu"}, {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed"})
 
 
 def digit_fraction(completions, **_):
@@ -44,7 +48,7 @@ def _reward_override(reward: dict, tmp_path: Path) -> dict:
     return {"class_path": "components.reward.Composite", "init_args": {"rewards": [reward, dense], "weights": [1.0, 1.0]}}
 
 
-def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
+def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | None = None) -> Path:
     from lightning_rl.data.tasks import arithmetic_rows
 
     train = tmp_path / "train.jsonl"
@@ -55,6 +59,7 @@ def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
         "data": {"train_data": str(train), "val_data": None, "batch_size": 2},
         "trainer": {
             "max_steps": 2,
+            **(hardware or {}),
             "default_root_dir": str(tmp_path),
             "enable_progress_bar": False,
             "enable_model_summary": False,
@@ -73,16 +78,18 @@ def _override(preset: Path, tmp_path: Path, model_path: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("hardware", ACCELERATORS)
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
-def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
+def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_path):
     from lightning_rl.cli import main
     from lightning_rl.core.lora import is_lora, merged_state_dict
     from tests.lightning_rl.cli_runs import scalars, texts
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
-    cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path))])
+    cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path, hardware))])
     module, trainer = cli.model, cli.trainer
     assert trainer.global_step == 2
+    assert trainer.strategy.root_device.type == ("cuda" if hardware["accelerator"] == "gpu" else "cpu")  # (fit's end moves the models back to CPU)
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the optimize phase ran: it moved the policy, or (a critic still pretraining, policy frozen) trained the critic
@@ -91,7 +98,7 @@ def test_preset_trains_two_iterations(preset, tiny_model_path, tmp_path):
     else:
         initial = load_causal_lm(ModelSpec(path=tiny_model_path)).state_dict()
         current = merged_state_dict(module.policy) if is_lora(module.policy) else module.policy.state_dict()  # LoRA: adapters folded in
-        assert any(not torch.equal(v, initial[k]) for k, v in current.items())
+        assert any(not torch.equal(v.cpu(), initial[k]) for k, v in current.items())
         assert "policy/loss" in logged
     bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
     assert not bad, bad

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -57,7 +58,7 @@ def run(monkeypatch, capsys):
             except SystemExit as done:  # --print_config exits 0
                 assert done.code in (0, None), command
             return capsys.readouterr().out
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": pythonpath()})
         assert done.returncode == 0, f"{command}\n{(done.stdout + done.stderr)[-3000:]}"
         return done.stdout + done.stderr
 
@@ -117,7 +118,7 @@ def test_the_asynchronous_cpu_route_as_printed(scratch, run):
     server_argv = shlex.split(server_command.rstrip("&").replace("--port 30000", f"--port {port}"))
     assert server_argv[:3] == ["python", "-m", "tests.fixtures.sglang_server"]
     server = subprocess.Popen([sys.executable, *server_argv[1:]], cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": pythonpath()})
     try:
         _wait_listening(port, server)
         printed = run(f"{fit} --model.rollout.init_args.base_url=http://127.0.0.1:{port}")

@@ -13,15 +13,22 @@ from lightning_rl.core.ops import all_reduce_sum, dist_ready
 
 
 class WeightedMeans:
-    """Accumulate ``value * weight`` per name over micro-batches; one all-reduce at the end (no host syncs in between)."""
+    """Accumulate ``value * weight`` per name over micro-batches; one all-reduce at the end (no host syncs in between).
 
-    def __init__(self) -> None:
+    ``device``: where every sum lives (the module's). Host values (a wall-clock wait, a CPU reward's metrics) move
+    there as they are added: the reduction stacks all of them, and CUDA (like NCCL) refuses a mix of devices.
+    None keeps each value where it is."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = None if device is None else torch.device(device)
         self.sums: dict[str, Tensor] = {}
         self.weights: dict[str, Tensor] = {}
         self.maxima: dict[str, Tensor] = {}
 
     def add(self, name: str, value: Tensor, weight: Tensor | float = 1.0) -> None:
         value = value.detach().float()
+        if self.device is not None:
+            value = value.to(self.device, non_blocking=True)
         if name.endswith("_max"):
             self.maxima[name] = value if name not in self.maxima else torch.maximum(self.maxima[name], value)
             return

@@ -180,7 +180,7 @@ class RLModule(LightningModule):
             self._iteration(dataloader_iter)
 
     def _iteration(self, dataloader_iter: Iterator) -> None:
-        timer, metrics = PhaseTimer(), WeightedMeans()
+        timer, metrics = PhaseTimer(), WeightedMeans(self.device)
         iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
         max_steps = self.trainer.max_steps
         rounds_left = max_steps - self.global_step if max_steps > 0 else None  # the final validation waits for every round queued

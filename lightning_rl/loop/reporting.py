@@ -73,15 +73,15 @@ class Reporter:
         if self.kl_coef is not None:
             metrics.add("kl/coef", self.kl_coef().float())
         values = metrics.compute()
-        values["policy/old_logprobs_recomputed"] = torch.tensor(float(self.recompute_old))
         seconds = timer.metrics()
         total = sum(seconds.values())
         responses = torch.tensor(float(batch.batch_size), device=batch.response_mask.device)
         done = torch.stack([batch.response_mask.sum().float(), responses])  # tokens, responses
         tokens, samples = all_reduce_sum(done) / max(total, 1e-9)
         values["throughput/tokens_per_s"], values["throughput/samples_per_s"] = tokens, samples
-        values["optim/lr_policy"] = torch.tensor(lr)
+        # one device-to-host copy of every reduced value (all on the module's device: stacking refuses a mix)
         scalars = dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist()))
+        scalars.update({"policy/old_logprobs_recomputed": float(self.recompute_old), "optim/lr_policy": float(lr)})  # host numbers
         self._write_metrics(trainer, {**scalars, **seconds})
         self.health.observe(scalars, trainer.global_step)  # divergence, said once (lightning_rl.loop.health)
         if trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it

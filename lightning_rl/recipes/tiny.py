@@ -12,12 +12,32 @@ TOOL_TAGS = ["<call>", "</call>", "<result>", "</result>"]
 """One token each in the tool-using tiny policy's vocabulary (components.env.ToolProtocol's default tags)."""
 
 
-def build_char_tokenizer(tags: list[str] | None = None):
-    """A fast tokenizer with one token per character of the built-in task (digits, + - * =, space), and one per tag in ``tags``."""
+def filler_tokens(n: int) -> list[str]:
+    """``n`` distinct tokens of letters after a tilde (``~a``, ``~b``, ..., ``~ba``, ...): no digit, operator or space."""
+    names = []
+    for i in range(n):
+        letters = ""
+        while True:
+            i, r = divmod(i, 26)
+            letters = chr(97 + r) + letters
+            if i == 0:
+                break
+        names.append("~" + letters)
+    return names
+
+
+def build_char_tokenizer(tags: list[str] | None = None, vocab_size: int | None = None):
+    """A fast tokenizer with one token per character of the built-in task (digits, + - * =, space), and one per tag in ``tags``.
+
+    ``vocab_size``: pad the vocabulary with `filler_tokens` to this size, for a model with a full-sized vocabulary
+    (e.g. Qwen2's 151,936) whose every sampled id must decode; text is still encoded one task character per token.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS + list(tags or []))}
+    tokens = SPECIALS + CHARS + list(tags or [])
+    tokens += filler_tokens(max(0, (vocab_size or 0) - len(tokens)))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()

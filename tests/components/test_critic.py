@@ -88,6 +88,23 @@ def test_values_are_read_before_each_token(tiny_model_path):
     assert float(values[0, 4]) == 0.0  # padding
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@torch.no_grad()
+def test_values_stay_fp32_under_bf16_autocast(tiny_model_path, packed):
+    """Lightning's bf16-mixed runs every forward under autocast (on CPU as on a GPU): the transformer may run in bf16,
+    but the value head is fp32 and so are the values. 1000.125 has no bf16 neighbour closer than 1000 (8 bits of
+    mantissa): a head run in bf16 would return 1000."""
+    critic = ValueCritic(init_from="policy")
+    critic.build(tiny_model_path)
+    torch.nn.init.zeros_(critic.head.weight)
+    critic.head.bias.fill_(1000.125)
+    batch = _seq_batch([[5, 6, 7], [4, 5]], [[8, 9, 1], [3]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        values = critic(batch, packed=packed)
+    assert values.dtype == torch.float32
+    assert values[batch.response_mask.bool()].tolist() == [1000.125] * 4
+
+
 @torch.no_grad()
 def test_left_padding_does_not_change_values(tiny_model_path):
     critic = ValueCritic(init_from="policy")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import os
 import subprocess
 import sys
-import textwrap
 from dataclasses import replace
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -24,8 +22,8 @@ from components.rollout.sglang.client import SGLangClient
 from components.rollout.sglang.weights import push_tensors, tensor_payloads
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
-from tests.fixtures.sglang_server import FakeSGLangServer
-from tests.helpers import prompts as make_prompts
+from tests.fixtures.sglang_server import FakeSGLangServer, fake_sglang_package
+from tests.helpers import prompts as make_prompts, pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -347,28 +345,10 @@ def test_server_arguments_become_launch_server_flags():
     assert argv == ["--model-path", "/m", "--port", "30000", "--enable-memory-saver", "--cuda-graph-bs", "1", "2"]
 
 
-def _fake_sglang_package(root: Path) -> None:
-    """A ``sglang.launch_server`` module that serves the loopback fixture (``--crash-on-start`` exits at once)."""
-    (root / "sglang").mkdir()
-    (root / "sglang" / "__init__.py").write_text("")
-    (root / "sglang" / "launch_server.py").write_text(
-        textwrap.dedent(
-            """
-            import sys
-            if "--crash-on-start" in sys.argv:
-                print("CUDA error: no kernel image is available")
-                sys.exit(3)
-            from tests.fixtures.sglang_server import main
-            main()
-            """
-        )
-    )
-
-
 @pytest.mark.slow
 def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, tmp_path, monkeypatch):
-    _fake_sglang_package(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO)]))
+    fake_sglang_package(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
     rollout = SGLangRollout(launch={"model_path": tiny_model_path, "skip_tokenizer_init": True}, group_size=2, max_new_tokens=4, backoff=0.01)
     rollout.setup(tokenizer)
     process = rollout.server.process

@@ -16,6 +16,7 @@ from lightning_rl.loop.module import RLModule
 
 from .cli_runs import cli_args, run_cli, scalars
 from .test_resume import assert_same, compared
+from tests.helpers import CUDA_BF16, cpu_and_cuda
 
 REPO = Path(__file__).resolve().parents[2]
 DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
@@ -69,8 +70,10 @@ def test_max_staleness_zero_is_the_synchronous_loop(tmp_path, tiny_model_path):
 
 
 @pytest.mark.slow
-def test_staleness_one_trains_within_the_bound_and_logs_it(tmp_path, tiny_model_path):
-    cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 5, *ASYNC))
+@pytest.mark.parametrize("hardware", cpu_and_cuda([], CUDA_BF16))
+def test_staleness_one_trains_within_the_bound_and_logs_it(tmp_path, tiny_model_path, hardware):
+    """Also on CUDA: the round sampled ahead runs on a thread of its own, from the sampler's own copy of the policy."""
+    cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 5, *ASYNC, *hardware))
     assert cli.trainer.global_step == 5
     logged = scalars(tmp_path)
     staleness = [v for _, v in logged["async/staleness_max"]]

@@ -11,6 +11,7 @@ from lightning_rl.cli import main
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 
 from .cli_runs import cli_args, run_cli, scalars
+from tests.helpers import pythonpath
 
 REPO = Path(__file__).parents[2]
 
@@ -288,7 +289,7 @@ def test_a_project_with_its_own_components_folder_does_not_shadow_ours(tmp_path,
     (tmp_path / "components").mkdir()
     (tmp_path / "components" / "__init__.py").write_text("raise ImportError('the project\'s own components package')\n")
     (tmp_path / "project_rewards.py").write_text("def score(completions, **_):\n    return [1.0] * len(completions)\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     args = ["fit", "--dry_run", f"--model.policy.path={tiny_model_path}", "--model.reward=components.reward.FunctionReward",
             "--model.reward.fn=project_rewards.score", f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.save_dir={tmp_path}"]
     run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)

@@ -24,6 +24,7 @@ import torch
 from .cli_runs import run_cli
 from .dist_reductions import reduction_inputs, reductions_worker
 from .test_resume import assert_same
+from tests.helpers import pythonpath
 
 REPO = Path(__file__).parents[2]
 SEEDED = [
@@ -76,7 +77,7 @@ def every_step_checkpoints(root: Path) -> list[str]:
 
 def launch(config: str, args: list[str], timeout: int = 240) -> dict:
     """Train in a fresh process group (Lightning spawns the other ranks); returns what the Probe saved."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": pythonpath()}
     cmd = [sys.executable, "-m", "tests.lightning_rl.dist_probe", "fit", "--config", config, *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -262,7 +263,7 @@ def test_two_nodes_of_one_process_on_loopback_equal_one_process(tmp_path, tiny_m
     args = [*probe_args(tmp_path, tiny_model_path, 1, 2), *SEEDED, *no_checkpoints(), "--config", "configs/strategy/ddp.yaml", "--trainer.num_nodes=2"]
     port = _free_port()
     cmd = [sys.executable, "-m", "tests.lightning_rl.dist_probe", "fit", "--config", "configs/grpo.yaml", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": pythonpath()}
     nodes = [
         subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": "2"})

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from .cli_runs import cli_args, run_cli
+from tests.helpers import pythonpath
 
 REPO = Path(__file__).parents[2]
 
@@ -170,7 +171,7 @@ def test_two_ranks_share_one_run_folder_and_resume_it(tmp_path, tiny_model_path)
     latest/ continues that run on both ranks."""
     import os
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}
     ddp = ["--config", str(REPO / "configs/strategy/ddp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2"]
 
     def fit(steps, *extra):
