@@ -239,11 +239,11 @@ def job_worker(config: str, dry_run: bool, fit_seconds: int) -> None:
     emit({"after": float(cli.trainer.callback_metrics["val/reward"]), "job_s": time.perf_counter() - start, "val_prompts": val_prompts})
 
 
-def part_trl(check: Check, budget: float, peak: float) -> None:
+def part_trl(check: Check, budget: float, peak: float, steps: int) -> None:
     budget = min(budget, check.left())
     size = (
         ["--model=random-qwen2-toy", "--max-new-tokens=16", "--accelerator=cpu", "--steps=3", "--warmup=1", "--threads=2"]
-        if check.dry_run else ["--model=random-qwen2-0.5b", "--max-new-tokens=256", "--accelerator=gpu", "--steps=5", "--warmup=1", "--threads=8"]
+        if check.dry_run else ["--model=random-qwen2-0.5b", "--max-new-tokens=256", "--accelerator=gpu", f"--steps={steps}", "--warmup=1", "--threads=8"]
     )  # fmt: skip
     command = [sys.executable, "benchmarks/compare_trl.py", *size, "--precision=bf16", "--reward=odd_length", "--eval-prompts=0", f"--peak-tflops={peak:.1f}"]
     what = "GRPO 8 prompts x 8 samples x " + ("16" if check.dry_run else "256") + " new tokens, bf16, random Qwen2 " + ("toy" if check.dry_run else "0.5B")
@@ -294,6 +294,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="seconds for the whole call (default 470 on a GPU, 3000 dry)")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="folder for gpu_check.md and gpu_check.log")
     parser.add_argument("--cpu-dry-run", action="store_true", help="every part at toy sizes on CPU")
+    parser.add_argument("--budgets", default="", help="seconds per part instead of the defaults, e.g. a=60,c=140")
+    parser.add_argument("--trl-steps", type=int, default=5, help="part c's timed iterations per framework (after one warm-up)")
     parser.add_argument("--worker", choices=["job"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--fit-seconds", type=int, default=60, help=argparse.SUPPRESS)
@@ -317,7 +319,8 @@ def main() -> None:
     if problems:
         header.append("IMPORT FAILURES (carry the missing wheels: scripts/gpu_wheels.sh, EXTRA=... for a newer one): " + "; ".join(problems))
         say(header[-1])
-    budgets = DRY_BUDGETS if args.cpu_dry_run else BUDGETS
+    budgets = dict(DRY_BUDGETS if args.cpu_dry_run else BUDGETS)
+    budgets.update({k.strip(): float(v) for k, v in (item.split("=") for item in args.budgets.split(",") if item.strip())})
     for part in parts:
         budget = budgets[part]
         if check.left() < 20:
@@ -329,7 +332,7 @@ def main() -> None:
         elif part == "b":
             part_jobs(check, budget)
         elif part == "c":
-            part_trl(check, budget, peak)
+            part_trl(check, budget, peak, args.trl_steps)
         else:
             part_long(check, budget)
     header.append(f"parts {''.join(parts)} took {total - (check.deadline - time.monotonic()):.0f} s of the call's {total:.0f} s; log: {out / 'gpu_check.log'}")
