@@ -32,7 +32,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning import Callback
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import check_base, is_lora
@@ -235,6 +235,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)
+
+
+def with_atomic_checkpoints(plugins) -> list:
+    """Trainer ``plugins`` (None, one, or a list) with `AtomicCheckpointIO`, unless they bring their own CheckpointIO."""
+    plugins = list(plugins) if isinstance(plugins, list) else [] if plugins is None else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 def sweep_stale_temporaries(folder: Path) -> list[Path]:

@@ -127,3 +127,38 @@ def test_the_asynchronous_cpu_route_as_printed(scratch, run):
     assert "samples at iteration 1" in printed
     (run,) = (scratch / "runs" / "grpo").glob("version_*")
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def python_block(heading: str) -> str:
+    """The first ```python block after ``heading``."""
+    section = README[README.index(heading) :]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+
+
+PYTHON_NOISE = ("Tip:", "dataloader_iter", "eval mode", "FLOPs", "Name ", "Epoch 0/", "v_num", "GPU available", "Loading weights",
+                "Seed set to", "`Trainer.fit` stopped", "Traceback")
+
+
+@pytest.mark.slow
+def test_the_python_snippet_prints_and_writes_what_the_cli_does(scratch):
+    """The README's "In Python" snippet, run as printed (fewer iterations): the console of `lightning-rl fit` (the bar
+    in RL iterations, the samples table, no tips, warnings or model summary) and its run folder, not lightning_logs/."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code = python_block("### In Python")
+    assert "max_steps=100" in code
+    (scratch / "snippet.py").write_text(code.replace("max_steps=100", "max_steps=2"))
+    done = subprocess.run([sys.executable, "snippet.py"], cwd=scratch, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    printed = done.stdout + done.stderr
+    assert done.returncode == 0, printed[-3000:]
+    assert not [noise for noise in PYTHON_NOISE if noise in printed], printed
+    assert "RL iterations" in printed and "2/2" in printed and "samples at iteration 1" in printed
+    assert not (scratch / "lightning_logs").exists()
+    (run,) = (scratch / "runs").glob("*/version_0")
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "hp_metric" not in tags and {"reward/mean", "val/reward", "total/samples"} <= set(tags)
+    assert torch.load(run.parent / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert not (run.parent / "latest" / "config.yaml").is_symlink()  # no config.yaml to link to: the script is the record

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Callable
 
 from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import CustomTimeColumn, ProcessingSpeedColumn
 from rich.progress import ProgressColumn
 from rich.text import Text
@@ -141,3 +142,8 @@ class RLProgressBar(RichProgressBar):
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
         metrics = trainer.callback_metrics
         return {label: fmt.format(float(metrics[key])) for key, (label, fmt) in SHOWN.items() if key in metrics}
+
+
+def missing_progress_bar(callbacks: list, enabled: bool = True, unit: str = "RL iterations") -> list:
+    """``[RLProgressBar(unit)]`` to add to a Trainer's ``callbacks``; none when the bar is off or they bring their own."""
+    return [] if not enabled or any(isinstance(c, ProgressBar) for c in callbacks) else [RLProgressBar(unit)]
