@@ -184,13 +184,18 @@ def load(module, checkpoint: dict[str, Any]) -> None:
         restore_rng_states(checkpoint["rng"], module.loop_state.rng, {"shuffle": module.loop_state.shuffle})
 
 
+def policy_export_info(policy, spec) -> dict[str, Any]:
+    """The ``hf_export["policy"]`` entry of a causal LM loaded from ``spec`` (a `ModelSpec`): what
+    `lightning-rl export` rebuilds ``policy/`` from (any module whose state holds it under ``policy.``)."""
+    info = {"config": policy.config.to_dict(), "tokenizer": spec.path, **dataclasses.asdict(spec)}
+    if is_lora(policy):
+        info["base_fingerprint"] = policy.lora_base_fingerprint
+    return info
+
+
 def export_info(module) -> dict[str, Any]:
     """What an export needs besides the weights, stored in every ``RLModule`` checkpoint (``hf_export``)."""
-    info: dict[str, Any] = {
-        "policy": {"config": module.policy.config.to_dict(), "tokenizer": module.policy_spec.path, **dataclasses.asdict(module.policy_spec)},
-    }
-    if is_lora(module.policy):
-        info["policy"]["base_fingerprint"] = module.policy.lora_base_fingerprint
+    info: dict[str, Any] = {"policy": policy_export_info(module.policy, module.policy_spec)}
     critic = module.critic
     if critic is not None and critic.backbone is not None:
         info["critic"] = {"config": critic.backbone.config.to_dict()}

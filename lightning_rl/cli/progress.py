@@ -21,6 +21,8 @@ SHOWN = {  # metric -> (label, format): the training signal first, then health, 
     "policy/clipfrac": ("clip", "{:.1%}"),
     "response_length/mean": ("length", "{:.1f} tok"),
     "throughput/samples_per_s": ("speed", "{:,.1f} samples/s"),  # tokens/s is in TensorBoard (throughput/tokens_per_s)
+    "train/loss": ("loss", "{:.3f}"),  # supervised fine-tuning (lightning_rl.recipes.sft)
+    "val/accuracy": ("val accuracy", "{:.3f}"),
 }
 
 
