@@ -162,3 +162,29 @@ def test_the_python_snippet_prints_and_writes_what_the_cli_does(scratch):
     assert "hp_metric" not in tags and {"reward/mean", "val/reward", "total/samples"} <= set(tags)
     assert torch.load(run.parent / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
     assert not (run.parent / "latest" / "config.yaml").is_symlink()  # no config.yaml to link to: the script is the record
+
+
+@pytest.mark.slow
+def test_the_sft_warm_start_commands_as_printed(scratch, run):
+    """Supervised fine-tuning, its export, and an RL run from the export: each README command as printed (shortened)."""
+    sft, export, rl = bash_block("### Supervised fine-tuning")
+    assert sft.startswith("python -m lightning_rl.recipes.sft fit --config configs/sft.yaml")
+    run(sft)
+    assert torch.load(scratch / "runs" / "sft" / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    run(export)
+    assert (scratch / "runs" / "sft" / "hf" / "policy" / "model.safetensors").exists()
+    run(rl)
+    (trained,) = (scratch / "runs" / "grpo").glob("version_*")
+    assert "path: runs/sft/hf/policy" in (trained / "config.yaml").read_text()
+    assert torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_the_own_data_example_names_the_shipped_model_and_how_to_name_a_hub_model():
+    import yaml
+
+    section = README[README.index("### Your own data and reward") :]
+    config = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", section, flags=re.S)[0])
+    path = config["model"]["policy"]["path"]
+    assert (ROOT / path / "config.json").exists() and (ROOT / path / "tokenizer.json").exists()  # runs on a CPU newcomer's clone
+    assert config["data"]["chat_template"] is False  # the shipped tokenizer has no chat template
+    assert "--model.policy.path Qwen/" in section[: section.index("\n## ")]
