@@ -26,6 +26,7 @@ from lightning_rl.core.batch import Prompts
 from lightning_rl.core.inputs import sequence_inputs
 from lightning_rl.core.logprobs import sampled_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
+from lightning_rl.data.checks import DataError
 from lightning_rl.recipes import adamw_with_warmup
 
 __all__ = ["SupervisedFineTuning", "completion_loss", "main"]
@@ -75,7 +76,7 @@ class SupervisedFineTuning(LightningModule):
         """The completion column's token ids, each ended by EOS, right-padded: ids and mask, each (B, R)."""
         key = self.hparams.completion_key
         if key not in prompts.columns:
-            raise KeyError(f"no {key!r} column in the data (model.completion_key); its columns: {sorted(prompts.columns)}. "
+            raise DataError(f"no {key!r} column in the data (model.completion_key); its columns: {sorted(prompts.columns)}. "
                            f"Map yours with data.columns, e.g. '{{prompt: question, {key}: solution}}'")
         tok, limit = self.tokenizer, self.hparams.max_completion_length
         ids = [row[: limit - 1] + [tok.eos_token_id] for row in tok([str(c) for c in prompts.columns[key]], add_special_tokens=False)["input_ids"]]

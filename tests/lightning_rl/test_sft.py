@@ -3,6 +3,7 @@ configs/sft.yaml that learns the built-in task and exports a policy that loads w
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 
 from lightning_rl.core.batch import Prompts
 from lightning_rl.core.models import TINY_MODEL_PATH, ModelSpec
+from lightning_rl.cli.commands import command_line
+from lightning_rl.data.checks import DataError
 from lightning_rl.recipes.sft import SupervisedFineTuning, main
 
 REPO = Path(__file__).parents[2]
@@ -54,8 +57,22 @@ def test_a_missing_completion_column_names_the_key_and_the_mapping(tiny_model_pa
     module = _module(tiny_model_path)
     prompts = _prompts(module.tokenizer, ["1+1="], ["2"])
     prompts.columns.pop("completion")
-    with pytest.raises(KeyError, match=r"no 'completion' column.*model.completion_key.*\['prompt'\].*data.columns"):
+    with pytest.raises(DataError, match=r"no 'completion' column.*model.completion_key.*\['prompt'\].*data.columns"):
         module.loss(prompts)
+
+
+def test_a_data_mistake_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("sys.argv", ["sft", "fit", "--config", "configs/sft.yaml", "--data.columns={prompt: prompt}", "--data.val_size=4",
+                                     "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
+                                     "--trainer.enable_checkpointing=false", "--trainer.callbacks=null", "--trainer.enable_progress_bar=false"])
+    monkeypatch.setattr("sys.path", list(sys.path))  # command_line() moves the working folder to its end
+    with pytest.raises(SystemExit) as done:
+        command_line(main)
+    assert done.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: no 'completion' column in the data (model.completion_key); its columns: ['answer', 'prompt']. "
+        "Map yours with data.columns, e.g. '{prompt: question, completion: solution}'"]
 
 
 @pytest.mark.slow
