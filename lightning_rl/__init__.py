@@ -3,7 +3,7 @@
 from lightning_rl.core.batch import RolloutBatch, terminal_rewards
 from lightning_rl.core.models import ModelSpec
 
-__all__ = ["RolloutBatch", "terminal_rewards", "RLModule", "PromptDataModule", "ModelSpec"]
+__all__ = ["RolloutBatch", "terminal_rewards", "RLModule", "PromptDataModule", "ModelSpec", "Trainer", "fit"]
 
 
 def __getattr__(name: str):
@@ -16,4 +16,8 @@ def __getattr__(name: str):
         from lightning_rl.data.prompts import PromptDataModule
 
         return PromptDataModule
+    if name in ("Trainer", "fit"):  # the Trainer `lightning-rl fit` builds, for Python (lightning_rl.trainer)
+        from lightning_rl import trainer
+
+        return getattr(trainer, name)
     raise AttributeError(f"module 'lightning_rl' has no attribute {name!r}")

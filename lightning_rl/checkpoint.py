@@ -8,6 +8,7 @@ module's position):
 
     rng              every rank's random streams (sampling, the mini-batch shuffle), so a resumed run draws the same
     optimizer_steps  optimizer steps per parameter group (the LR schedules)
+    totals           samples and tokens trained on so far (TensorBoard's total/*, continued by a resumed run)
     hf_export        the architecture and tokenizer of each trained model (`lightning-rl export`)
     lora_base        weight fingerprints of a LoRA model's base, checked when the base is reloaded
 
@@ -31,7 +32,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning import Callback
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import check_base, is_lora
@@ -46,15 +47,17 @@ RELOADED = ("reference.", "reward.", "val_reward.")
 @dataclass
 class LoopState:
     """What the loop carries from one iteration to the next besides weights and optimizer states: the random streams
-    (sampling; the mini-batch shuffle) and the optimizer steps per parameter group. Saved in every checkpoint."""
+    (sampling; the mini-batch shuffle), the optimizer steps per parameter group and the samples and tokens so far.
+    Saved in every checkpoint."""
 
     rng: IterationRNG = field(default_factory=IterationRNG)
     shuffle: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     optimizer_steps: dict[str, int] = field(default_factory=lambda: {"policy": 0, "critic": 0})
+    totals: dict[str, float] = field(default_factory=lambda: {"samples": 0.0, "tokens": 0.0})
 
     def snapshot(self) -> dict[str, Any]:
         """The state now (an iteration's start, to go back to when it is interrupted)."""
-        return {"rng": self.rng.state, "shuffle": self.shuffle.get_state(), "optimizer_steps": dict(self.optimizer_steps)}
+        return {"rng": self.rng.state, "shuffle": self.shuffle.get_state(), "optimizer_steps": dict(self.optimizer_steps), "totals": dict(self.totals)}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         if snapshot["rng"] is not None:
@@ -62,6 +65,7 @@ class LoopState:
         self.shuffle.set_state(snapshot["shuffle"])
         self.optimizer_steps.clear()
         self.optimizer_steps.update(snapshot["optimizer_steps"])
+        self.totals.update(snapshot.get("totals", {}))
 
 
 # ---------------------------------------------------------------------------------------------- what is saved
@@ -156,6 +160,7 @@ def save(module, checkpoint: dict[str, Any], datamodule: Any = None, untrained_p
         del state[key]
     checkpoint["rng"] = gather_rng_states(module.loop_state.rng, {"shuffle": module.loop_state.shuffle})
     checkpoint["optimizer_steps"] = dict(module.loop_state.optimizer_steps)
+    checkpoint["totals"] = dict(module.loop_state.totals)
     checkpoint["hf_export"] = export_info(module)
     checkpoint["lora_base"] = base_fingerprints(module)
     key = type(datamodule).__qualname__
@@ -174,17 +179,23 @@ def load(module, checkpoint: dict[str, Any]) -> None:
             if key.startswith(RELOADED) or key in lora_base:
                 state.setdefault(key, value)
     module.loop_state.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
+    module.loop_state.totals.update(checkpoint.get("totals", {}))  # a checkpoint of an older version counts from 0
     if checkpoint.get("rng"):
         restore_rng_states(checkpoint["rng"], module.loop_state.rng, {"shuffle": module.loop_state.shuffle})
 
 
+def policy_export_info(policy, spec) -> dict[str, Any]:
+    """The ``hf_export["policy"]`` entry of a causal LM loaded from ``spec`` (a `ModelSpec`): what
+    `lightning-rl export` rebuilds ``policy/`` from (any module whose state holds it under ``policy.``)."""
+    info = {"config": policy.config.to_dict(), "tokenizer": spec.path, **dataclasses.asdict(spec)}
+    if is_lora(policy):
+        info["base_fingerprint"] = policy.lora_base_fingerprint
+    return info
+
+
 def export_info(module) -> dict[str, Any]:
     """What an export needs besides the weights, stored in every ``RLModule`` checkpoint (``hf_export``)."""
-    info: dict[str, Any] = {
-        "policy": {"config": module.policy.config.to_dict(), "tokenizer": module.policy_spec.path, **dataclasses.asdict(module.policy_spec)},
-    }
-    if is_lora(module.policy):
-        info["policy"]["base_fingerprint"] = module.policy.lora_base_fingerprint
+    info: dict[str, Any] = {"policy": policy_export_info(module.policy, module.policy_spec)}
     critic = module.critic
     if critic is not None and critic.backbone is not None:
         info["critic"] = {"config": critic.backbone.config.to_dict()}
@@ -229,6 +240,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)
+
+
+def with_atomic_checkpoints(plugins) -> list:
+    """Trainer ``plugins`` (None, one, or a list) with `AtomicCheckpointIO`, unless they bring their own CheckpointIO."""
+    plugins = list(plugins) if isinstance(plugins, list) else [] if plugins is None else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 def sweep_stale_temporaries(folder: Path) -> list[Path]:

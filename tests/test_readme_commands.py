@@ -128,3 +128,64 @@ def test_the_asynchronous_cpu_route_as_printed(scratch, run):
     assert "samples at iteration 1" in printed
     (run,) = (scratch / "runs" / "grpo").glob("version_*")
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def python_block(heading: str) -> str:
+    """The first ```python block after ``heading``."""
+    section = README[README.index(heading) :]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+
+
+PYTHON_NOISE = ("Tip:", "dataloader_iter", "eval mode", "FLOPs", "Name ", "Epoch 0/", "v_num", "GPU available", "Loading weights",
+                "Seed set to", "`Trainer.fit` stopped", "Traceback")
+
+
+@pytest.mark.slow
+def test_the_python_snippet_prints_and_writes_what_the_cli_does(scratch):
+    """The README's "In Python" snippet, run as printed (fewer iterations): the console of `lightning-rl fit` (the bar
+    in RL iterations, the samples table, no tips, warnings or model summary) and its run folder, not lightning_logs/."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code = python_block("### In Python")
+    assert "max_steps=100" in code
+    (scratch / "snippet.py").write_text(code.replace("max_steps=100", "max_steps=2"))
+    done = subprocess.run([sys.executable, "snippet.py"], cwd=scratch, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    printed = done.stdout + done.stderr
+    assert done.returncode == 0, printed[-3000:]
+    assert not [noise for noise in PYTHON_NOISE if noise in printed], printed
+    assert "RL iterations" in printed and "2/2" in printed and "samples at iteration 1" in printed
+    assert not (scratch / "lightning_logs").exists()
+    (run,) = (scratch / "runs").glob("*/version_0")
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "hp_metric" not in tags and {"reward/mean", "val/reward", "total/samples"} <= set(tags)
+    assert torch.load(run.parent / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert not (run.parent / "latest" / "config.yaml").is_symlink()  # no config.yaml to link to: the script is the record
+
+
+@pytest.mark.slow
+def test_the_sft_warm_start_commands_as_printed(scratch, run):
+    """Supervised fine-tuning, its export, and an RL run from the export: each README command as printed (shortened)."""
+    sft, export, rl = bash_block("### Supervised fine-tuning")
+    assert sft.startswith("python -m lightning_rl.recipes.sft fit --config configs/sft.yaml")
+    run(sft)
+    assert torch.load(scratch / "runs" / "sft" / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    run(export)
+    assert (scratch / "runs" / "sft" / "hf" / "policy" / "model.safetensors").exists()
+    run(rl)
+    (trained,) = (scratch / "runs" / "grpo").glob("version_*")
+    assert "path: runs/sft/hf/policy" in (trained / "config.yaml").read_text()
+    assert torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_the_own_data_example_names_the_shipped_model_and_how_to_name_a_hub_model():
+    import yaml
+
+    section = README[README.index("### Your own data and reward") :]
+    config = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", section, flags=re.S)[0])
+    path = config["model"]["policy"]["path"]
+    assert (ROOT / path / "config.json").exists() and (ROOT / path / "tokenizer.json").exists()  # runs on a CPU newcomer's clone
+    assert config["data"]["chat_template"] is False  # the shipped tokenizer has no chat template
+    assert "--model.policy.path Qwen/" in section[: section.index("\n## ")]

@@ -27,6 +27,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 
 def _pin_our_components() -> None:
@@ -47,15 +48,13 @@ _pin_our_components()
 
 import torch  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
-from lightning.pytorch.callbacks.progress import ProgressBar  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
-from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
 
-from lightning_rl.checkpoint import AtomicCheckpointIO  # noqa: E402
+from lightning_rl.checkpoint import with_atomic_checkpoints  # noqa: E402
 from lightning_rl.cli.console import quiet  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
-from lightning_rl.cli.progress import RLProgressBar  # noqa: E402
+from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
 from lightning_rl.loop.runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
 from lightning_rl.cli.suggest import hint  # noqa: E402
 
@@ -119,7 +118,15 @@ class SaveConfigBeside(SaveConfigCallback):
         self.save_config(trainer, pl_module, stage)
 
 
-class RLCLI(LightningCLI):
+class RunCLI(LightningCLI):
+    """A LightningCLI over a module trained on `PromptDataModule`, with what `lightning-rl` gives: run folders chosen
+    before anything is written (lightning_rl.loop.runs; ``--new_run``), the config written once beside the run
+    (`SaveConfigBeside`), the progress bar, atomic checkpoint files, the policy's tokenizer for the prompts, and one-line
+    errors (`RLArgumentParser`). `lightning-rl` (`RLCLI`) and the supervised recipe (lightning_rl.recipes.sft) are it."""
+
+    progress_unit = "RL iterations"
+    """What the progress bar counts (a training step of the module)."""
+
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         """`fit` and `validate` (`test` / `predict` have no RL meaning here; `export` is handled by ``entry``)."""
@@ -129,24 +136,16 @@ class RLCLI(LightningCLI):
         kwargs.setdefault("allow_abbrev", False)  # --trainer.max_step must not silently mean --trainer.max_steps
         return super().init_parser(**kwargs)
 
-    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
-        super()._add_subcommands(parser, **kwargs)
-        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.cli.export)
-        parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
-        parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
-
     def _instantiate_trainer(self, config: dict, callbacks: list):
         # the RL progress bar (lightning_rl.cli.progress) unless the bar is off or the config brings its own
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
-        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in [*configured, *callbacks]):
-            callbacks = [*callbacks, RLProgressBar()]
-        return super()._instantiate_trainer(config, callbacks)
+        bar = missing_progress_bar([*configured, *callbacks], config.get("enable_progress_bar", True) is not False, self.progress_unit)
+        return super()._instantiate_trainer(config, [*callbacks, *bar])
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "fit":
-            parser.add_argument("--dry_run", action="store_true", help=DRY_RUN_HELP)
             parser.add_argument("--new_run", action="store_true", help=NEW_RUN_HELP)
         return parser
 
@@ -160,11 +159,6 @@ class RLCLI(LightningCLI):
             parser.error(config_error(err, self.config.get(self.subcommand) if self.subcommand else self.config))
 
     def _run_subcommand(self, subcommand: str) -> None:
-        if subcommand == "fit" and self.config_init[subcommand].get("dry_run"):
-            from lightning_rl.cli.dry_run import describe
-
-            print(describe(self))
-            return
         # the run's folder, before Lightning creates anything (lightning_rl.loop.runs): `latest` in --ckpt_path is resolved
         # first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
         config = self.config_init[subcommand]
@@ -185,35 +179,69 @@ class RLCLI(LightningCLI):
                 'make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" install, or use --trainer.accelerator cpu'
             )
         # checkpoint files are written atomically unless the config brings its own CheckpointIO (lightning_rl.checkpoint)
-        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
-        plugins = list(plugins) if isinstance(plugins, list) else [] if plugins is None else [plugins]
-        if not any(isinstance(p, CheckpointIO) for p in plugins):
-            plugins.append(AtomicCheckpointIO())
+        plugins = with_atomic_checkpoints(self._get(self.config_init, "trainer", default={}).get("plugins"))
         return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
 
 
-def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
+class RLCLI(RunCLI):
+    """`lightning-rl`: `RunCLI` over `RLModule`, with ``--dry_run`` and the `export` and `components` subcommands."""
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.cli.export)
+        parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
+        parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "fit":
+            parser.add_argument("--dry_run", action="store_true", help=DRY_RUN_HELP)
+        return parser
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand == "fit" and self.config_init[subcommand].get("dry_run"):
+            from lightning_rl.cli.dry_run import describe
+
+            print(describe(self))
+            return
+        super()._run_subcommand(subcommand)
+
+
+def build_cli(cli_class: type[RunCLI], model_class: type, prog: str, description: str, args: list[str] | None, run: bool, **kwargs) -> RunCLI:
+    """``cli_class`` over ``model_class`` and `PromptDataModule`, with the trainer defaults of default_trainer.yaml under
+    every --config, and the console quieted (lightning_rl.cli.console)."""
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
     asked = args if args is not None else sys.argv[1:]
     set_parsing_settings(docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked))
     quiet()  # the console shows what a researcher can act on (lightning_rl.cli.console)
-    return RLCLI(
-        RLModule,
+    return cli_class(
+        model_class,
         PromptDataModule,
         parser_class=RLArgumentParser,
-        auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
         parser_kwargs={
-            "prog": "lightning-rl",
-            "description": "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option. "
-            f"Errors are one line; {DEBUG}=1 shows their trace.",
+            "prog": prog,
+            "description": f"{description} Errors are one line; {DEBUG}=1 shows their trace.",
             "parser_mode": "omegaconf+",
             **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
         },
         save_config_callback=SaveConfigBeside,
         args=args,
         run=run,
+        **kwargs,
+    )
+
+
+def main(args: list[str] | None = None, run: bool = True) -> RLCLI:
+    return build_cli(
+        RLCLI,
+        RLModule,
+        "lightning-rl",
+        "Reinforcement learning for language models on PyTorch Lightning; `lightning-rl fit --help` lists every option.",
+        args,
+        run,
+        auto_configure_optimizers=False,  # the policy's optimizer is model.optimizer; a bare --optimizer would optimize nothing
     )
 
 
@@ -252,30 +280,38 @@ def _said_in_one_line() -> tuple[type[BaseException], ...]:
     return (SGLangError, DataError, NonFiniteTrainingError, FileNotFoundError)
 
 
-def entry() -> None:
-    """The ``lightning-rl`` console script and ``python cli.py`` (returns nothing, so the exit status is 0 on success)."""
-    # dotted paths in configs (my_project.rewards.fn) import from the working folder, after our own packages
+def command_line(command: Callable[[], object]) -> None:
+    """Run ``command`` as a command line: dotted paths in configs (my_project.rewards.fn) import from the working
+    folder, after our own packages; the console is quieted; an error that names its culprit and the fix is one line,
+    exit status 1. Returns nothing, so the exit status is 0 on success."""
     here = os.getcwd()
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here] + [here]
     quiet()
-
-    if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
-        from lightning_rl.cli.export import main as export
-
-        export(sys.argv[2:])
-        return
-    if sys.argv[1:2] == ["components"]:  # every component a config can name, with its formula's first line
-        from lightning_rl.cli.catalog import main as components
-
-        components()
-        return
     try:
-        main()
+        command()
     except _said_in_one_line() as err:
         if debugging():
             raise
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(1) from None
+
+
+def entry() -> None:
+    """The ``lightning-rl`` console script and ``python cli.py``."""
+    command_line(_lightning_rl)
+
+
+def _lightning_rl() -> None:
+    if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
+        from lightning_rl.cli.export import main as export
+
+        export(sys.argv[2:])
+    elif sys.argv[1:2] == ["components"]:  # every component a config can name, with its formula's first line
+        from lightning_rl.cli.catalog import main as components
+
+        components()
+    else:
+        main()
 
 
 if __name__ == "__main__":

@@ -1,23 +1,108 @@
-"""The console's progress bar: RL iterations (not epochs of an endless prompt stream) and what a researcher watches."""
+"""The console's progress bar: RL iterations (not epochs of an endless prompt stream), their wall clock, and what a
+researcher watches."""
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+from typing import Callable
+
 from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks.progress import ProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import CustomTimeColumn, ProcessingSpeedColumn
+from rich.progress import ProgressColumn
+from rich.text import Text
 
 SHOWN = {  # metric -> (label, format): the training signal first, then health, then cost
     "reward/mean": ("reward", "{:.3f}"),
-    "val/reward": ("val acc", "{:.3f}"),
+    "val/reward": ("val reward", "{:.3f}"),  # the reward's score: accuracy for an exact-match reward only
     "kl/ref": ("KL", "{:.4f} nats"),
     "policy/entropy": ("entropy", "{:.3f} nats"),
     "policy/clipfrac": ("clip", "{:.1%}"),
     "response_length/mean": ("length", "{:.1f} tok"),
     "throughput/samples_per_s": ("speed", "{:,.1f} samples/s"),  # tokens/s is in TensorBoard (throughput/tokens_per_s)
+    "train/loss": ("loss", "{:.3f}"),  # supervised fine-tuning (lightning_rl.recipes.sft)
+    "val/accuracy": ("val accuracy", "{:.3f}"),
 }
+
+
+class IterationClock:
+    """The wall clock of the iterations this process runs: ``elapsed`` since training started (validation and
+    checkpoints included, as a wall clock reads), and the seconds each iteration took, from its start to its end.
+
+    Rich's own rate counts every change of the bar's count as work done: an iteration counted after a resume (the
+    bar jumps from 0 to the checkpoint's step) or a count set back and forth (Lightning sets it to the prompt batches
+    read, which dynamic sampling makes several per iteration) made it read 2534 and 981 it/s."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic):
+        self.now = now
+        self.started: float | None = None
+        self.iterations = 0
+        self.seconds = 0.0  # summed over this process's iterations
+        self._iteration_started: float | None = None
+
+    def start(self) -> None:
+        self.started, self.iterations, self.seconds, self._iteration_started = self.now(), 0, 0.0, None
+
+    def begin_iteration(self) -> None:
+        self._iteration_started = self.now()
+
+    def end_iteration(self) -> None:
+        if self._iteration_started is not None:
+            self.seconds += self.now() - self._iteration_started
+            self.iterations += 1
+            self._iteration_started = None
+
+    @property
+    def elapsed(self) -> float | None:
+        return None if self.started is None else self.now() - self.started
+
+    @property
+    def seconds_per_iteration(self) -> float | None:
+        return self.seconds / self.iterations if self.iterations else None
+
+    def remaining(self, iterations_left: float) -> float | None:
+        per = self.seconds_per_iteration
+        return None if per is None or iterations_left == float("inf") else per * max(iterations_left, 0)
+
+    def rate(self) -> str:
+        """``2.41 it/s``, or ``3.20 s/it`` for iterations longer than a second (an RL iteration often is)."""
+        per = self.seconds_per_iteration
+        if per is None:
+            return "-.-- s/it"
+        return f"{per:.2f} s/it" if per >= 1 else f"{1 / max(per, 1e-9):.2f} it/s"
+
+
+def _clock_text(seconds: float | None) -> str:
+    return "-:--:--" if seconds is None else str(timedelta(seconds=int(seconds)))
+
+
+class _TrainTaskColumn(ProgressColumn):
+    """Renders the training task from the bar's `IterationClock`; every other task (validation) as Lightning does."""
+
+    def __init__(self, bar: RLProgressBar, lightning_column: ProgressColumn, render: Callable[[IterationClock, object], str], style):
+        super().__init__()
+        self.bar, self.lightning_column, self._render, self.style = bar, lightning_column, render, style
+
+    def render(self, task) -> Text:
+        if task.id != self.bar.train_progress_bar_id:
+            return self.lightning_column.render(task)
+        return Text(self._render(self.bar.clock, task), style=self.style)
 
 
 class RLProgressBar(RichProgressBar):
     """Counts RL iterations against ``trainer.max_steps`` (the total is right for dynamic sampling, which reads
-    several prompt batches per iteration, and for a resumed run) and shows the metrics in ``SHOWN`` with units."""
+    several prompt batches per iteration, and for a resumed run), times them with an `IterationClock` and shows the
+    metrics in ``SHOWN`` with units."""
+
+    def __init__(self, unit: str = "RL iterations"):
+        """
+        Args:
+            unit: what the bar counts (its description).
+        """
+        super().__init__()
+        self.unit = unit
+        self.clock = IterationClock()
 
     @property
     def total_train_batches(self) -> int | float:
@@ -25,13 +110,42 @@ class RLProgressBar(RichProgressBar):
         return max_steps if max_steps and max_steps > 0 else super().total_train_batches
 
     def _get_train_description(self, current_epoch: int) -> str:
-        return "RL iterations"
+        return self.unit
+
+    def configure_columns(self, trainer) -> list:
+        columns = super().configure_columns(trainer)
+        theme = self.theme
+
+        def clock(clock: IterationClock, task) -> str:
+            return f"{_clock_text(clock.elapsed)} • {_clock_text(clock.remaining(task.total - task.completed))}"
+
+        replaced = {
+            CustomTimeColumn: lambda column: _TrainTaskColumn(self, column, clock, theme.time),
+            ProcessingSpeedColumn: lambda column: _TrainTaskColumn(self, column, lambda c, _: c.rate(), theme.processing_speed),
+        }
+        return [replaced[type(c)](c) if type(c) in replaced else c for c in columns]
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.clock.start()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.clock.begin_iteration()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self._update(self.train_progress_bar_id, trainer.global_step)  # iterations done, resumed ones included
+        # not Lightning's count (batch_idx + 1: the prompt batches read so far): the iterations done, resumed ones included
+        self.clock.end_iteration()
+        if not self.is_disabled and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()
+        self._update(self.train_progress_bar_id, trainer.global_step)
+        self._update_metrics(trainer, pl_module)
         self.refresh()
 
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
         metrics = trainer.callback_metrics
         return {label: fmt.format(float(metrics[key])) for key, (label, fmt) in SHOWN.items() if key in metrics}
+
+
+def missing_progress_bar(callbacks: list, enabled: bool = True, unit: str = "RL iterations") -> list:
+    """``[RLProgressBar(unit)]`` to add to a Trainer's ``callbacks``; none when the bar is off or they bring their own."""
+    return [] if not enabled or any(isinstance(c, ProgressBar) for c in callbacks) else [RLProgressBar(unit)]

@@ -228,7 +228,8 @@ class PromptDataModule(LightningDataModule):
     # ---- loading and tokenising -------------------------------------------------------------
     def _tokenizer(self):
         if self.hparams.tokenizer is None:
-            raise ValueError("data.tokenizer is not set: the CLI links it to model.policy.path; in Python pass tokenizer=<model path>")
+            raise ValueError("data.tokenizer is not set: the CLI and lightning_rl.Trainer link it to model.policy.path; with a "
+                             "lightning.Trainer pass tokenizer=<model path>")
         if not hasattr(self, "_tok"):
             self._tok = load_tokenizer(self.hparams.tokenizer, "model.policy.path (the tokenizer of data.tokenizer)")
         return self._tok

@@ -13,7 +13,8 @@ from lightning_rl.core.ops import all_reduce_sum, dist_ready
 
 
 class WeightedMeans:
-    """Accumulate ``value * weight`` per name over micro-batches; one all-reduce at the end (no host syncs in between).
+    """Accumulate ``value * weight`` per name over micro-batches, and maxima / minima; one all-reduce each at the end
+    (no host syncs in between).
 
     ``device``: where every sum lives (the module's). Host values (a wall-clock wait, a CPU reward's metrics) move
     there as they are added: the reduction stacks all of them, and CUDA (like NCCL) refuses a mix of devices.
@@ -24,17 +25,31 @@ class WeightedMeans:
         self.sums: dict[str, Tensor] = {}
         self.weights: dict[str, Tensor] = {}
         self.maxima: dict[str, Tensor] = {}
+        self.minima: dict[str, Tensor] = {}
 
     def add(self, name: str, value: Tensor, weight: Tensor | float = 1.0) -> None:
-        value = value.detach().float()
-        if self.device is not None:
-            value = value.to(self.device, non_blocking=True)
+        """A weighted value of the mean ``name``; a name ending in ``_max`` is a maximum instead (`maximum`)."""
+        value = self._here(value)
         if name.endswith("_max"):
-            self.maxima[name] = value if name not in self.maxima else torch.maximum(self.maxima[name], value)
+            self.maximum(name, value)
             return
         weight = torch.as_tensor(weight, dtype=torch.float32, device=value.device)
         self.sums[name] = self.sums.get(name, 0.0) + value * weight
         self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def _here(self, value: Tensor) -> Tensor:
+        value = value.detach().float()
+        return value if self.device is None else value.to(self.device, non_blocking=True)
+
+    def maximum(self, name: str, value: Tensor) -> None:
+        """``name`` is the largest value given, over calls and ranks."""
+        value = self._here(value)
+        self.maxima[name] = value if name not in self.maxima else torch.maximum(self.maxima[name], value)
+
+    def minimum(self, name: str, value: Tensor) -> None:
+        """``name`` is the smallest value given, over calls and ranks."""
+        value = self._here(value)
+        self.minima[name] = value if name not in self.minima else torch.minimum(self.minima[name], value)
 
     def add_all(self, metrics: dict[str, Tensor], weight: Tensor | float = 1.0) -> None:
         for name, value in metrics.items():
@@ -46,7 +61,7 @@ class WeightedMeans:
         return torch.stack([torch.as_tensor(self.sums.get(name, zero)).float().cpu(), torch.as_tensor(self.weights.get(name, zero)).float().cpu()])
 
     def compute(self, sync: bool = True) -> dict[str, Tensor]:
-        """Means (and maxima) over everything added, across data-parallel ranks when ``sync``."""
+        """Means, maxima and minima over everything added, across data-parallel ranks when ``sync``."""
         names = sorted(self.sums)
         out: dict[str, Tensor] = {}
         if names:
@@ -54,20 +69,22 @@ class WeightedMeans:
             if sync:
                 stacked = all_reduce_sum(stacked)
             out.update({n: s / w.clamp_min(1e-12) for n, (s, w) in zip(names, stacked)})
-        if self.maxima:
-            names = sorted(self.maxima)
-            stacked = torch.stack([self.maxima[n] for n in names])
-            if sync and dist_ready():
-                torch.distributed.all_reduce(stacked, op=torch.distributed.ReduceOp.MAX)
-            out.update(dict(zip(names, stacked)))
+        for extremes, op in ((self.maxima, "MAX"), (self.minima, "MIN")):
+            if extremes:
+                names = sorted(extremes)
+                stacked = torch.stack([extremes[n] for n in names])
+                if sync and dist_ready():
+                    torch.distributed.all_reduce(stacked, op=getattr(torch.distributed.ReduceOp, op))
+                out.update(dict(zip(names, stacked)))
         return out
 
 
 class PhaseTimer:
-    """Wall-clock seconds per phase of one iteration (``time/<phase>_s``)."""
+    """Wall-clock seconds per phase of one iteration (``time/<phase>_s``), and since the iteration began (``time/iteration_s``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.started = time.perf_counter()
 
     @contextmanager
     def __call__(self, phase: str):
@@ -83,3 +100,7 @@ class PhaseTimer:
 
     def metrics(self) -> dict[str, float]:
         return {f"time/{k}_s": v for k, v in self.seconds.items()}
+
+    def elapsed(self) -> float:
+        """Seconds since the iteration began: its phases and what ran between them."""
+        return time.perf_counter() - self.started

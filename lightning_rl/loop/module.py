@@ -147,7 +147,7 @@ class RLModule(LightningModule):
                                    self.optimizer_cfg, self.health, self.loop_state)
         self.reporter = Reporter(loop, self.health, self.tokenizer, None if kl is None else (lambda: kl.coef), self.rollout.params.group_size,
                                  filters_groups=self.sampling is not None, shapes_reward=kl is not None and kl.placement == "reward",
-                                 recompute_old=self.recompute_old)
+                                 recompute_old=self.recompute_old, totals=self.loop_state.totals)
         self.validator = Validator(self.collector, self.val_reward, loop)
 
     def configure_optimizers(self):

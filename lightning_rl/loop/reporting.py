@@ -3,6 +3,8 @@ table of sampled completions (lightning_rl.loop.samples) on the console and as T
 
 from __future__ import annotations
 
+import resource
+import sys
 from typing import Callable
 
 import torch
@@ -19,9 +21,10 @@ from lightning_rl.loop.samples import markdown, print_rows, sample_rows
 # TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
 LAYOUT = {
     "1 training signal": {
-        "reward (mean, parts, raw, shaped)": ["Multiline", [r"^reward/(mean|raw_mean|shaped_mean)$", r"^reward/(?!std|mean|raw_mean|shaped_mean|timeout|error)"]],
+        "reward (mean, min / max, parts, raw, shaped)": [
+            "Multiline", [r"^reward/(mean|min|max|raw_mean|shaped_mean)$", r"^reward/(?!std|mean|min|max|raw_mean|shaped_mean|timeout|error)"]],
         "validation (greedy reward, pass@k, mean@n)": ["Multiline", [r"^val/.*(reward|pass@|mean@)"]],
-        "response length (tokens)": ["Multiline", [r"^response_length/mean$", r"^val/.*response_length$"]],
+        "response length (tokens: mean, min / max)": ["Multiline", [r"^response_length/(mean|min|max)$", r"^val/.*response_length$"]],
     },
     "2 policy": {
         "loss": ["Multiline", [r"^policy/loss$"]],
@@ -31,17 +34,21 @@ LAYOUT = {
         "gradient norm": ["Multiline", [r"^policy/grad_norm$"]],
     },
     "3 cost": {
-        "seconds per phase": ["Multiline", [r"^time/"]],
+        "seconds per phase and per iteration": ["Multiline", [r"^time/"]],
         "tokens per second": ["Multiline", [r"^throughput/"]],
+        "samples and tokens so far": ["Multiline", [r"^total/"]],
+        "peak memory (MiB)": ["Multiline", [r"^memory/"]],
     },
 }
+EXTREMES = ("reward/min", "reward/max", "response_length/min", "response_length/max")
+"""Over the sampled rows; not written for an iteration without any (dynamic sampling kept no group)."""
 
 
 class Reporter:
     """The metrics of one RL iteration and the samples table."""
 
     def __init__(self, loop: LoopConfig, health: TrainingHealth, tokenizer, kl_coef: Callable[[], Tensor] | None, group_size: int,
-                 filters_groups: bool, shapes_reward: bool, recompute_old: bool):
+                 filters_groups: bool, shapes_reward: bool, recompute_old: bool, totals: dict[str, float]):
         """
         Args:
             tokenizer: the policy's, to show each prompt in the samples table as the model read it.
@@ -50,9 +57,12 @@ class Reporter:
             filters_groups: dynamic sampling logs ``sampling/zero_var_groups`` before it filters.
             shapes_reward: the KL penalty sits in the reward (``reward/shaped_mean``).
             recompute_old: whether pi_old comes from a separate forward pass (``policy/old_logprobs_recomputed``).
+            totals: samples and tokens of the run so far (``total/*``), updated in place; checkpointed by the module's
+                loop state, so a resumed run counts on.
         """
         self.loop, self.health, self.tokenizer, self.kl_coef, self.group_size = loop, health, tokenizer, kl_coef, group_size
         self.filters_groups, self.shapes_reward, self.recompute_old = filters_groups, shapes_reward, recompute_old
+        self.totals = totals
         self._layout_written = False
 
     def iteration(self, trainer, batch: RolloutBatch, metrics: WeightedMeans, timer: PhaseTimer, lr: float, log: Callable) -> None:
@@ -65,6 +75,12 @@ class Reporter:
         metrics.add("reward/std", masked_mean((batch.scores - masked_mean(batch.scores, sampled)).square(), sampled).sqrt())
         metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
         metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
+        for name, value in (("reward", batch.scores), ("response_length", lengths)):
+            # every rank adds them (an empty batch gives -inf / inf) so the reduction over ranks stays collective
+            value, rows = value.float(), sampled.bool()
+            metrics.maximum(f"{name}/max", torch.cat([value.masked_fill(~rows, -torch.inf), value.new_full((1,), -torch.inf)]).max())
+            metrics.minimum(f"{name}/min", torch.cat([value.masked_fill(~rows, torch.inf), value.new_full((1,), torch.inf)]).min())
+        _peak_memory(metrics, batch.response_mask.device)
         if not self.filters_groups and batch.batch_size and self.group_size > 1:
             metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
         if batch.env_rewards is not None or self.shapes_reward:
@@ -76,12 +92,15 @@ class Reporter:
         seconds = timer.metrics()
         total = sum(seconds.values())
         responses = torch.tensor(float(batch.batch_size), device=batch.response_mask.device)
-        done = torch.stack([batch.response_mask.sum().float(), responses])  # tokens, responses
-        tokens, samples = all_reduce_sum(done) / max(total, 1e-9)
-        values["throughput/tokens_per_s"], values["throughput/samples_per_s"] = tokens, samples
+        done = all_reduce_sum(torch.stack([batch.response_mask.sum().float(), responses]))  # tokens, responses of every rank
+        values["throughput/tokens_per_s"], values["throughput/samples_per_s"] = done / max(total, 1e-9)
+        values["total/tokens"], values["total/samples"] = done + torch.tensor([self.totals.get("tokens", 0.0), self.totals.get("samples", 0.0)], device=done.device)
         # one device-to-host copy of every reduced value (all on the module's device: stacking refuses a mix)
         scalars = dict(zip(values, torch.stack([v.float().reshape(()) for v in values.values()]).tolist()))
+        scalars = {k: v for k, v in scalars.items() if k not in EXTREMES or abs(v) != float("inf")}
         scalars.update({"policy/old_logprobs_recomputed": float(self.recompute_old), "optim/lr_policy": float(lr)})  # host numbers
+        self.totals.update(tokens=scalars["total/tokens"], samples=scalars["total/samples"])
+        seconds["time/iteration_s"] = timer.elapsed()
         self._write_metrics(trainer, {**scalars, **seconds})
         self.health.observe(scalars, trainer.global_step)  # divergence, said once (lightning_rl.loop.health)
         if trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
@@ -114,3 +133,13 @@ class Reporter:
             experiment.add_text("samples", markdown(rows), trainer.global_step)
         bar = trainer.progress_bar_callback
         print_rows(rows, f"samples at iteration {trainer.global_step}", getattr(getattr(bar, "progress", None), "console", None))
+
+
+def _peak_memory(metrics: WeightedMeans, device: torch.device) -> None:
+    """The most memory this process has held so far, the largest over ranks: resident set size (host), and on CUDA
+    what tensors took and what the caching allocator reserved (what an out-of-memory error counts)."""
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS
+    metrics.maximum("memory/peak_rss_mib", torch.tensor(rss_kib / 1024, device=device))
+    if device.type == "cuda":
+        metrics.maximum("memory/peak_cuda_allocated_mib", torch.tensor(torch.cuda.max_memory_allocated(device) / 2**20, device=device))
+        metrics.maximum("memory/peak_cuda_reserved_mib", torch.tensor(torch.cuda.max_memory_reserved(device) / 2**20, device=device))

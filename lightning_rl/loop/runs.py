@@ -182,12 +182,16 @@ def claim_file(folder: Path, names: list[str]) -> Path:
 
 def link_latest(run: Path) -> None:
     """Point ``<root>/latest/checkpoints`` and ``config.yaml`` at ``run``'s, each replaced atomically (a reader sees the
-    old run's or the new run's, never none). An older layout's ``latest`` link to a version folder is replaced."""
+    old run's or the new run's, never none). An older layout's ``latest`` link to a version folder is replaced. A run
+    without a ``config.yaml`` (composed in Python: lightning_rl.trainer) leaves none in ``latest`` (not the previous run's)."""
     latest = run.parent / LATEST
     if latest.is_symlink() or latest.is_file():
         latest.unlink()
     latest.mkdir(parents=True, exist_ok=True)
     for name in LINKED:
+        if name == "config.yaml" and not (run / name).exists():  # the checkpoints folder is linked before its first save
+            (latest / name).unlink(missing_ok=True)
+            continue
         tmp = latest / f".{name}.tmp-{os.getpid()}"
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(Path("..") / run.name / name)  # relative: the runs folder can move

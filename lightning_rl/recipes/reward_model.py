@@ -26,6 +26,7 @@ from components.reward.model import last_token_scores
 
 from lightning_rl.core.models import DTYPES, TINY_MODEL_PATH, load_pretrained, load_tokenizer
 from lightning_rl.data.preference import PairDataModule, arithmetic_pairs
+from lightning_rl.recipes import adamw_with_warmup
 
 __all__ = ["BradleyTerryRewardModel", "PairDataModule", "arithmetic_pairs", "main", "pair_loss", "save_tiny_reward_model"]
 
@@ -110,11 +111,7 @@ class BradleyTerryRewardModel(LightningModule):
         self.log("val/margin", (chosen - rejected).mean(), batch_size=n, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        warmup = max(1, self.hparams.warmup_steps)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_with_warmup(self.model.parameters(), self.hparams.lr, self.hparams.weight_decay, self.hparams.warmup_steps)
 
     def on_fit_end(self) -> None:
         if self.hparams.output_dir and self.trainer.is_global_zero:

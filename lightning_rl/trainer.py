@@ -1,0 +1,96 @@
+"""`lightning_rl.Trainer`: in Python, the Trainer `lightning-rl fit` builds.
+
+    import lightning_rl
+    lightning_rl.Trainer(name="dr_grpo", max_steps=100).fit(module, data)   # or lightning_rl.fit(module, data, ...)
+
+What the command line gives, and a bare ``lightning.Trainer`` does not: the defaults of lightning_rl/cli/default_trainer.yaml
+(a run folder ``runs/<name>/version_N`` with TensorBoard events without ``hp_metric`` and ``checkpoints/``, claimed
+before anything is written; validation every 50 iterations, before the first and after the last; no model summary),
+the RL progress bar (lightning_rl.cli.progress), atomic checkpoint files, the console without Lightning's tips and
+expected warnings (lightning_rl.cli.console), ``ckpt_path`` through ``latest/`` continuing the run it belongs to,
+the prompts tokenised with the policy's tokenizer, and the seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import instantiate_class
+
+from lightning_rl.checkpoint import with_atomic_checkpoints
+from lightning_rl.cli.commands import DEFAULT_TRAINER_CONFIG
+from lightning_rl.cli.console import quiet
+from lightning_rl.cli.progress import missing_progress_bar
+from lightning_rl.loop.runs import resolve_checkpoint, start_run
+
+def cli_defaults(name: str = "default", save_dir: str = "runs") -> dict[str, Any]:
+    """The Trainer arguments of lightning_rl/cli/default_trainer.yaml (what `lightning-rl fit` starts from) with the run
+    named ``name`` under ``save_dir``."""
+    config = yaml.safe_load(Path(DEFAULT_TRAINER_CONFIG).read_text())
+    trainer = dict(config["trainer"])
+    trainer["default_root_dir"] = f"{save_dir}/{name}"
+    logger = trainer["logger"]
+    trainer["logger"] = instantiate_class((), {**logger, "init_args": {**logger["init_args"], "save_dir": save_dir, "name": name}})
+    callbacks = []
+    for callback in trainer.get("callbacks") or []:
+        if callback["class_path"].endswith(".ModelCheckpoint"):  # the run's checkpoints: moved into its version folder
+            callback = {**callback, "init_args": {**callback["init_args"], "dirpath": f"{save_dir}/{name}/checkpoints"}}
+        callbacks.append(instantiate_class((), callback))
+    trainer["callbacks"] = callbacks
+    return trainer
+
+
+class Trainer(lightning.Trainer):
+    """A ``lightning.Trainer`` as `lightning-rl fit` builds it (see the module's doc); every argument of
+    ``lightning.Trainer`` overrides the default it names (``callbacks`` replaces the list, as in a config)."""
+
+    def __init__(self, name: str = "default", save_dir: str = "runs", seed: int | None = 0, **trainer_args):
+        """
+        Args:
+            name: the run's name: its folder is ``<save_dir>/<name>/version_N`` (the CLI takes it from the preset).
+            save_dir: the folder of every run (TensorBoard's ``--logdir``).
+            seed: ``seed_everything`` (0: the CLI's ``seed_everything`` default); None leaves the random state as it is.
+            trainer_args: ``lightning.Trainer`` arguments (``max_steps`` counts RL iterations).
+        """
+        quiet()
+        if seed is not None:
+            lightning.seed_everything(seed, verbose=False)
+        args = {**cli_defaults(name, save_dir), **trainer_args}
+        given = args.get("callbacks")
+        callbacks = list(given) if isinstance(given, list) else [] if given is None else [given]
+        args["callbacks"] = [*callbacks, *missing_progress_bar(callbacks, args.get("enable_progress_bar", True) is not False)]
+        args["plugins"] = with_atomic_checkpoints(args.get("plugins"))
+        super().__init__(**args)
+
+    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None, new_run: bool = False, **kwargs):
+        """``lightning.Trainer.fit``; a ``ckpt_path`` of a run's checkpoint (through ``latest/`` or not) continues that run in its
+        folder, unless ``new_run``."""
+        ckpt_path = self._begin("fit", model, datamodule if datamodule is not None else train_dataloaders, ckpt_path, new_run)
+        return super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs)
+
+    def validate(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True, datamodule=None, **kwargs):
+        """``lightning.Trainer.validate``; the points of a run's checkpoint go into that run, at its iteration."""
+        ckpt_path = self._begin("validate", model, datamodule if datamodule is not None else dataloaders, ckpt_path)
+        return super().validate(model, dataloaders, ckpt_path, verbose, datamodule, **kwargs)
+
+    def _begin(self, stage: str, model, data, ckpt_path, new_run: bool = False):
+        """What the CLI does before Lightning runs (lightning_rl.cli.commands): the checkpoint path resolved before a run
+        folder moves ``latest/``, the folder chosen, the policy's tokenizer for the prompts."""
+        ckpt_path = resolve_checkpoint(None if ckpt_path is None else str(ckpt_path))
+        start_run(self, stage, ckpt_path, new_run=new_run)
+        hparams = getattr(data, "hparams", None)
+        if hparams is not None and "tokenizer" in hparams and hparams.tokenizer is None and hasattr(model, "policy_spec"):
+            hparams.tokenizer = model.policy_spec.path  # the CLI's link: model.policy.path -> data.tokenizer
+        return ckpt_path
+
+
+def fit(model, datamodule, ckpt_path: str | None = None, new_run: bool = False, **trainer_args) -> Trainer:
+    """``Trainer(**trainer_args).fit(model, datamodule, ckpt_path)`` in one call; returns the Trainer (its
+    ``callback_metrics`` hold the last iteration's metrics and the last validation's)."""
+    trainer = Trainer(**trainer_args)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, new_run=new_run)
+    return trainer
