@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import adapter_state, is_lora, merged_state_dict, save_adapter
+from lightning_rl.core.models import is_vision_language
 
 from .client import RETRY_STATUSES, SGLangClient, SGLangError
 
@@ -74,11 +75,22 @@ def serialize_named_tensors(named: list[tuple[str, Tensor]]) -> str:
     return MultiprocessingSerializer.serialize(named, output_str=True)
 
 
+def checkpoint_names(policy: nn.Module, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A vision-language policy's weights named as its checkpoint files name them, which SGLang's loader reads
+    (transformers renames some on load, e.g. Qwen2-VL's ``model.layers`` is ``model.language_model.layers`` in memory;
+    ``save_pretrained`` names them back, and so does this)."""
+    if not is_vision_language(getattr(policy, "config", None)):
+        return state
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(policy, state)
+
+
 def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
     """The policy's weights as ``(name, tensor)`` lists of about ``bucket_bytes`` each (one request per bucket)."""
     bucket: list[tuple[str, Tensor]] = []
     size = 0
-    for name, tensor in (merged_state_dict(policy) if is_lora(policy) else policy.state_dict()).items():
+    for name, tensor in checkpoint_names(policy, merged_state_dict(policy) if is_lora(policy) else policy.state_dict()).items():
         if type(tensor) is not Tensor:
             raise ValueError(
                 f"SGLangRollout weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
