@@ -1,7 +1,12 @@
 """Build the shipped tiny vision-language policy: a character-level Qwen2-VL trained (SFT) on builtin:count_shapes
 pictures, answered by a careless teacher who undercounts.
 
-    python scripts/make_tiny_vlm.py          # writes lightning_rl/assets/tiny-vlm (a few minutes on 2 CPU cores)
+    PYTHONPATH=. OMP_NUM_THREADS=2 python scripts/make_tiny_vlm.py   # writes lightning_rl/assets/tiny-vlm
+
+The shipped asset is this command's output (seed 0, lr 2e-3: held-out greedy accuracy 0.635 at step 750, 0.655 at 900,
+then 0.450 at step 1050 once it had learnt the teacher's habit, where it stopped; about 5 minutes on 2 free CPU cores,
+measured 2026-12-04 with torch 2.11). The step at which the model starts to read the pictures depends on the seed
+and on the torch build (other seeds: 450 to 1800 steps), so another build may stop at another step.
 
 The teacher says one less than the true count with probability --undercount on pictures of three or more shapes. The
 model learns to see the shapes *and* the teacher's habit: on pictures of one or two shapes it is right; on the others
@@ -74,14 +79,15 @@ def main() -> None:
     parser.add_argument("--low", type=float, default=0.30, help="required held-out greedy accuracy: at least ...")
     parser.add_argument("--high", type=float, default=0.55, help="... and at most")
     parser.add_argument("--max-steps", type=int, default=2500)
-    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--undercount", type=float, default=0.6, help="the teacher answers count - 1 on 3+ shapes with this probability")
     parser.add_argument("--pictures", type=int, default=6000, help="training pictures (the first 2000 are the RL task's train split)")
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--stop-early", action="store_true", help="stop at the first evaluation inside [low, high]")
+    parser.add_argument("--run-to-the-end", dest="stop_early", action="store_false",
+                        help="train all --max-steps (default: stop at the first evaluation inside [low, high])")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
