@@ -35,12 +35,11 @@ PER_TOKEN = (
 )
 PROMPT = ("prompt_ids", "prompt_mask")
 ROWS = ("columns", "score_parts")
-"""Any field whose value is a list is per row too, one entry per sample (``images``: a prompt's images, PIL, for display
-and for servers that process images themselves; ``image_inputs``: the processor's tensors for them, the policy's image
-inputs such as ``pixel_values`` and ``image_grid_thw``). The samples of one prompt share one entry object, which ``to``
-keeps shared."""
 """Per-row fields that are not one tensor: ``columns`` (name -> a list, one value per sample), ``score_parts``
-(name -> a (B,) tensor)."""
+(name -> a (B,) tensor). Any field whose value is a list is per row too, one entry per sample (``images``: a prompt's
+images, PIL, for display and for servers that process images themselves; ``image_inputs``: the processor's tensors for
+them, the policy's image inputs such as ``pixel_values`` and ``image_grid_thw``). The samples of one prompt share one
+entry object, which ``to`` keeps shared."""
 
 Columns = dict[str, list[Any]]
 """Per-row values by name, one list entry per row: the data row's columns, decoded prompts and completions."""
