@@ -4,7 +4,7 @@ pictures, answered by a careless teacher who undercounts.
     PYTHONPATH=. OMP_NUM_THREADS=2 python scripts/make_tiny_vlm.py   # writes lightning_rl/assets/tiny-vlm
 
 The shipped asset is this command's output (seed 0, lr 2e-3: held-out greedy accuracy 0.635 at step 750, 0.655 at 900,
-then 0.450 at step 1050 once it had learnt the teacher's habit, where it stopped; about 5 minutes on 2 free CPU cores,
+then 0.450 at step 1050 once it had learnt the teacher's habit, where it stopped; under 6 minutes on 2 dedicated CPU cores,
 measured 2026-12-04 with torch 2.11). The step at which the model starts to read the pictures depends on the seed
 and on the torch build (other seeds: 450 to 1800 steps), so another build may stop at another step.
 
