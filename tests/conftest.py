@@ -49,3 +49,11 @@ def tiny_vlm25_path(tmp_path_factory) -> str:
     from lightning_rl.recipes.tiny_vlm import save_tiny_vlm
 
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen2_5-vl"), "qwen2_5_vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm3_path(tmp_path_factory) -> str:
+    """The same, as a Qwen3-VL (16-pixel patches, interleaved multimodal rotary positions, deepstack features)."""
+    from lightning_rl.recipes.tiny_vlm import save_tiny_vlm
+
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen3-vl"), "qwen3_vl", seed=0)

@@ -36,18 +36,21 @@ def build_vlm_tokenizer():
     return tokenizer
 
 
-def build_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 112 * 112):
-    """Qwen2-VL's image processor (PIL backend): images resized to a multiple of 28 pixels within the pixel bounds."""
+def build_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 112 * 112, patch_size: int = PATCH):
+    """Qwen2-VL's image processor (PIL backend): images resized to a multiple of ``patch_size * 2`` pixels within the
+    pixel bounds (Qwen3-VL's patches are 16 pixels)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2)
+    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=MERGE, temporal_patch_size=2)
 
 
 def build_tiny_vlm(tokenizer, family: str = "qwen2_vl", hidden_size: int = 32, layers: int = 2, heads: int = 2, vision_dim: int = 16,
                    vision_depth: int = 1, seed: int = 0, max_positions: int = 512):
-    """A randomly initialised Qwen2-VL (``family="qwen2_vl"``) or Qwen2.5-VL (``"qwen2_5_vl"``) for ``tokenizer``."""
+    """A randomly initialised Qwen2-VL (``family="qwen2_vl"``), Qwen2.5-VL (``"qwen2_5_vl"``) or Qwen3-VL (``"qwen3_vl"``:
+    16-pixel patches, interleaved multimodal rotary positions, deepstack features) for ``tokenizer``."""
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen3VLConfig,
+                              Qwen3VLForConditionalGeneration)
 
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in
            (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
@@ -65,8 +68,14 @@ def build_tiny_vlm(tokenizer, family: str = "qwen2_vl", hidden_size: int = 32, l
         vision = dict(depth=vision_depth, hidden_size=vision_dim, intermediate_size=2 * vision_dim, out_hidden_size=hidden_size, num_heads=2, patch_size=PATCH,
                       spatial_merge_size=MERGE, temporal_patch_size=2, in_channels=3, window_size=56, fullatt_block_indexes=[vision_depth - 1])
         config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    elif family == "qwen3_vl":
+        vision = dict(depth=vision_depth, hidden_size=vision_dim, intermediate_size=2 * vision_dim, out_hidden_size=hidden_size, num_heads=2, patch_size=16,
+                      spatial_merge_size=MERGE, temporal_patch_size=2, in_channels=3, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        text.pop("rope_scaling")
+        text.update(head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section, "mrope_interleaved": True})
+        config_class, model_class = Qwen3VLConfig, Qwen3VLForConditionalGeneration
     else:
-        raise ValueError(f"unknown family {family!r}: qwen2_vl or qwen2_5_vl")
+        raise ValueError(f"unknown family {family!r}: qwen2_vl, qwen2_5_vl or qwen3_vl")
     config = config_class(text_config=text, vision_config=vision, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                           bos_token_id=None, tie_word_embeddings=True, **ids)
     torch.manual_seed(seed)
@@ -89,4 +98,5 @@ def save_vlm(model, tokenizer, image_processor, path: str | Path) -> str:
 def save_tiny_vlm(path: str | Path, family: str = "qwen2_vl", seed: int = 0, **sizes) -> str:
     """A random tiny vision-language model, tokenizer and image processor at ``path`` (a test fixture); returns the path."""
     tokenizer = build_vlm_tokenizer()
-    return save_vlm(build_tiny_vlm(tokenizer, family, seed=seed, **sizes), tokenizer, build_image_processor(), path)
+    processor = build_image_processor(patch_size=16 if family == "qwen3_vl" else PATCH)
+    return save_vlm(build_tiny_vlm(tokenizer, family, seed=seed, **sizes), tokenizer, processor, path)

@@ -1,7 +1,7 @@
 """Vision-language policies: the sampler and the trainer see the same image tokens and positions.
 
-HFRollout's sampled log-probs equal the trainer's recomputation (policy_logprobs) to 1e-5 on a tiny Qwen2-VL and
-Qwen2.5-VL built locally, with several images per prompt, prompts without images, left padding and two prompts that
+HFRollout's sampled log-probs equal the trainer's recomputation (policy_logprobs) to 1e-5 on a tiny Qwen2-VL,
+Qwen2.5-VL and Qwen3-VL built locally, with several images per prompt, prompts without images, left padding and two prompts that
 read the same token ids but show different pictures, in one batch; micro-batches equal the one-batch pass; token-budget
 packing refuses a batch with images.
 """
@@ -44,7 +44,7 @@ def max_diff(a, b, mask):
     return float(((a - b).abs() * mask).max())
 
 
-@pytest.mark.parametrize("family", ["tiny_vlm_path", "tiny_vlm25_path"])
+@pytest.mark.parametrize("family", ["tiny_vlm_path", "tiny_vlm25_path", "tiny_vlm3_path"])
 @pytest.mark.parametrize("group_size", [1, 3])  # 1: one causal pass per row; 3: each prompt's KV cache shared by its group
 def test_sampled_logprobs_equal_the_trainers_recomputation(family, group_size, request):
     path = request.getfixturevalue(family)
@@ -67,8 +67,9 @@ def test_micro_batches_equal_the_one_batch_pass(tiny_vlm_path):
             assert max_diff(torch.cat(parts), whole, batch.response_mask.float()) < TOL
 
 
-def test_the_images_decide_the_logprobs_and_never_merge_prompts_that_read_the_same_ids(tiny_vlm_path):
-    policy, batch = sample(tiny_vlm_path, group_size=2)
+@pytest.mark.parametrize("family", ["tiny_vlm_path", "tiny_vlm3_path"])
+def test_the_images_decide_the_logprobs_and_never_merge_prompts_that_read_the_same_ids(family, request):
+    policy, batch = sample(request.getfixturevalue(family), group_size=2)
     first, second = batch.select(slice(0, 2)), batch.select(slice(2, 4))
     assert torch.equal(first.prompt_ids, second.prompt_ids)  # same text, same-sized images: the same token ids
     both = first.replace(response_ids=second.response_ids, response_mask=second.response_mask)  # the second's responses
