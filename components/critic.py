@@ -16,11 +16,11 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import OptimizerConfig
-from lightning_rl.core.inputs import sequence_inputs
+from lightning_rl.core.inputs import forward_accepts, image_kwargs, row_positions, sequence_inputs
 from lightning_rl.core.lora import LoraSpec, apply_lora, is_lora
-from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained
+from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained, vision_prefixes
 from lightning_rl.core.ops import masked_mean
-from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs
+from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
 
 
 class ValueCritic(nn.Module):
@@ -66,8 +66,9 @@ class ValueCritic(nn.Module):
         if self.backbone is not None:
             return
         if self.lora is not None and self.init_from == "policy" and is_lora(policy) and policy.dtype == DTYPES[self.dtype]:
-            self.backbone = apply_lora(shared_backbone(policy), self.lora, "model.critic.init_args")
-            self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=torch.float32)
+            backbone = shared_backbone(policy)
+            self.backbone = apply_lora(backbone, self.lora, "model.critic.init_args", exclude=vision_prefixes(backbone))
+            self.head = nn.Linear(self.backbone.config.get_text_config().hidden_size, 1, dtype=torch.float32)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
             return
@@ -87,30 +88,53 @@ class ValueCritic(nn.Module):
                 self.head.bias.copy_(head.bias.float()[:1] if head.bias is not None else torch.zeros(1))
         else:
             self.backbone = load_pretrained(AutoModel.from_pretrained, source, "model.critic", **kwargs)
-            self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=torch.float32)
+            self.head = nn.Linear(self.backbone.config.get_text_config().hidden_size, 1, dtype=torch.float32)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         disable_dropout(self.backbone)
+        frozen = vision_prefixes(self.backbone)  # a vision-language backbone's vision tower: the value head learns from its features as they are
+        for prefix in frozen:
+            self.backbone.get_submodule(prefix).requires_grad_(False)
         if self.lora is not None:
-            apply_lora(self.backbone, self.lora, "model.critic.init_args")
+            apply_lora(self.backbone, self.lora, "model.critic.init_args", exclude=frozen)
 
     def forward(self, batch: RolloutBatch, packed: bool = False) -> Tensor:
         """V(s_t) for every response position, fp32; ``packed``: padding-free, as one packed row. Shape: (B, R)."""
         if self.backbone is None:
             raise RuntimeError("ValueCritic.build() must run before the critic is used (RLModule.configure_model does it)")
+        if packed:
+            refuse_images(batch)
         if packed and packable(self.backbone, batch.prompt_mask, batch.response_mask):
             row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(self.backbone))
             return row.scatter(self._values(packed_outputs(self.backbone, row, hidden=True)))  # (B, R)
         input_ids, attention_mask, position_ids = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
         r = batch.response_ids.shape[1]
-        states = hidden[:, -(r + 1) : -1]  # (B, R, H): the state before each response token
+        if batch.image_inputs is not None:
+            states = self._states_after_images(batch, input_ids, attention_mask)
+        else:
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
+            states = hidden[:, -(r + 1) : -1]  # (B, R, H): the state before each response token
         return self._values(states) * batch.response_mask.float()
 
     def _values(self, states: Tensor) -> Tensor:
         """The fp32 head on fp32 states, also under bf16-mixed: autocast would run the product in bf16. Shape: (..., H) -> (...)."""
         with torch.autocast(states.device.type, enabled=False):
             return self.head(states.float()).squeeze(-1)
+
+    def _states_after_images(self, batch: RolloutBatch, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B, R, H) for rows with images, as the policy reads them: the prompts with their images and their positions
+        (`row_positions`), then the responses on that cache as text (a sampled image placeholder id stays a token)."""
+        p = batch.prompt_ids.shape[1]
+        positions = row_positions(self.backbone, input_ids, attention_mask, batch.image_inputs, p)  # (3, B, P + R)
+        head = self.backbone(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=positions[..., :p], use_cache=True,
+                             **image_kwargs(batch.image_inputs, input_ids.device))
+        states = [head.last_hidden_state[:, -1:]]  # (B, 1, H): before response token 0
+        if batch.response_ids.shape[1] > 1:
+            cache = head.cache if hasattr(head, "cache") else head.past_key_values
+            rest = self.backbone(input_ids=batch.response_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[..., p:-1], use_cache=True,
+                                 **{"cache" if forward_accepts(self.backbone, "cache") else "past_key_values": cache})
+            states.append(rest.last_hidden_state)  # (B, R - 1, H)
+        return torch.cat(states, dim=1)
 
     def loss(self, values: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-token value loss (B, R) and metrics; the module aggregates it like the policy loss."""

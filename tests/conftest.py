@@ -33,3 +33,27 @@ def tokenizer(tiny_model_path):
     from lightning_rl.core.models import load_tokenizer
 
     return load_tokenizer(tiny_model_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_path(tmp_path_factory) -> str:
+    """A random tiny Qwen2-VL (2 layers, hidden 32, a 1-block vision tower) with a character-level chat tokenizer."""
+    from lightning_rl.recipes.tiny_vlm import save_tiny_vlm
+
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen2-vl"), "qwen2_vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm25_path(tmp_path_factory) -> str:
+    """The same, as a Qwen2.5-VL (windowed vision attention, gated vision MLP)."""
+    from lightning_rl.recipes.tiny_vlm import save_tiny_vlm
+
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen2_5-vl"), "qwen2_5_vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm3_path(tmp_path_factory) -> str:
+    """The same, as a Qwen3-VL (16-pixel patches, interleaved multimodal rotary positions, deepstack features)."""
+    from lightning_rl.recipes.tiny_vlm import save_tiny_vlm
+
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen3-vl"), "qwen3_vl", seed=0)

@@ -56,3 +56,28 @@ def pythonpath(*first) -> str:
 
     repo = str(Path(__file__).resolve().parents[1])
     return os.pathsep.join([*map(str, first), repo, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+
+
+def image_prompts(model_path: str, items: list[tuple[str, list]], system_prompt: str | None = None):
+    """A `Prompts` batch of (text, images) pairs encoded by the policy's processor as the data module does (chat template,
+    image tokens expanded, left padding, each prompt's images and image tensors)."""
+    from lightning_rl.core.models import load_tokenizer
+    from lightning_rl.core.vision import load_processor
+    from lightning_rl.data.images import ImageColumn
+    from lightning_rl.data.prompts import collate_prompts
+
+    tokenizer = load_tokenizer(model_path)
+    column = ImageColumn(load_processor(model_path, tokenizer), "test", "image", system_prompt)
+    return collate_prompts([{"prompt": text, "image": images} for text, images in items], tokenizer.pad_token_id, column)["prompts"]
+
+
+def pictures(*specs: tuple[int, int, tuple[int, int, int]]):
+    """PIL images of (width, height, RGB colour) with a white square in the corner, so equal sizes differ by colour only."""
+    from PIL import Image, ImageDraw
+
+    images = []
+    for width, height, colour in specs:
+        image = Image.new("RGB", (width, height), colour)
+        ImageDraw.Draw(image).rectangle([2, 2, 9, 9], fill=(255, 255, 255))
+        images.append(image)
+    return images

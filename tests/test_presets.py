@@ -27,6 +27,11 @@ def _is_rl_preset(path: Path) -> bool:
     return "rollout" in (yaml.safe_load(path.read_text()).get("model") or {})
 
 
+def _is_vlm_preset(path: Path) -> bool:
+    """A preset for a vision-language policy (its data has images): trained on the tiny VLM and pictures instead."""
+    return str((yaml.safe_load(path.read_text()).get("data") or {}).get("train_data", "")) == "builtin:count_shapes"
+
+
 PRESETS = [p for p in ALL_YAMLS if _is_rl_preset(p)]
 OTHERS = [p for p in ALL_YAMLS if not _is_rl_preset(p)]
 # the CPU run here; on a GPU (pytest -m gpu) the same two iterations on CUDA in bf16-mixed precision
@@ -48,11 +53,28 @@ def _reward_override(reward: dict, tmp_path: Path) -> dict:
     return {"class_path": "components.reward.Composite", "init_args": {"rewards": [reward, dense], "weights": [1.0, 1.0]}}
 
 
+def _picture_rows(tmp_path: Path) -> Path:
+    """16 builtin:count_shapes rows as a .jsonl file whose images are PNG files named relative to it."""
+    from lightning_rl.data.tasks import count_shapes_rows
+
+    (tmp_path / "pictures").mkdir()
+    lines = []
+    for i, row in enumerate(count_shapes_rows("train", n_train=16)):
+        row["image"].save(tmp_path / "pictures" / f"{i}.png")
+        lines.append(json.dumps({**row, "image": f"pictures/{i}.png"}) + "\n")
+    train = tmp_path / "pictures.jsonl"
+    train.write_text("".join(lines))
+    return train
+
+
 def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | None = None) -> Path:
     from lightning_rl.data.tasks import arithmetic_rows
 
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows("train")[:32]))
+    if _is_vlm_preset(preset):
+        train = _picture_rows(tmp_path)
+    else:
+        train.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows("train")[:32]))
     reward = yaml.safe_load(preset.read_text())["model"]["reward"]
     override = {
         "model": {"policy": {"path": model_path}, "reward": _reward_override(reward, tmp_path)},
@@ -80,11 +102,14 @@ def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | No
 @pytest.mark.slow
 @pytest.mark.parametrize("hardware", ACCELERATORS)
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
-def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_path):
+def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_path, request):
     from lightning_rl.cli import main
     from lightning_rl.core.lora import is_lora, merged_state_dict
     from tests.lightning_rl.cli_runs import scalars, texts
     from lightning_rl.core.models import ModelSpec, load_causal_lm
+
+    if _is_vlm_preset(preset):
+        tiny_model_path = request.getfixturevalue("tiny_vlm_path")
 
     cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path, hardware))])
     module, trainer = cli.model, cli.trainer

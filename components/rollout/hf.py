@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.sampling import SamplingParams
-from lightning_rl.core.inputs import forward_accepts, mask_positions
+from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positions, row_positions
 
 from .base import Rollout, response_mask_from_eos
 
@@ -95,16 +95,19 @@ class HFRollout(Rollout):
         probs[rows] = torch.softmax(scores, dim=-1)
         return torch.multinomial(probs, num_samples=1).squeeze(1)
 
-    def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, temperature: float, repeats: int = 1):
-        """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups.
-        Returns response ids (rows, R) right-padded with pad, and the sampler's log-probs (rows, R) or None."""
+    def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, temperature: float, repeats: int = 1,
+                image_inputs: list | None = None):
+        """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups; ``image_inputs``:
+        each prompt row's image tensors (None: text only). Returns response ids (rows, R) right-padded with pad, and the
+        sampler's log-probs (rows, R) or None."""
         per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per chunk
         forward = _Forward(policy)
         # inference mode skips autograd's version and view bookkeeping on every op; sharded weights keep no_grad, their
         # all-gathered parameters must stay ordinary tensors
         with torch.no_grad() if forward.synced else torch.inference_mode():
             parts = [
-                self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], params, temperature, repeats)
+                self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], params, temperature, repeats,
+                                   None if image_inputs is None else image_inputs[i : i + per_call])
                 for i in range(0, prompt_ids.shape[0], per_call)
             ]
             width = max(ids.shape[1] for ids, _ in parts)
@@ -113,14 +116,14 @@ class HFRollout(Rollout):
         # ordinary tensors again: the trainer's forward and loss save these for backward
         return response_ids.clone(), None if logprobs is None else logprobs.clone()
 
-    def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, params: SamplingParams, temperature: float, repeats: int):
-        positions = mask_positions(mask)  # (n, P)
-        logits, cache = forward.prefill(ids, mask, positions)  # (n, V)
+    def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, params: SamplingParams, temperature: float, repeats: int, images: list | None = None):
+        positions = row_positions(forward.policy, ids, mask, images)  # (n, P), or (3, n, P) with multimodal rotary positions
+        logits, cache = forward.prefill(ids, mask, positions, images)  # (n, V)
         if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
             logits = logits.repeat_interleave(repeats, dim=0)  # (b, V)
             cache.batch_repeat_interleave(repeats)
         attention = mask.repeat_interleave(repeats, dim=0)  # (b, P + t)
-        position = positions[:, -1:].repeat_interleave(repeats, dim=0)  # (b, 1)
+        position = last_positions(positions).repeat_interleave(repeats, dim=-2)  # (b, 1) or (3, b, 1)
         eos = torch.tensor(params.eos_ids(self.eos_token_id), device=ids.device)
         truncation = self._truncation(params)
         batch = attention.shape[0]
@@ -145,7 +148,7 @@ class HFRollout(Rollout):
                     # a quarter of the computed rows has finished: copy the cache once without them
                     keep = running[rows].nonzero().squeeze(1)  # (b',) positions in the cache
                     cache.reorder_cache(keep)
-                    rows, attention, position = rows[keep], attention[keep], position[keep]
+                    rows, attention, position = rows[keep], attention[keep], position[..., keep, :]
             if not forward.any_rank_running(not done):
                 break
             attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
@@ -161,9 +164,10 @@ class HFRollout(Rollout):
         was_training = policy.training
         policy.eval()
         try:
-            response_ids, logprobs = self._sample(policy, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g)  # (P_n * G, R)
+            images = prompts.image_inputs
+            response_ids, logprobs = self._sample(policy, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g, image_inputs=images)  # (P_n * G, R)
             if params.with_baseline:
-                greedy_ids, greedy_logprobs = self._sample(policy, prompt_ids, prompt_mask, params, 0.0)
+                greedy_ids, greedy_logprobs = self._sample(policy, prompt_ids, prompt_mask, params, 0.0, image_inputs=images)
                 response_ids = _append_to_groups(response_ids, greedy_ids, g, self.pad_token_id)
                 if logprobs is not None:
                     logprobs = _append_to_groups(logprobs, greedy_logprobs, g, 0.0)
@@ -198,8 +202,8 @@ class _Forward:
         self.keep_last = {"logits_to_keep": 1} if forward_accepts(policy, "logits_to_keep") else {}
         self.synced = _sharded(policy)
 
-    def prefill(self, ids: Tensor, mask: Tensor, positions: Tensor) -> tuple[Tensor, object]:
-        out = self.policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.keep_last)
+    def prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, images: list | None = None) -> tuple[Tensor, object]:
+        out = self.policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.keep_last, **image_kwargs(images, ids.device))
         return out.logits[:, -1], getattr(out, self.cache_kw)  # (n, V), the KV cache
 
     def step(self, token: Tensor, attention: Tensor, position: Tensor, cache) -> Tensor:

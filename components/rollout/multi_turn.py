@@ -92,6 +92,8 @@ class MultiTurnRollout:
         reward judges) and ``transcripts`` (everything, observations marked), and the episodes' metrics."""
         if self.tokenizer is None:
             raise RuntimeError("MultiTurnRollout.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)")
+        if prompts.images is not None:  # later turns re-encode the transcript as text: the images would be lost
+            raise ValueError("model.agent (multi-turn episodes) does not take prompts with images yet; drop model.agent or the data's image column")
         params = params or sampler.params
         n, prompt_ids = len(prompts), prompts.prompt_ids
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompts.prompt_mask.cpu())]

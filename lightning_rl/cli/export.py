@@ -5,7 +5,8 @@
 
 Output folders (each loads with ``from_pretrained``):
 
-* ``policy/``: ``AutoModelForCausalLM`` + tokenizer.
+* ``policy/``: ``AutoModelForCausalLM`` + tokenizer (a vision-language policy: ``AutoModelForImageTextToText``, its
+  tokenizer with the chat template, and its image processor).
 * ``critic/`` (presets with a ``ValueCritic``): ``AutoModelForTokenClassification`` with one label; its
   logit at position ``t`` is V(s) read from that position's hidden state (the critic's backbone
   becomes the base model, its value head the ``score`` layer, in the backbone's dtype).
@@ -78,19 +79,24 @@ def _build(auto_class, config, state: dict[str, Tensor], what: str):
 
 def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, dtype: torch.dtype | None = None, tokenizer: str | None = None) -> dict[str, Path]:
     """Write the models of an ``RLModule`` state dict (``policy.*``, ``critic.*`` keys) under ``out_dir``."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
 
-    from lightning_rl.core.models import load_tokenizer
+    from lightning_rl.core.models import is_vision_language, load_pretrained, load_tokenizer, policy_class
 
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     policy_info = info["policy"]
     state = merge_adapters(state, info)
-    policy = _build(AutoModelForCausalLM, _config(policy_info["config"]), _cast(_strip(state, POLICY), dtype), "policy")
+    config = _config(policy_info["config"])
+    policy = _build(policy_class(config), config, _cast(_strip(state, POLICY), dtype), "policy")
     written["policy"] = out_dir / "policy"
     policy.save_pretrained(written["policy"])
     tok = load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)")
     tok.save_pretrained(written["policy"])
+    if is_vision_language(config):
+        from transformers import AutoImageProcessor
+
+        load_pretrained(AutoImageProcessor.from_pretrained, tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's processor)").save_pretrained(written["policy"])
     if "critic" in info:
         config = _config(info["critic"]["config"])
         config.num_labels = 1

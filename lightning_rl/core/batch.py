@@ -4,7 +4,9 @@ Per-token fields are ``(B, R)`` aligned with ``response_ids``; per-sample fields
 (``columns``: the data row and decoded texts; ``score_parts``: a reward's named parts) hold one entry per sample.
 Samples of one prompt are contiguous and share ``group_ids``. Every field but the response ones is optional so a
 test can build a batch by keyword. ``select`` / ``split`` / ``cat`` / ``to`` carry every field, so whatever a sample
-brings (a new model input, a recorded agent call) travels with it by being one more field.
+brings (a new model input, a recorded agent call) travels with it by being one more field: a tensor field is indexed
+along B, and a list-valued field is per row (one entry per sample, e.g. a prompt's images and their processed
+tensors), whatever it holds.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ PER_TOKEN = (
 PROMPT = ("prompt_ids", "prompt_mask")
 ROWS = ("columns", "score_parts")
 """Per-row fields that are not one tensor: ``columns`` (name -> a list, one value per sample), ``score_parts``
-(name -> a (B,) tensor)."""
+(name -> a (B,) tensor). Any field whose value is a list is per row too, one entry per sample (``images``: a prompt's
+images, PIL, for display and for servers that process images themselves; ``image_inputs``: the processor's tensors for
+them, the policy's image inputs such as ``pixel_values`` and ``image_grid_thw``). The samples of one prompt share one
+entry object, which ``to`` keeps shared."""
 
 Columns = dict[str, list[Any]]
 """Per-row values by name, one list entry per row: the data row's columns, decoded prompts and completions."""
@@ -64,6 +69,8 @@ class RolloutBatch:
     token_versions: Tensor | None = None  # (B, R) long: the version that sampled each token (partial rollouts, agents)
     columns: Columns | None = None  # per row: the data row (prompt, answer, ...), prompts / completions / transcripts
     score_parts: dict[str, Tensor] | None = None  # name -> (B,): a Composite reward's unweighted parts
+    images: list | None = None  # per row: the prompt's images (a list of PIL images; empty for a text-only prompt)
+    image_inputs: list | None = None  # per row: the processor's tensors for those images, {name: tensor}, concatenated along dim 0 over rows
 
     def __post_init__(self) -> None:
         if self.response_ids.dim() != 2 or self.response_mask.shape != self.response_ids.shape:
@@ -71,6 +78,9 @@ class RolloutBatch:
                 f"response_ids and response_mask must both be (B, R); got {tuple(self.response_ids.shape)} "
                 f"and {tuple(self.response_mask.shape)}"
             )
+        for name, value in self.per_row_lists().items():
+            if len(value) != self.batch_size:
+                raise ValueError(f"{name} has {len(value)} entries for {self.batch_size} rows (one per row)")
 
     @property
     def batch_size(self) -> int:
@@ -118,10 +128,16 @@ class RolloutBatch:
     def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
 
+    def per_row_lists(self) -> dict[str, list]:
+        """The list-valued fields (per row: one entry per sample), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), list)}
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
         changes: dict[str, Any] = {k: v.to(device) for k, v in self.tensors().items()}
         if self.score_parts is not None:
             changes["score_parts"] = {k: v.to(device) for k, v in self.score_parts.items()}
+        moved: dict[int, Any] = {}
+        changes.update({k: [entries_to(entry, device, moved) for entry in v] for k, v in self.per_row_lists().items()})
         return self.replace(**changes)
 
     def select(self, index: Tensor | slice) -> "RolloutBatch":
@@ -132,6 +148,10 @@ class RolloutBatch:
             changes["columns"] = {k: [v[i] for i in rows] for k, v in self.columns.items()}
         if self.score_parts is not None:
             changes["score_parts"] = {k: v[index.to(v.device) if isinstance(index, Tensor) else index] for k, v in self.score_parts.items()}
+        lists = self.per_row_lists()
+        if lists:
+            rows = _row_indices(index, self.batch_size)
+            changes.update({k: [v[i] for i in rows] for k, v in lists.items()})
         return self.replace(**changes)
 
     def split(self, size: int) -> list["RolloutBatch"]:
@@ -157,6 +177,9 @@ class RolloutBatch:
                     raise ValueError(f"cannot concatenate batches whose `{f.name}` have different names: {[sorted(v) for v in values]}")
                 merged[f.name] = {k: _concat([v[k] for v in values]) for k in keys}
                 continue
+            if isinstance(values[0], list):  # per row
+                merged[f.name] = [entry for v in values for entry in v]
+                continue
             if f.name in PER_TOKEN:
                 width = max(v.shape[1] for v in values)
                 values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
@@ -180,6 +203,20 @@ def _row_indices(index: Tensor | slice, size: int) -> list[int]:
     return index.nonzero().squeeze(-1).tolist() if index.dtype == torch.bool else index.reshape(-1).tolist()
 
 
+def entries_to(entry: Any, device: torch.device | str, moved: dict[int, Any]) -> Any:
+    """A per-row entry with its tensors (alone, or the values of a dict) on ``device``; an entry object shared by
+    several rows (a prompt's, over its group) is moved once and stays shared."""
+    key = id(entry)
+    if key not in moved:
+        if isinstance(entry, Tensor):
+            moved[key] = entry.to(device)
+        elif isinstance(entry, dict):
+            moved[key] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in entry.items()}
+        else:
+            moved[key] = entry
+    return moved[key]
+
+
 def _concat(parts: list) -> Any:
     return torch.cat(parts) if isinstance(parts[0], Tensor) else [x for part in parts for x in part]
 
@@ -189,11 +226,13 @@ class Prompts:
     """A batch of prompts as the data gives them: left-padded token ids and each prompt's data row.
 
     A rollout lays a prompt's fields out over its rows of the `RolloutBatch` with `per_row`, so every per-prompt
-    field (the data row today; any per-prompt model input) reaches the batch without the rollout knowing it."""
+    field (the data row; a per-prompt model input such as its images) reaches the batch without the rollout knowing it."""
 
     prompt_ids: Tensor  # (P_n, P) left-padded
     prompt_mask: Tensor  # (P_n, P)
     columns: Columns = field(default_factory=dict)  # per prompt: the data row (prompt text, answer, ...)
+    images: list | None = None  # per prompt: its images (PIL), None for text-only data
+    image_inputs: list | None = None  # per prompt: the processor's tensors for its images, {name: tensor}
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -203,15 +242,27 @@ class Prompts:
         return [dict(zip(self.columns, values)) for values in zip(*self.columns.values())] if self.columns else [{} for _ in range(len(self))]
 
     def to(self, device: torch.device | str) -> "Prompts":
-        return dataclasses.replace(self, prompt_ids=self.prompt_ids.to(device), prompt_mask=self.prompt_mask.to(device))
+        changes: dict[str, Any] = {"prompt_ids": self.prompt_ids.to(device), "prompt_mask": self.prompt_mask.to(device)}
+        moved: dict[int, Any] = {}
+        for f in dataclasses.fields(self):
+            values = getattr(self, f.name)
+            if isinstance(values, list):
+                changes[f.name] = [entries_to(entry, device, moved) for entry in values]
+        return dataclasses.replace(self, **changes)
 
     def per_row(self, rows: int) -> dict[str, Any]:
-        """The prompt fields of a `RolloutBatch` with ``rows`` consecutive rows per prompt. Shapes: (P_n, P) -> (P_n * rows, P)."""
-        return {
+        """The prompt fields of a `RolloutBatch` with ``rows`` consecutive rows per prompt. Shapes: (P_n, P) -> (P_n * rows, P).
+        A prompt's rows share its entries of the per-row lists (its images), not copies of them."""
+        laid = {
             "prompt_ids": self.prompt_ids.repeat_interleave(rows, dim=0),
             "prompt_mask": self.prompt_mask.repeat_interleave(rows, dim=0),
             "columns": {k: [v for v in values for _ in range(rows)] for k, values in self.columns.items()},
         }
+        for f in dataclasses.fields(self):
+            values = getattr(self, f.name)
+            if isinstance(values, list):  # a per-prompt list (its images)
+                laid[f.name] = [v for v in values for _ in range(rows)]
+        return laid
 
 
 def terminal_rewards(scores: Tensor, mask: Tensor) -> Tensor:

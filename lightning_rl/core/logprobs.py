@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from lightning_rl.core.inputs import forward_accepts, mask_positions, sequence_inputs
-from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs
+from lightning_rl.core.inputs import check_no_placeholders, forward_accepts, image_kwargs, mask_positions, row_positions, sequence_inputs
+from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
@@ -89,23 +89,32 @@ def _activation_checkpointing(model) -> bool:
     return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
 
 
-def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> list[int] | None:
+def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor, image_inputs: list | None = None) -> list[int] | None:
     """Row lengths of the runs of identical consecutive prompts (a group's samples are contiguous), or None when
-    no two consecutive rows share a prompt. One device-to-host copy of B - 1 flags. Shapes: (B, P), (B, P)."""
+    no two consecutive rows share a prompt. One device-to-host copy of B - 1 flags. Shapes: (B, P), (B, P).
+
+    With ``image_inputs`` (per row) a run also needs the same images: two prompts with same-sized images read the
+    same token ids (one placeholder per image patch), whatever the pictures show."""
     if prompt_ids.shape[0] < 2:
         return None
     same = ((prompt_ids[1:] == prompt_ids[:-1]) & (prompt_mask[1:] == prompt_mask[:-1])).all(-1).tolist()  # (B - 1,)
+    if image_inputs is not None:
+        same = [s and _same_images(a, b) for s, a, b in zip(same, image_inputs[:-1], image_inputs[1:])]
     if not any(same):
         return None
     starts = [0] + [i + 1 for i, s in enumerate(same) if not s] + [prompt_ids.shape[0]]
     return [b - a for a, b in zip(starts[:-1], starts[1:])]
 
 
+def _same_images(a: dict, b: dict) -> bool:
+    return a is b or (a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a))
+
+
 PACKED_ROW_MAX_TOKENS = 1024  # prompt + G responses per packed row; beyond, its dense (P + G R)^2 attention costs more than a call
 
 
-def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
-    """Logits predicting each response token. Shape: (B, R, V).
+def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor, image_inputs: list | None = None) -> Tensor:
+    """Logits predicting each response token. Shape: (B, R, V). ``image_inputs``: each row's image tensors (None: text).
 
     Position ``P - 1 + t`` predicts response token ``t``; only those ``R`` positions go through
     the LM head when the model supports ``logits_to_keep``.
@@ -118,25 +127,40 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
       and its G responses, with a block mask (each response sees the prompt and itself) and each
       response's own positions: one model call;
     * KV cache (otherwise): the prompts' forward, its cache repeated to the B rows, then the responses.
+
+    Rows with images take their positions from `row_positions` over the whole row (the sampler's prefill computes
+    the same for the prompt, and its steps continue from the last) and always run the KV-cache layout (runs of one row
+    where no prompt repeats): the prompts' forward reads the images, the responses' forward reads text only, as the
+    sampler's steps did, even where the policy sampled an image placeholder id.
     """
     r, b = response_ids.shape[1], response_ids.shape[0]
-    runs = shared_prompts(prompt_ids, prompt_mask) if forward_accepts(model, "logits_to_keep") else None
-    if runs is not None and len(set(runs)) == 1 and _packable(model, prompt_ids.shape[1], r, runs[0]):
+    runs = shared_prompts(prompt_ids, prompt_mask, image_inputs) if forward_accepts(model, "logits_to_keep") else None
+    if runs is not None and image_inputs is None and len(set(runs)) == 1 and _packable(model, prompt_ids.shape[1], r, runs[0]):
         return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0])
+    if runs is None and image_inputs is not None and forward_accepts(model, "logits_to_keep"):
+        runs = [1] * b
     # transformers drops the cache under activation checkpointing while gradients flow: no cache sharing then
     if runs is not None and torch.is_grad_enabled() and model.training and _activation_checkpointing(model):
         runs = None
     if runs is None:
         input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        if image_inputs is not None:
+            check_no_placeholders(model, response_ids, response_mask)
+            kwargs.update(position_ids=row_positions(model, input_ids, attention_mask, image_inputs, prompt_ids.shape[1]), **image_kwargs(image_inputs, input_ids.device))
         if forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = r + 1
         logits = model(**kwargs).logits
         return logits[:, -(r + 1) : -1]  # (B, R, V)
-    _, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+    input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     p = prompt_ids.shape[1]
     first = torch.tensor([0] + runs[:-1], device=prompt_ids.device).cumsum(0)  # (U,): the first row of each run
-    head = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :p], use_cache=True, logits_to_keep=1)
+    images = {}
+    if image_inputs is not None:
+        position_ids = row_positions(model, input_ids, attention_mask, image_inputs, p)  # (3, B, P + R)
+        images = image_kwargs([image_inputs[i] for i in first.tolist()], prompt_ids.device)
+    head = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[..., first, :p], use_cache=True, logits_to_keep=1,
+                 **images)
     cache_kw = "cache" if forward_accepts(model, "cache") else "past_key_values"
     cache = getattr(head, cache_kw)
     if len(set(runs)) == 1:  # every prompt repeated G times: repeat_interleave, whose backward is a reshape and a sum
@@ -149,7 +173,7 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     if r == 1:
         return first_logits
     rest = model(
-        input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, p:-1],
+        input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[..., p:-1],
         use_cache=True, **{cache_kw: cache},
     ).logits  # (B, R - 1, V): predicts response tokens 1..R-1
     return torch.cat([first_logits, rest], dim=1)  # (B, R, V)
@@ -210,15 +234,17 @@ def policy_logprobs(
 
     ``entropy_grad=False`` computes the entropy as a detached metric (no checkpointing cost).
     ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.core.packing) when the model
-    allows it; log-probs and entropy are then chunked over the real tokens only.
+    allows it; log-probs and entropy are then chunked over the real tokens only. Rows with images are refused there.
     """
+    if packed:
+        refuse_images(batch)
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
         row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model))
         logits = packed_outputs(model, row)  # (N, V)
         targets = batch.response_ids[row.token_mask]  # (N,)
         scatter = row.scatter
     else:
-        logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.image_inputs)
         targets = batch.response_ids
         scatter = None
     logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows)

@@ -44,14 +44,19 @@ class LoraSpec:
     """Seed of A's random initialisation, drawn apart from the global random state: every rank and every run starts from the same adapters."""
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec, what: str) -> nn.Module:
+def apply_lora(model: nn.Module, spec: LoraSpec, what: str, exclude: list[str] | None = None) -> nn.Module:
     """Inject adapters into ``model`` in place and freeze everything else; returns ``model`` (not a peft wrapper),
-    so its forward keeps the transformers signature. ``what`` names the config key in errors."""
+    so its forward keeps the transformers signature. ``what`` names the config key in errors. ``exclude``: module
+    prefixes that get no adapter (a vision tower, whose layer names, e.g. ``up_proj``, may match the targets too)."""
+    import re
+
     from peft import LoraConfig, get_peft_model
 
     if spec.rank < 1:
         raise ValueError(f"{what}.lora.rank must be >= 1, got {spec.rank}")
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.target_modules, bias="none")
+    excluded = "|".join(re.escape(prefix) for prefix in exclude or [])
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.target_modules, bias="none",
+                        exclude_modules=f"({excluded})(\\..*)?" if excluded else None)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.init_seed)

@@ -33,6 +33,9 @@ class ModelSpec:
     lora: LoraSpec | None = None
     """Train low-rank adapters instead of every weight (None = full fine-tuning); a LoRA policy without a
     ``reference`` scores reference log-probs with its adapters switched off (no second model)."""
+    train_vision: bool = False
+    """Vision-language policies (Qwen2-VL, Qwen2.5-VL, ...): also train the vision tower and its projector (with
+    ``lora``: put adapters there too). False keeps them frozen; only the language model learns."""
 
 
 def check_model_path(path: str, what: str) -> None:
@@ -82,17 +85,72 @@ def freeze(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
+def is_vision_language(config) -> bool:
+    """Whether a model config is a vision-language model's (a text decoder reading image tokens: it has a vision tower)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def policy_class(config):
+    """The auto class that builds a policy from ``config``: ``AutoModelForImageTextToText`` for a vision-language
+    model (Qwen2-VL, Qwen2.5-VL, LLaVA, ...), ``AutoModelForCausalLM`` otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    if is_vision_language(config) and type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def vision_prefixes(model: nn.Module) -> list[str]:
+    """Names of the modules outside the language model and its output head (a vision-language model's vision tower and
+    projector, e.g. ``model.visual``); [] for a text model."""
+    if not is_vision_language(getattr(model, "config", None)):
+        return []
+    language = [m for m in (model.get_decoder(), model.get_output_embeddings()) if m is not None]
+    contains = {id(m) for m in language}
+    for m in language:
+        contains |= {id(a) for a in _ancestors(model, m)}
+    prefixes = []
+
+    def walk(module: nn.Module, name: str) -> None:
+        for child_name, child in module.named_children():
+            full = f"{name}.{child_name}" if name else child_name
+            if any(child is m for m in language):
+                continue
+            if id(child) in contains:  # holds part of the language model: look inside
+                walk(child, full)
+            elif any(True for _ in child.parameters()):
+                prefixes.append(full)
+
+    walk(model, "")
+    return prefixes
+
+
+def _ancestors(root: nn.Module, target: nn.Module) -> list[nn.Module]:
+    for name, module in root.named_modules():
+        if module is target:
+            parts = name.split(".") if name else []
+            return [root.get_submodule(".".join(parts[:i])) for i in range(len(parts))]
+    return []
+
+
 def load_causal_lm(spec: ModelSpec, what: str = "model.policy"):
-    from transformers import AutoModelForCausalLM
+    """The policy (or reference) model: a causal LM, or a vision-language model whose vision tower stays frozen
+    unless ``spec.train_vision``."""
+    from transformers import AutoConfig
 
     kwargs = dict(dtype=DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code)
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    model = load_pretrained(AutoModelForCausalLM.from_pretrained, spec.path, f"{what}.path", **kwargs)
+    config = load_pretrained(AutoConfig.from_pretrained, spec.path, f"{what}.path", trust_remote_code=spec.trust_remote_code)
+    model = load_pretrained(policy_class(config).from_pretrained, spec.path, f"{what}.path", config=config, **kwargs)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True  # generation needs the KV cache; trainer passes use_cache=False itself
     disable_dropout(model)
+    frozen = [] if spec.train_vision else vision_prefixes(model)
+    for prefix in frozen:
+        model.get_submodule(prefix).requires_grad_(False)
     if spec.lora is not None:  # after disable_dropout: the adapters' own dropout is the spec's choice
-        apply_lora(model, spec.lora, what)
+        apply_lora(model, spec.lora, what, exclude=frozen)
     return model

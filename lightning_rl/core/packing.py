@@ -100,6 +100,20 @@ def pack(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response
     return PackedRow(input_ids, position_ids, mask, torch.cat(columns) if columns else position_ids.new_zeros(0), token_mask)
 
 
+NO_PACKING_WITH_IMAGES = (
+    "model.loop.max_tokens_per_micro_batch: token-budget packing is not supported for prompts with images (its packed "
+    "row has no multimodal positions, so the log-probs would be wrong); set model.loop.max_tokens_per_micro_batch: null "
+    "and size the micro-batches with model.loop.micro_batch_size and forward_batch_size"
+)
+
+
+def refuse_images(batch) -> None:
+    """Packing lays rows out with one position per token; image tokens take multimodal positions (and their images
+    must follow them into the row), which this layout does not carry, so a batch with images is refused, not approximated."""
+    if getattr(batch, "image_inputs", None) is not None:
+        raise ValueError(NO_PACKING_WITH_IMAGES)
+
+
 def block_causal_mask(segment: Tensor, prompt_of: Tensor) -> Tensor:
     """Column j sees column k when k <= j and k is in j's own segment or in the prompt j answers. Shapes: (L,), (L,) -> (L, L)."""
     length = segment.shape[0]

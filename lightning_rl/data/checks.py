@@ -18,18 +18,24 @@ def check_prompts(prompts: list, source: str, column: str) -> None:
     bad = next((i for i, p in enumerate(prompts) if not isinstance(p, str)), None)
     if bad is None:
         return
-    where = f"row {bad}"
-    path = os.path.expanduser(source)
-    if path.endswith(".jsonl") and os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            lines = [n for n, line in enumerate(f, start=1) if line.strip()]
-        where += f" (line {lines[bad]})" if bad < len(lines) else ""
+    where = row_name(source, bad)
     what = "has no" if prompts[bad] is None else f"has a {type(prompts[bad]).__name__} ({prompts[bad]!r}) as"
     count = sum(not isinstance(p, str) for p in prompts)
     raise DataError(
         f"{source}, {where}: {what} prompt text in column {column!r} (data.columns.prompt); {count} of {len(prompts)} row(s) "
         "are like it. Give every row its prompt as a string, or map another column with data.columns: {prompt: <column>}"
     )
+
+
+def row_name(source: str, row: int) -> str:
+    """``row 12`` of a data source, with its line for a .jsonl file (``row 12 (line 14)``: blank lines are skipped)."""
+    where = f"row {row}"
+    path = os.path.expanduser(source)
+    if path.endswith(".jsonl") and os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            lines = [n for n, line in enumerate(f, start=1) if line.strip()]
+        where += f" (line {lines[row]})" if row < len(lines) else ""
+    return where
 
 
 def count_unknown_tokens(tokenizer, token_ids: list[list[int]], texts: list[str], source: str, tokenizer_name: str) -> int:

@@ -1,4 +1,4 @@
-"""`PromptDataModule`: prompts (and the columns rewards read) from jsonl / parquet / HF `datasets` / the built-in task.
+"""`PromptDataModule`: prompts (the columns rewards read, any images) from jsonl / parquet / HF `datasets` / built-in tasks.
 
 Training draws an endless, resumable stream of prompt batches: a fresh seeded permutation per
 pass over the data, sharded so each data-parallel rank gets different prompts (a group is then
@@ -7,6 +7,7 @@ always generated on one rank). Its position is saved in checkpoints (``state_dic
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any, Iterator, Literal
@@ -17,7 +18,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_rl.core.batch import Prompts
 from lightning_rl.core.models import load_tokenizer
+from lightning_rl.core.vision import load_processor
 from lightning_rl.data.checks import check_prompts, count_unknown_tokens
+from lightning_rl.data.images import ImageColumn, encode_source
 from lightning_rl.data.tasks import BUILTIN_TASKS
 
 
@@ -90,8 +93,13 @@ def check_columns(rows, mapping: dict[str, str], source: str) -> None:
         raise KeyError(f"{', '.join(missing)} not found in {source!r}; available columns: {rows.column_names}")
 
 
-def collate_prompts(rows: list[dict], pad_token_id: int) -> dict[str, Any]:
-    """``{"prompts": Prompts}``: token ids left-padded, the text and every other column kept as per-prompt lists."""
+def collate_prompts(rows: list[dict], pad_token_id: int, images: ImageColumn | None = None) -> dict[str, Any]:
+    """``{"prompts": Prompts}``: token ids left-padded, the text and every other column kept as per-prompt lists, the images."""
+    pictures = tensors = None
+    if images is not None:
+        encoded = [images.encode(r["prompt"], r[images.column]) for r in rows]
+        rows = [{**{k: v for k, v in r.items() if k != images.column}, "input_ids": ids} for r, (ids, _, _) in zip(rows, encoded)]
+        tensors, pictures = [t for _, t, _ in encoded], [p for _, _, p in encoded]
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -100,13 +108,13 @@ def collate_prompts(rows: list[dict], pad_token_id: int) -> dict[str, Any]:
         ids[i, width - n :] = torch.tensor(r["input_ids"], dtype=torch.long)
         mask[i, width - n :] = 1
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "input_ids"}
-    return {"prompts": Prompts(ids, mask, columns)}
+    return {"prompts": Prompts(ids, mask, columns, pictures, tensors)}
 
 
 class PromptStream(IterableDataset):
     """Endless prompt batches for one rank; ``position`` = (pass over the data, batch within it)."""
 
-    def __init__(self, rows, batch_size: int, pad_token_id: int, seed: int, shuffle: bool, rank: int, world_size: int):
+    def __init__(self, rows, batch_size: int, pad_token_id: int, seed: int, shuffle: bool, rank: int, world_size: int, images: ImageColumn | None = None):
         n_per_rank = len(rows) // world_size
         if n_per_rank < batch_size:
             raise ValueError(
@@ -114,7 +122,7 @@ class PromptStream(IterableDataset):
                 "lower data.batch_size or add data"
             )
         self.rows, self.batch_size, self.pad_token_id = rows, batch_size, pad_token_id
-        self.seed, self.shuffle, self.rank, self.world_size = seed, shuffle, rank, world_size
+        self.seed, self.shuffle, self.rank, self.world_size, self.images = seed, shuffle, rank, world_size, images
         self.batches_per_pass = n_per_rank // batch_size
         self.position = {"epoch": 0, "batch": 0}
 
@@ -133,7 +141,7 @@ class PromptStream(IterableDataset):
             for b in range(start, self.batches_per_pass):
                 idx = order[b * self.batch_size : (b + 1) * self.batch_size]
                 self.position = {"epoch": epoch, "batch": b + 1}
-                yield collate_prompts([self.rows[i] for i in idx], self.pad_token_id)
+                yield collate_prompts([self.rows[i] for i in idx], self.pad_token_id, self.images)
             self.position = {"epoch": epoch + 1, "batch": 0}
 
 
@@ -164,6 +172,7 @@ class PromptDataModule(LightningDataModule):
         system_prompt: str | None = None,
         max_prompt_length: int = 256,
         overlong_prompt: Literal["error", "truncate", "drop"] = "error",
+        bad_images: Literal["error", "skip"] = "error",
         batch_size: int = 16,
         val_batch_size: int = 128,
         val_size: int | None = None,
@@ -182,13 +191,18 @@ class PromptDataModule(LightningDataModule):
             split: split of ``train_data`` to use (folders with several splits, hub datasets, built-in tasks).
             val_split: split of ``val_data``.
             columns: rename map {our name: dataset column}; ``prompt`` is required, every other column
-                reaches the reward under its (renamed) name, e.g. ``{prompt: question, answer: gold}``.
+                reaches the reward under its (renamed) name, e.g. ``{prompt: question, answer: gold}``. ``image``
+                (default: a column named ``image``, if any) holds each prompt's image or list of images for a
+                vision-language policy: paths relative to the data file, encoded bytes, PIL images or a `datasets`
+                Image feature; the chat template places them before the prompt text.
             tokenizer: tokenizer path; linked to ``model.policy.path`` by the CLI.
             chat_template: wrap each prompt as a user turn with the tokenizer's chat template.
             system_prompt: optional system turn (with ``chat_template``).
             max_prompt_length: longest prompt in tokens.
             overlong_prompt: what to do with a longer prompt: error (say which row), truncate (keep the
-                last ``max_prompt_length`` tokens) or drop the row.
+                last ``max_prompt_length`` tokens; not for prompts with images) or drop the row.
+            bad_images: a row whose image is missing, cannot be decoded or is not an 8-bit picture: error (say
+                which file, row and image) or skip the row (counted, with a warning).
             batch_size: prompts per RL iteration per data-parallel rank (samples = batch_size * group_size).
             val_batch_size: prompts per validation batch.
             val_size: use only the first ``val_size`` held-out prompts (None = all).
@@ -223,6 +237,9 @@ class PromptDataModule(LightningDataModule):
         """Prompt tokens the tokenizer does not know (its unknown token) per data source."""
         self.longest_prompt: int | None = None
         """Tokens in the longest prompt kept, over every source loaded."""
+        self.bad_images: dict[str, int] = {}
+        """Rows left out for a bad image per data source (``bad_images: skip``)."""
+        self.image_columns: dict[str, ImageColumn] = {}  # of each data source that has images
         self._restored_position: dict | None = None
 
     # ---- loading and tokenising -------------------------------------------------------------
@@ -238,6 +255,8 @@ class PromptDataModule(LightningDataModule):
         rows = load_rows(source, split)
         mapping = dict(self.hparams.columns or {})
         mapping.setdefault("prompt", "prompt")
+        if "image" not in mapping and "image" in rows.column_names:
+            mapping["image"] = "image"
         check_columns(rows, mapping, source)
         rows = rows.rename_columns({theirs: ours for ours, theirs in mapping.items() if theirs != ours})
         if limit is not None:
@@ -261,7 +280,10 @@ class PromptDataModule(LightningDataModule):
             return {"input_ids": ids}
 
         check_prompts(rows["prompt"], source, mapping["prompt"])
-        rows = rows.map(tokenize, batched=True, desc=None)
+        if "image" in mapping:
+            rows = self._encode_images(rows, source, mapping["image"])
+        else:
+            rows = rows.map(tokenize, batched=True, desc=None)
         self.unknown_tokens[source] = count_unknown_tokens(tokenizer, rows["input_ids"], rows["prompt"], source, hp.tokenizer)
         lengths = [len(x) for x in rows["input_ids"]]
         too_long = [i for i, n in enumerate(lengths) if n > hp.max_prompt_length]
@@ -273,6 +295,9 @@ class PromptDataModule(LightningDataModule):
                     f"(row {i} has {lengths[i]}: {rows[i]['prompt'][:80]!r}); raise data.max_prompt_length or set "
                     "data.overlong_prompt to truncate or drop"
                 )
+            if hp.overlong_prompt == "truncate" and source in self.image_columns:  # the cut could split an image's tokens
+                raise ValueError(f"{len(too_long)} prompt(s) with images in {source!r} are longer than data.max_prompt_length={hp.max_prompt_length} "
+                                 f"(row {i}: {lengths[i]} tokens) and cannot be truncated: raise data.max_prompt_length or set data.overlong_prompt: drop")
             if hp.overlong_prompt == "drop":
                 warnings.warn(f"dropping {len(too_long)} prompt(s) longer than {hp.max_prompt_length} tokens from {source!r}")
                 rows = rows.select([j for j, n in enumerate(lengths) if n <= hp.max_prompt_length])
@@ -283,6 +308,17 @@ class PromptDataModule(LightningDataModule):
         if len(rows) == 0:
             raise ValueError(f"no prompts left in {source!r} (split {split!r})")
         self.longest_prompt = max(self.longest_prompt or 0, min(max(lengths), hp.max_prompt_length))
+        return rows
+
+    def _encode_images(self, rows, source: str, column: str):
+        """Rows with images: each prompt through the policy's processor, bad images failing or skipped (``data.bad_images``)."""
+        hp = self.hparams
+        if not hp.chat_template:
+            raise ValueError(f"{source!r} has an image column ({column!r}) but data.chat_template is false: the chat template places the images; "
+                             "set data.chat_template: true (and a vision-language model.policy)")
+        self._processor = getattr(self, "_processor", None) or load_processor(hp.tokenizer, self._tokenizer(), "model.policy.path (the processor of data.tokenizer)")
+        rows, self.image_columns[source], bad = encode_source(rows, ImageColumn(self._processor, source, "image", hp.system_prompt), hp.bad_images)
+        self.bad_images.update({source: bad} if bad else {})
         return rows
 
     def _prepare_text(self, source: str):
@@ -317,7 +353,8 @@ class PromptDataModule(LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         hp = self.hparams
-        self._stream = PromptStream(self.train_rows, hp.batch_size, self._tokenizer().pad_token_id, hp.seed, hp.shuffle, rank, world)
+        self._stream = PromptStream(self.train_rows, hp.batch_size, self._tokenizer().pad_token_id, hp.seed, hp.shuffle, rank, world,
+                                    self.image_columns.get(hp.train_data))
         if self._restored_position is not None:
             self._stream.position = dict(self._restored_position)
         stream = self._stream
@@ -332,8 +369,12 @@ class PromptDataModule(LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if self.val_rows is None:
             return []
-        pad = self._tokenizer().pad_token_id
-        loaders = [DataLoader(rows, batch_size=self.hparams.val_batch_size, shuffle=False, collate_fn=lambda rows: collate_prompts(rows, pad)) for rows in self.val_rows]
+        pad, hp = self._tokenizer().pad_token_id, self.hparams
+        sources = list(hp.val_data.values()) if isinstance(hp.val_data, dict) else [hp.val_data]
+        loaders = [
+            DataLoader(rows, batch_size=hp.val_batch_size, shuffle=False, collate_fn=functools.partial(collate_prompts, pad_token_id=pad, images=self.image_columns.get(source)))
+            for rows, source in zip(self.val_rows, sources)
+        ]
         return loaders if self.val_names else loaders[0]
 
     # ---- resumable position -------------------------------------------------------------------

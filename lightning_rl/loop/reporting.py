@@ -1,5 +1,6 @@
 """Phase 5's logging: an iteration's metrics reduced over ranks in one host sync, straight to the loggers, and a
-table of sampled completions (lightning_rl.loop.samples) on the console and as TensorBoard text."""
+table of sampled completions (lightning_rl.loop.samples) on the console and as TensorBoard text, with the prompts'
+images as TensorBoard images."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from lightning_rl.core.ops import all_reduce_sum, masked_mean, zero_variance_fra
 from lightning_rl.data.checks import visible_text
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
-from lightning_rl.loop.samples import markdown, print_rows, sample_rows
+from lightning_rl.loop.samples import markdown, picture, print_rows, sample_indices, sample_rows
 
 # TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
 LAYOUT = {
@@ -131,6 +132,12 @@ class Reporter:
         experiment = getattr(trainer.logger, "experiment", None)
         if hasattr(experiment, "add_text"):
             experiment.add_text("samples", markdown(rows), trainer.global_step)
+        if batch.images is not None and hasattr(experiment, "add_image"):  # what the policy saw, beside what it answered
+            import numpy as np
+
+            for k, (i, row) in enumerate(zip(sample_indices(batch, self.loop.log_samples), rows)):
+                if batch.images[i]:
+                    experiment.add_image(f"samples/{k}", np.asarray(picture(batch.images[i], row)), trainer.global_step, dataformats="HWC")
         bar = trainer.progress_bar_callback
         print_rows(rows, f"samples at iteration {trainer.global_step}", getattr(getattr(bar, "progress", None), "console", None))
 

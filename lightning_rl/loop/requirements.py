@@ -106,10 +106,15 @@ def check_context_length(
 
 
 class ContextLengthCheck(Callback):
-    """`check_context_length` once the policy is built and the data module is known."""
+    """`check_context_length` once the policy is built and the data module is known; and token-budget packing refused
+    for data with images before the first iteration (the trainer would refuse it at its first packed forward)."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
         data, agent = trainer.datamodule, getattr(pl_module, "agent", None)
+        if getattr(data, "image_columns", None) and pl_module.loop.max_tokens_per_micro_batch is not None:
+            from lightning_rl.core.packing import NO_PACKING_WITH_IMAGES
+
+            raise ValueError(NO_PACKING_WITH_IMAGES)
         check_context_length(
             getattr(pl_module.policy, "config", None),
             getattr(data, "longest_prompt", None),

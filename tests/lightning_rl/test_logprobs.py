@@ -92,7 +92,7 @@ LAYOUTS = {  # (runs of identical prompts, attention implementation, longest pac
 def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tiny_model_path, layout, monkeypatch):
     """Runs of 2 left-padded prompts, responses right-padded: same log-probs, same parameter gradients, whichever
     layout shares the prompt (one packed call per group, or the prompts' KV cache repeated to their rows)."""
-    from lightning_rl import logprobs
+    from lightning_rl.core import logprobs
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     runs, attention, max_tokens = LAYOUTS[layout]
@@ -119,7 +119,7 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
 
 
 def test_packing_needs_a_mask_taking_attention_a_short_row_and_no_shorter_sliding_window(tiny_model_path, monkeypatch):
-    from lightning_rl import logprobs
+    from lightning_rl.core import logprobs
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
@@ -149,7 +149,7 @@ def test_shared_prefix_with_one_response_token(tiny_model_path):
 def test_shared_prefix_under_activation_checkpointing(tiny_model_path, max_tokens, monkeypatch):
     """transformers drops the KV cache in checkpointed layers while training: the packed layout (no cache) still
     shares the prompt; without it the full forward runs instead."""
-    from lightning_rl import logprobs
+    from lightning_rl.core import logprobs
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)

@@ -9,12 +9,13 @@ of full tensors exist at a time, never the whole model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import ADAPTER, is_lora, lora_layers, merged_weight
+from lightning_rl.core.models import is_vision_language
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ def plan_buckets(policy: nn.Module, bucket_bytes: int) -> list[list[Weight]]:
         if key.endswith(".base_layer.weight") and layer in adapters:
             lora = (f"{layer}.lora_A.{ADAPTER}.weight", f"{layer}.lora_B.{ADAPTER}.weight", *adapters[layer])
         weights.append(Weight(name, key, tensor.shape, tensor.dtype, lora))
+    names = checkpoint_names(policy, {w.name: state[w.key] for w in weights})
+    weights = [replace(w, name=names[w.name]) for w in weights]
     buckets: list[list[Weight]] = [[]]
     size = 0
     for weight in weights:
@@ -61,6 +64,22 @@ def plan_buckets(policy: nn.Module, bucket_bytes: int) -> list[list[Weight]]:
         buckets[-1].append(weight)
         size += weight.nbytes
     return [bucket for bucket in buckets if bucket]
+
+
+def checkpoint_names(policy: nn.Module, named: dict[str, Tensor]) -> dict[str, str]:
+    """{name in memory: name in the checkpoint files}, which SGLang's loader reads. transformers renames some weights of
+    vision-language models on load (Qwen2-VL's ``model.layers`` is ``model.language_model.layers`` in memory);
+    ``save_pretrained`` names them back, and so does this."""
+    if not is_vision_language(getattr(policy, "config", None)):
+        return {name: name for name in named}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    by_tensor = {id(t): name for name, t in named.items()}
+    names = {by_tensor[id(t)]: saved for saved, t in revert_weight_conversion(policy, dict(named)).items() if id(t) in by_tensor}
+    if len(names) != len(named):  # a conversion that fuses or splits tensors, not a renaming
+        missing = sorted(set(named) - set(names))[:3]
+        raise ValueError(f"SGLangRollout: cannot name {missing} as {type(policy).__name__}'s checkpoint does; use weight_sync: disk")
+    return names
 
 
 def _full(tensor: Tensor) -> Tensor:

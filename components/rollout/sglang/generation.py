@@ -1,7 +1,13 @@
 """One ``POST /generate`` per prompt and the answers turned into a `RolloutBatch`.
 
 Request: ``{"input_ids": [...], "sampling_params": {...}, "return_logprob": true}`` with the unpadded
-prompt (never re-tokenised text). ``max_new_tokens`` is always explicit (SGLang's default is 128) and
+prompt (never re-tokenised text), and for a prompt with images ``"image_data"``: each image as a base64 PNG data URL,
+as SGLang's native API takes them (``GenerateReqInput.image_data`` in ``sglang/srt/managers/io_struct.py``, read in
+SGLang 0.5.23). A single request (``n`` = 1) takes the list of its images; with ``n`` > 1 SGLang turns the request into
+a batch of one (``_handle_parallel_sampling``) whose ``image_data`` is one list per prompt (``_normalize_image_data``),
+so the list is wrapped once more. The server's own processor expands the image placeholders of ``input_ids`` again
+(its Qwen2-VL processor matches ``<|vision_start|>(<|image_pad|>)+<|vision_end|>``), which gives the same ids when its
+processor is the policy's. ``max_new_tokens`` is always explicit (SGLang's default is 128) and
 ``top_k=0`` is sent as SGLang's ``-1`` (``SamplingParams.verify`` rejects 0). With ``n > 1`` SGLang
 expands the request prompt-major (``_expand_parallel_sample_requests``: n copies per prompt) and answers
 a list of n items; each item has ``output_ids`` and ``meta_info`` with ``finish_reason`` =
@@ -47,8 +53,22 @@ def sampling_params(n: int, temperature: float, top_p: float, top_k: int, max_ne
     }
 
 
+def image_data(images: list) -> list[str]:
+    """A prompt's images as SGLang's ``image_data`` entries: base64 PNG data URLs (lossless: the server decodes the pixels the trainer read)."""
+    import base64
+    import io
+
+    urls = []
+    for image in images:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        urls.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    return urls
+
+
 def generate(
-    client: SGLangClient, url: str, input_ids: list[int], params: dict, version: int, lora_name: str | None = None, partial: bool = False, check_version: bool = True
+    client: SGLangClient, url: str, input_ids: list[int], params: dict, version: int, lora_name: str | None = None, partial: bool = False, check_version: bool = True,
+    images: list[str] | None = None,
 ) -> list[Sample]:
     """The ``params["n"]`` samples of one prompt; aborted requests are sent again (they count as retries), or with
     ``partial`` continued from where they stopped.
@@ -57,15 +77,16 @@ def generate(
     come from that version or a later one (a server that missed an update fails loudly); a server that reports no
     number (an adapter load does not change it) is taken to hold ``version``.
     ``lora_name``: the LoRA adapter to sample with (a server that does not hold it refuses the request).
+    ``images``: the prompt's images (`image_data`), None for a text prompt.
     """
-    items = _request(client, url, input_ids, params, lora_name, partial)
+    items = _request(client, url, input_ids, params, lora_name, partial, images)
     samples = [_parse(url, item, version, check_version) for item in items]
     if partial:
-        samples = [_continue(client, url, input_ids, params, s, lora_name, check_version) for s in samples]
+        samples = [_continue(client, url, input_ids, params, s, lora_name, check_version, images) for s in samples]
     return samples
 
 
-def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict, lora_name: str | None, partial: bool) -> list[dict]:
+def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict, lora_name: str | None, partial: bool, images: list[str] | None = None) -> list[dict]:
     n = params["n"]
 
     def check(answer) -> None:
@@ -77,6 +98,8 @@ def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict,
             raise Retry(f"request aborted by the server ({aborted[0].get('message')})")
 
     body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+    if images:
+        body["image_data"] = [images] if n > 1 else images
     if lora_name is not None:  # sample with this loaded adapter (its name carries the version)
         body["lora_path"] = lora_name
     with client.gate.sampling():  # never while a push of several requests is half done
@@ -84,7 +107,8 @@ def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict,
     return answer if isinstance(answer, list) else [answer]
 
 
-def _continue(client: SGLangClient, url: str, input_ids: list[int], params: dict, sample: Sample, lora_name: str | None, check_version: bool) -> Sample:
+def _continue(client: SGLangClient, url: str, input_ids: list[int], params: dict, sample: Sample, lora_name: str | None, check_version: bool,
+              images: list[str] | None = None) -> Sample:
     """A response interrupted by a weight update, finished with the weights now served."""
     stalls = 0
     while sample.finish == "abort":
@@ -92,7 +116,7 @@ def _continue(client: SGLangClient, url: str, input_ids: list[int], params: dict
         if remaining <= 0:
             return sample._replace(finish="length")
         more = dict(params, n=1, max_new_tokens=remaining)
-        (item,) = _request(client, url, input_ids + sample.ids, more, lora_name, partial=True)
+        (item,) = _request(client, url, input_ids + sample.ids, more, lora_name, partial=True, images=images)
         part = _parse(url, item, max(sample.versions, default=0), check_version)
         stalls = 0 if part.ids else stalls + 1
         if stalls > client.max_retries:

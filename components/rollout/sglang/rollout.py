@@ -6,7 +6,8 @@ SGLang pins its own torch and CUDA stack, so it runs out of process: servers alr
 sampled it, and an answer from any other version is an error rather than a silently stale sample.
 
 Departures from `HFRollout`: the samples come with the sampler's own log-probs (``rollout_logprobs``,
-always), and an EOS sampled exactly at ``max_new_tokens`` is not ``truncated`` (see `to_batch`).
+always), and an EOS sampled exactly at ``max_new_tokens`` is not ``truncated`` (see `to_batch`). A prompt's images go
+with its token ids (``image_data``, see `generation`); the server computes their pixels with its own processor.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from lightning_rl.core.sampling import SamplingParams
 
 from ..base import Rollout
 from .client import SGLangClient, wait_for_answers
-from .generation import Sample, generate, sampling_params, to_batch
+from .generation import Sample, generate, image_data, sampling_params, to_batch
 from .lifecycle import ServerConnection
 from .server import LaunchedServer
 from .sync import WeightSync, check_weight_options
@@ -170,9 +171,10 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         n_prompts = len(prompts)
         # left padding stripped
         unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
-        jobs = [(p, params.samples_per_prompt, params.sampling_temperature) for p in unpadded]
+        images = [image_data(im) if im else None for im in prompts.images] if prompts.images is not None else [None] * n_prompts
+        jobs = [(p, params.samples_per_prompt, params.sampling_temperature, im) for p, im in zip(unpadded, images)]
         if params.with_baseline:
-            jobs += [(p, 1, 0.0) for p in unpadded]
+            jobs += [(p, 1, 0.0, im) for p, im in zip(unpadded, images)]
         self._resume_memory()
         version = self.weight_version  # read before the requests: a push may land while they run
         answers = self._run(jobs, version, params)
@@ -181,15 +183,15 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         samples = [s for group in groups for s in group]  # prompt-major
         return to_batch(prompts, samples, params.rows_per_prompt, params.with_baseline, params.eos_ids(self.eos_token_id), self.pad_token_id, version)
 
-    def _run(self, jobs: list[tuple[list[int], int, float]], version: int, params: SamplingParams) -> list[list[Sample]]:
+    def _run(self, jobs: list[tuple[list[int], int, float, list[str] | None]], version: int, params: SamplingParams) -> list[list[Sample]]:
         """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
         futures = []
         # an adapter's name carries its version: the server's own weight_version does not change on adapter loads
         check, partial, adapter = self.adapter_name is None, self.partial_rollouts and self.overlapping, self.adapter_name
-        for i, (input_ids, n, temperature) in enumerate(jobs):
+        for i, (input_ids, n, temperature, images) in enumerate(jobs):
             request = sampling_params(n, temperature, params.top_p, params.top_k, params.max_new_tokens, list(params.stop_token_ids))
             url = self.urls[i % len(self.urls)]
-            futures.append(self._pool.submit(generate, self.client, url, input_ids, request, version, adapter, partial, check))
+            futures.append(self._pool.submit(generate, self.client, url, input_ids, request, version, adapter, partial, check, images))
         try:  # never a partial batch: the first failure fails the rollout
             return wait_for_answers(futures, self.deadline_s, self.progress_every_s, self.urls)
         except BaseException:
