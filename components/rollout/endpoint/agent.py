@@ -111,8 +111,10 @@ class OpenAIAgent(Agent):
         for text in self.tool_calls.stop_texts:
             ids = tokenizer.encode(text, add_special_tokens=False)
             if len(ids) != 1:
-                raise ValueError(f"model.agent.init_args.tool_calls: the stop text {text!r} is {len(ids)} tokens for this tokenizer; "
-                                 "a sampler stops on single tokens: add it to the tokenizer as one token, or drop it")
+                warnings.warn(f"model.agent.init_args.tool_calls: the stop text {text!r} is {len(ids)} tokens for this tokenizer and a "
+                              "sampler stops on single tokens: a turn then runs on to its end-of-turn token or max_new_tokens (its calls "
+                              "are still read). Add the text to the tokenizer as one token")
+                continue
             self.stop_ids.append(ids[0])
         self.endpoint = Endpoint(self.model_name)
 

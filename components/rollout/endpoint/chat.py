@@ -59,8 +59,7 @@ def normalized(message: dict) -> dict:
 def template_message(message: dict) -> dict:
     """A message as chat templates read it: text content, and call arguments as a mapping (as transformers documents)."""
     out = {k: v for k, v in message.items() if v is not None}
-    if "content" in message:
-        out["content"] = text_of(message["content"])
+    out["content"] = text_of(message.get("content"))  # an assistant turn with only calls may omit it; templates read it
     if message.get("tool_calls"):
         calls = []
         for call in message["tool_calls"]:
