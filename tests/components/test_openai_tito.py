@@ -26,8 +26,9 @@ TURNS = {
     "llama3": ['{"name": "calc", "parameters": {"expression": "1+2"}}<|eot_id|>'] * 2 + ["3<|eot_id|>"],
     "thinking": ["<think>\nadd\n</think>\n\n" + HERMES + "<|im_end|>", "<think>\nagain\n</think>\n\n" + HERMES + "<|im_end|>",
                  "<think>\ndone\n</think>\n\n3<|im_end|>"],
+    "answer": ["3<|im_end|>"] * 3,  # ChatML, no call
 }
-TOOL_RESULT = {"chatml": "<tool_response>", "llama3": "ipython<|end_header_id|>", "thinking": "<tool_response>"}
+TOOL_RESULT = {"chatml": "<tool_response>", "llama3": "ipython<|end_header_id|>", "thinking": "<tool_response>", "answer": "<tool_response>"}
 PARSERS = {"chatml": HermesToolCalls, "llama3": JsonToolCalls, "thinking": HermesToolCalls}
 
 
