@@ -204,3 +204,22 @@ def test_setup_names_what_is_missing(tokenizer):
         OpenAIAgent(f"{__name__}.no_such_agent").setup(tokenizer, sampler)
     with pytest.raises(ImportError, match="cannot import 'no_such_module'"):
         OpenAIAgent("no_such_module.agent").setup(tokenizer, sampler)
+
+
+def test_a_client_that_resets_its_idle_connection_prints_no_trace(capfd):
+    """A pooled client drops its keep-alive connections at will; http.server printed a 20-line trace for each."""
+    import socket
+    import struct
+
+    from components.rollout.endpoint.server import Endpoint
+
+    endpoint = Endpoint()
+    try:
+        sock = socket.create_connection(("127.0.0.1", endpoint.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST, as a reset pool does
+        time.sleep(0.2)
+        sock.close()
+        time.sleep(0.5)
+    finally:
+        endpoint.close()
+    assert "Traceback" not in capfd.readouterr().err

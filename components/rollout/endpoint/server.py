@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -25,6 +26,13 @@ ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "comple
 def error(status: int, message: str, code: str | None = None) -> tuple[int, dict]:
     kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(status, "server_error")
     return status, {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # a pooled client drops idle keep-alive connections when it likes: not an error worth a trace on the run's log
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class Endpoint:
@@ -59,7 +67,7 @@ class Endpoint:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Request)
+        self._server = _Server(("127.0.0.1", 0), _Request)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="openai-endpoint", daemon=True)
         self._thread.start()
