@@ -1,5 +1,5 @@
 """Build the tiny policy of the reasoning-gym example: the shipped arithmetic policy (lightning_rl/assets/tiny-arith)
-warm-started on reasoning-gym's basic_arithmetic questions ("Calculate 5 + 33.") from the same careless teacher,
+warm-started on reasoning-gym's basic_arithmetic questions ("Calculate 5+33.") from the same careless teacher,
 who drops each carry with probability --forget-carry.
 
     python scripts/make_tiny_reasoning_gym.py     # writes lightning_rl/assets/tiny-rg (a few minutes on 2 CPU cores)
@@ -18,22 +18,23 @@ import random
 from pathlib import Path
 
 import torch
-from make_tiny_model import careless_sum, encode, greedy_accuracy  # scripts/make_tiny_model.py, beside this one
+from make_tiny_model import careless_sum, train_and_save  # scripts/make_tiny_model.py, beside this one
 
 from lightning_rl.core.models import TINY_MODEL_PATH
 from lightning_rl.data.prompts import load_rows
-from lightning_rl.recipes.tiny import CHARS, build_char_tokenizer, supervised_step
+from lightning_rl.recipes.tiny import CHARS, build_char_tokenizer
 
 OUT = Path(__file__).resolve().parents[1] / "lightning_rl" / "assets" / "tiny-rg"
-TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false"
-"""The task configs/reasoning_gym.yaml trains on: a + b with 0 <= a, b <= 99, as reasoning-gym words it."""
+TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false&whitespace=no_space"
+"""The task configs/reasoning_gym.yaml trains on: a+b with 1 to 2 digits each, as reasoning-gym words it (no spaces:
+the expression reads as tiny-arith's, so the warm start learns the words around it, not a new notation)."""
 
 
 def demonstrations(rows, forget: float, rng: random.Random) -> list[dict]:
     """"Calculate a + b." answered by the careless teacher."""
     out = []
     for row in rows:
-        a, b = (int(x) for x in row["prompt"].removeprefix("Calculate ").rstrip(".").split(" + "))
+        a, b = (int(x) for x in row["prompt"].removeprefix("Calculate ").rstrip(".").split("+"))
         out.append({"prompt": row["prompt"], "answer": str(careless_sum(a, b, forget, rng))})
     return out
 
@@ -45,13 +46,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--low", type=float, default=0.2, help="required held-out greedy accuracy: at least ...")
     parser.add_argument("--high", type=float, default=0.5, help="... and at most")
-    parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--max-steps", type=int, default=800)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--forget-carry", type=float, default=0.65, help="the teacher drops each carry with this probability")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--stop-early", action="store_true", help="stop at the first evaluation inside [low, high]")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -61,22 +63,7 @@ def main() -> None:
     tokenizer = build_char_tokenizer(tags=new)  # tiny-arith's vocabulary, then one token per new character
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL_PATH)
     model.resize_token_embeddings(len(tokenizer))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    accuracy = greedy_accuracy(model.eval(), tokenizer, test)
-    print(f"step 0: held-out greedy accuracy {accuracy:.3f}", flush=True)
-    for step in range(1, args.max_steps + 1):
-        ids, labels = encode(tokenizer, demonstrations(rng.sample(train, args.batch_size), args.forget_carry, rng))
-        loss = supervised_step(model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
-        if step % args.eval_every == 0:
-            accuracy = greedy_accuracy(model.eval(), tokenizer, test)
-            print(f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
-    if not args.low <= accuracy <= args.high:
-        raise SystemExit(f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --forget-carry, --max-steps or --lr")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out)
-    tokenizer.save_pretrained(args.out)
-    print(f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f})")
-
+    train_and_save(model, tokenizer, train, test, demonstrations, args, rng)
 
 if __name__ == "__main__":
     main()
