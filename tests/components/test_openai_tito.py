@@ -190,3 +190,12 @@ def test_trainer_logprobs_equal_the_samplers_over_three_turns(family):
     trainer = policy_logprobs(policy, batch, 0.8)[0].detach()
     assert float(((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max()) < 1e-5
     assert float(((policy_logprobs(policy, batch, 1.0)[0].detach() - batch.rollout_logprobs).abs() * batch.loss_mask).max()) > 1e-2
+
+
+def test_a_round_of_many_episodes_connecting_at_once_loses_none():
+    """All of a round's episodes open their connections together; the server's listen queue (socketserver's 5)
+    refused some, and their agents failed with APIConnectionError (about 5% of configs/openai_agent.yaml's)."""
+    tokenizer = family_tokenizer("chatml")
+    sampler = ScriptedChat(tokenizer, "chatml", group_size=64)
+    batch, metrics = _run(_agent("tool_agent", tokenizer, sampler, "chatml"), sampler, tokenizer, n_prompts=4)
+    assert batch.batch_size == 256 and float(metrics["agent/error_frac"]) == 0, [e for e in batch.columns["agent_error"] if e][:3]

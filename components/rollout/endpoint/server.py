@@ -29,6 +29,8 @@ def error(status: int, message: str, code: str | None = None) -> tuple[int, dict
 
 
 class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # every episode of a round connects at once; socketserver's 5 refused some of them
+
     def handle_error(self, request, client_address) -> None:
         # a pooled client drops idle keep-alive connections when it likes: not an error worth a trace on the run's log
         if not isinstance(sys.exc_info()[1], ConnectionError):
