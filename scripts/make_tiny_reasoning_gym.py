@@ -2,13 +2,13 @@
 warm-started on reasoning-gym's basic_arithmetic questions ("Calculate 5+33.") from the same careless teacher,
 who drops each carry with probability --forget-carry.
 
-    python scripts/make_tiny_reasoning_gym.py     # writes lightning_rl/assets/tiny-rg (a few minutes on 2 CPU cores)
+    python scripts/make_tiny_reasoning_gym.py --stop-early   # writes lightning_rl/assets/tiny-rg (~12 min on 2 busy CPU cores)
 
 The tokenizer is tiny-arith's with one token more per new character of the questions (their ids come after the
-old ones, so every trained embedding keeps its row). Like tiny-arith, the model learns the format and the
-teacher's habit: its held-out greedy accuracy lands near the share of carry-free problems while the right answer
-stays among its samples, and RL with the task's own scorer (configs/reasoning_gym.yaml) repairs the carries. The
-script fails unless the final held-out accuracy lies in [--low, --high].
+old ones, so every trained embedding keeps its row). With --stop-early it stops at the first evaluation whose
+held-out greedy accuracy lies in [--low, --high]: the model answers in the task's format and gets some sums
+right, and RL with the task's own scorer (configs/reasoning_gym.yaml)
+takes it further. The script fails unless the final held-out accuracy lies in [--low, --high].
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--low", type=float, default=0.2, help="required held-out greedy accuracy: at least ...")
+    parser.add_argument("--low", type=float, default=0.12, help="required held-out greedy accuracy: at least ...")
     parser.add_argument("--high", type=float, default=0.5, help="... and at most")
-    parser.add_argument("--max-steps", type=int, default=800)
+    parser.add_argument("--max-steps", type=int, default=900)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)
