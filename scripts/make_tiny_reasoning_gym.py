@@ -1,12 +1,12 @@
 """Build the tiny policy of the reasoning-gym example: the shipped arithmetic policy (lightning_rl/assets/tiny-arith)
-warm-started on reasoning-gym's basic_arithmetic questions ("Calculate 5+33.") from the same careless teacher,
+warm-started on reasoning-gym's basic_arithmetic questions ("Calculate 5 + 33.") from the same careless teacher,
 who drops each carry with probability --forget-carry.
 
-    python scripts/make_tiny_reasoning_gym.py --stop-early   # writes lightning_rl/assets/tiny-rg (~12 min on 2 busy CPU cores)
+    python scripts/make_tiny_reasoning_gym.py   # writes lightning_rl/assets/tiny-rg (800 steps: ~10 min on 2 busy CPU cores)
 
 The tokenizer is tiny-arith's with one token more per new character of the questions (their ids come after the
-old ones, so every trained embedding keeps its row). With --stop-early it stops at the first evaluation whose
-held-out greedy accuracy lies in [--low, --high]: the model answers in the task's format and gets some sums
+old ones, so every trained embedding keeps its row). After 800 steps (or, with --stop-early, at the first evaluation)
+its held-out greedy accuracy lies in [--low, --high]: the model answers in the task's format and gets some sums
 right, and RL with the task's own scorer (configs/reasoning_gym.yaml)
 takes it further. The script fails unless the final held-out accuracy lies in [--low, --high].
 """
@@ -25,7 +25,7 @@ from lightning_rl.data.prompts import load_rows
 from lightning_rl.recipes.tiny import CHARS, build_char_tokenizer
 
 OUT = Path(__file__).resolve().parents[1] / "lightning_rl" / "assets" / "tiny-rg"
-TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false&whitespace=no_space"
+TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false"
 """The task configs/reasoning_gym.yaml trains on: a+b with 1 to 2 digits each, as reasoning-gym words it (no spaces:
 the expression reads as tiny-arith's, so the warm start learns the words around it, not a new notation)."""
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--low", type=float, default=0.12, help="required held-out greedy accuracy: at least ...")
     parser.add_argument("--high", type=float, default=0.5, help="... and at most")
-    parser.add_argument("--max-steps", type=int, default=900)
+    parser.add_argument("--max-steps", type=int, default=800)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)

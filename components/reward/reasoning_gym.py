@@ -16,15 +16,19 @@ class ReasoningGymScore(Reward):
     """``score_answer(completion, entry)`` of the task that generated each prompt (1.0 right, 0.0 wrong, partial credit
     where the task gives it), read from the data's ``reasoning_gym`` column (``data.train_data: reasoning_gym:<task>``)."""
 
-    def __init__(self, entry_key: str = "reasoning_gym", extract: str | None = None):
+    def __init__(self, entry_key: str = "reasoning_gym", extract: str | None = None, full_marks_only: bool = False):
         """
         Args:
             entry_key: the column holding each prompt's task and entry (written by the ``reasoning_gym:`` data source).
             extract: optional regex; its first group (or whole match) is scored instead of the whole completion.
+            full_marks_only: a score below 1 counts 0. Partial credit can be gamed: basic_arithmetic gives
+                len(answer) / len(completion) to a completion holding the answer anywhere, and a small policy learns
+                to write long digit strings (its exact accuracy fell 0.15 -> 0.03 in 50 iterations).
         """
         import re
 
         self.entry_key, self.pattern = entry_key, re.compile(extract) if extract else None
+        self.full_marks_only = full_marks_only
         self._scorers: dict = {}
 
     def _scorer(self, task: str):
@@ -48,4 +52,5 @@ class ReasoningGymScore(Reward):
             record = json.loads(record) if isinstance(record, str) else record
             answer = self._answer(completion)
             scores.append(0.0 if answer is None else float(self._scorer(record["task"])(answer, record["entry"])))
-        return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)
+        scores = torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)  # (B,)
+        return (scores >= 1).float() if self.full_marks_only else scores

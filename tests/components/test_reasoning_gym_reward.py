@@ -20,6 +20,7 @@ def test_the_task_scorer_reads_each_rows_entry():
     whole = ReasoningGymScore()(batch).tolist()
     assert whole[:2] == [1.0, 0.0] and 0 < whole[2] < 1  # the task's partial credit for an answer buried in words
     assert ReasoningGymScore(extract=r"answer is (-?\d+)")(batch).tolist() == [0.0, 0.0, 1.0]  # no match scores 0
+    assert ReasoningGymScore(full_marks_only=True)(batch).tolist() == [1.0, 0.0, 0.0]
 
 
 def test_result_score_reads_the_agents_number_and_scores_failures():
