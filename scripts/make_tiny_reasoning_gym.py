@@ -26,8 +26,8 @@ from lightning_rl.recipes.tiny import CHARS, build_char_tokenizer
 
 OUT = Path(__file__).resolve().parents[1] / "lightning_rl" / "assets" / "tiny-rg"
 TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false"
-"""The task configs/reasoning_gym.yaml trains on: a+b with 1 to 2 digits each, as reasoning-gym words it (no spaces:
-the expression reads as tiny-arith's, so the warm start learns the words around it, not a new notation)."""
+"""The task configs/reasoning_gym.yaml trains on: a + b with 1 to 2 digits each, as reasoning-gym words it
+("Calculate 8 + 2."; its whitespace setting applies only with parentheses)."""
 
 
 def demonstrations(rows, forget: float, rng: random.Random) -> list[dict]:
