@@ -90,10 +90,17 @@ def main() -> None:
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, seed=args.seed)
     train, test = arithmetic_rows("train"), arithmetic_rows("test")
+    train_and_save(model, tokenizer, train, test, demonstrations, args, rng)
+
+
+def train_and_save(model, tokenizer, train, test, teacher, args, rng: random.Random) -> None:
+    """Supervised steps on ``teacher(rows, args.forget_carry, rng)`` until ``args.max_steps`` (or, with
+    ``args.stop_early``, the first evaluation inside [low, high]); saves to ``args.out`` only inside that range."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     accuracy = greedy_accuracy(model.eval(), tokenizer, test)
+    print(f"step 0: held-out greedy accuracy {accuracy:.3f}", flush=True)
     for step in range(1, args.max_steps + 1):
-        ids, labels = encode(tokenizer, demonstrations(rng.sample(train, args.batch_size), args.forget_carry, rng))
+        ids, labels = encode(tokenizer, teacher(rng.sample(train, args.batch_size), args.forget_carry, rng))
         loss = supervised_step(model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
         if step % args.eval_every == 0:
             accuracy = greedy_accuracy(model.eval(), tokenizer, test)

@@ -67,6 +67,14 @@ def _picture_rows(tmp_path: Path) -> Path:
     return train
 
 
+def _policy_path(preset: Path, tiny_model_path: str) -> str:
+    """The tiny model, or the preset's own policy where its data is a generated task whose words only that one spells."""
+    config = yaml.safe_load(preset.read_text())
+    if config["data"]["train_data"].startswith("reasoning_gym:"):
+        return str(CONFIGS.parent / config["model"]["policy"]["path"])
+    return tiny_model_path
+
+
 def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | None = None) -> Path:
     from lightning_rl.data.tasks import arithmetic_rows
 
@@ -75,10 +83,13 @@ def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | No
         train = _picture_rows(tmp_path)
     else:
         train.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows("train")[:32]))
-    reward = yaml.safe_load(preset.read_text())["model"]["reward"]
+    config = yaml.safe_load(preset.read_text())
+    reward, source = config["model"]["reward"], config["data"]["train_data"]
+    # a generated task's rows carry the entries its scorer reads: keep the source, generate few
+    train_data = f"{source}&size=32&test_size=8" if source.startswith("reasoning_gym:") else str(train)
     override = {
         "model": {"policy": {"path": model_path}, "reward": _reward_override(reward, tmp_path)},
-        "data": {"train_data": str(train), "val_data": None, "batch_size": 2},
+        "data": {"train_data": train_data, "val_data": None, "batch_size": 2},
         "trainer": {
             "max_steps": 2,
             **(hardware or {}),
@@ -108,10 +119,8 @@ def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_pat
     from tests.lightning_rl.cli_runs import scalars, texts
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
-    if _is_vlm_preset(preset):
-        tiny_model_path = request.getfixturevalue("tiny_vlm_path")
-
-    cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, tiny_model_path, hardware))])
+    policy_path = request.getfixturevalue("tiny_vlm_path") if _is_vlm_preset(preset) else _policy_path(preset, tiny_model_path)
+    cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, policy_path, hardware))])
     module, trainer = cli.model, cli.trainer
     assert trainer.global_step == 2
     assert trainer.strategy.root_device.type == ("cuda" if hardware["accelerator"] == "gpu" else "cpu")  # (fit's end moves the models back to CPU)
@@ -121,7 +130,7 @@ def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_pat
     if module.critic is not None and module.critic.pretrain_steps >= 2:
         assert "critic/loss" in logged
     else:
-        initial = load_causal_lm(ModelSpec(path=tiny_model_path)).state_dict()
+        initial = load_causal_lm(ModelSpec(path=policy_path)).state_dict()
         current = merged_state_dict(module.policy) if is_lora(module.policy) else module.policy.state_dict()  # LoRA: adapters folded in
         assert any(not torch.equal(v.cpu(), initial[k]) for k, v in current.items())
         assert "policy/loss" in logged

@@ -6,9 +6,11 @@ from .function import FunctionReward
 from .match import ExactMatch
 from .overlong import OverlongPenalty
 from .pooled import PooledReward
+from .reasoning_gym import ReasoningGymScore
+from .result import ResultScore
 from .verifier import MathVerify
 
-__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty", "PooledReward"]
+__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty", "PooledReward", "ReasoningGymScore", "ResultScore"]
 from .model import RewardModel  # noqa: E402
 from .shaping import Shaped  # noqa: E402
 __all__ += ["RewardModel", "Shaped"]

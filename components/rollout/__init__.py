@@ -1,6 +1,8 @@
+from .agent import Agent
 from .base import Rollout, response_mask_from_eos
+from .endpoint import OpenAIAgent, VerifiersAgent
 from .hf import HFRollout
 from .multi_turn import MultiTurnRollout
 from .sglang import SGLangRollout
 
-__all__ = ["Rollout", "HFRollout", "SGLangRollout", "MultiTurnRollout", "response_mask_from_eos"]
+__all__ = ["Agent", "Rollout", "HFRollout", "SGLangRollout", "MultiTurnRollout", "OpenAIAgent", "VerifiersAgent", "response_mask_from_eos"]

@@ -67,7 +67,18 @@ def token_versions(turn: RolloutBatch) -> Tensor:
 
 def episode_batch(episodes: list[Episode], prompts: Prompts, g: int, pad_token_id: int) -> RolloutBatch:
     """One row per episode, ``g`` consecutive episodes per prompt. Shapes: prompts (P_n, P) -> batch of B = P_n * g rows, R = the longest transcript."""
-    b, device = len(episodes), prompts.prompt_ids.device
+    device = prompts.prompt_ids.device
+    return RolloutBatch(
+        **prompts.per_row(g),
+        **response_fields(episodes, pad_token_id, device),
+        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g),
+    )
+
+
+def response_fields(episodes: list[Episode], pad_token_id: int, device) -> dict[str, Tensor]:
+    """The `RolloutBatch` fields of finished episodes, one row each, right-padded to the longest: ids, masks, the
+    sampler's log-probs, per-turn rewards, versions and the truncated flag. Shapes: -> (B, R) and (B,)."""
+    b = len(episodes)
     width = max(1, max(len(e.ids) for e in episodes))
     response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)  # (B, R)
     response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
@@ -81,15 +92,13 @@ def episode_batch(episodes: list[Episode], prompts: Prompts, g: int, pad_token_i
         action_mask[i, :n], env_rewards[i, :n] = torch.tensor(e.action, dtype=torch.long), torch.tensor(e.rewards)
         if logprobs is not None:
             logprobs[i, :n] = torch.tensor(e.logprobs)
-    return RolloutBatch(
-        **prompts.per_row(g),
+    return dict(
         response_ids=response_ids.to(device),
         response_mask=response_mask.to(device),
         action_mask=action_mask.to(device),
         env_rewards=env_rewards.to(device),
         rollout_logprobs=None if logprobs is None else logprobs.to(device),
-        truncated=torch.tensor([e.truncated for e in episodes], device=device),
-        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g),
+        truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool, device=device),
         # an episode without a model token has nothing to be stale: it gets the newest version of the batch
         versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=newest) for e in episodes], device=device),
         token_versions=versions.to(device),

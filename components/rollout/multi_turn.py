@@ -38,12 +38,13 @@ from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.core.sampling import SamplingParams
 
+from .agent import Agent
 from .base import Rollout
 from .chat_turns import ChatTurns
 from .episode import Episode, episode_batch, episode_metrics, left_pad, token_versions, transcript
 
 
-class MultiTurnRollout:
+class MultiTurnRollout(Agent):
     """Multi-turn episodes: any token-in/token-out `Rollout` driven through an `Environment`, trained on the exact sampled ids.
 
     The sampler (``model.rollout``) samples each turn; the environment answers; its observation is appended

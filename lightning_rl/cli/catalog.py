@@ -16,7 +16,7 @@ KINDS = {
     "sampling": ("components.sampling", "DynamicSampling"),
     "loss_terms": ("components.loss_terms", "LossTerm"),
     "ptx": ("components.ptx", "PretrainMix"),
-    "agent": ("components.rollout", "MultiTurnRollout"),
+    "agent": ("components.rollout", "Agent"),
     "agent.init_args.env": ("components.env", "Environment"),
     "agent.init_args.env.init_args.tools": ("components.env", "Tool"),
 }

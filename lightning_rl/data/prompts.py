@@ -21,12 +21,21 @@ from lightning_rl.core.models import load_tokenizer
 from lightning_rl.core.vision import load_processor
 from lightning_rl.data.checks import check_prompts, count_unknown_tokens
 from lightning_rl.data.images import ImageColumn, encode_source
+from lightning_rl.data.reasoning_gym import PREFIX as REASONING_GYM
+from lightning_rl.data.reasoning_gym import reasoning_gym_rows
 from lightning_rl.data.tasks import BUILTIN_TASKS
 
 
 def load_rows(source: str, split: str):
-    """A `datasets.Dataset` from ``builtin:<task>``, a data file, a ``save_to_disk`` folder or a hub id."""
+    """A `datasets.Dataset` from ``builtin:<task>``, ``reasoning_gym:<task>``, a data file, a ``save_to_disk`` folder or a hub id."""
     import datasets
+
+    if source.startswith(REASONING_GYM):
+        return datasets.Dataset.from_list(reasoning_gym_rows(source, split))
+    if source.startswith("verifiers:"):  # a verifiers environment's own dataset (the agent's module reads it)
+        from components.rollout.endpoint.verifiers_env import verifiers_rows
+
+        return datasets.Dataset.from_list(verifiers_rows(source, split))
 
     if source.startswith("builtin:"):
         name = source.split(":", 1)[1]
@@ -185,7 +194,7 @@ class PromptDataModule(LightningDataModule):
     ):
         """
         Args:
-            train_data: ``builtin:arithmetic``, a .jsonl/.json/.parquet/.csv file, a ``save_to_disk`` folder or a hub id.
+            train_data: ``builtin:arithmetic``, ``reasoning_gym:<task>`` (lightning_rl/data/reasoning_gym.py), a .jsonl/.json/.parquet/.csv file, a ``save_to_disk`` folder or a hub id.
             val_data: held-out prompts in the same forms (None = no validation), or several sets as a mapping
                 ``{name: source}``, each logged under ``val/<name>/`` (e.g. ``{gsm8k: gsm8k.jsonl, math: math.jsonl}``).
             split: split of ``train_data`` to use (folders with several splits, hub datasets, built-in tasks).

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from components.reward import Reward
-from components.rollout import MultiTurnRollout, Rollout
+from components.rollout import Agent, Rollout
 from components.sampling import DynamicSampling
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
@@ -33,7 +33,7 @@ class Collector:
     """Sampling and scoring for `RLModule`: the rollout (or an agent's episodes on it), the reward, dynamic sampling
     and, in asynchronous training, the rounds sampled ahead (``ahead``)."""
 
-    def __init__(self, rollout: Rollout, reward: Reward, agent: MultiTurnRollout | None, sampling: DynamicSampling | None, loop: LoopConfig, tokenizer):
+    def __init__(self, rollout: Rollout, reward: Reward, agent: Agent | None, sampling: DynamicSampling | None, loop: LoopConfig, tokenizer):
         self.rollout, self.reward, self.agent, self.sampling, self.loop, self.tokenizer = rollout, reward, agent, sampling, loop, tokenizer
         self.ahead: RolloutAhead | None = None
 

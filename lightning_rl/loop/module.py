@@ -28,7 +28,7 @@ from components.kl import KLRegularizer
 from components.loss_terms import LossTerm
 from components.ptx import PretrainMix
 from components.reward import ExactMatch, Reward
-from components.rollout import HFRollout, MultiTurnRollout, Rollout
+from components.rollout import Agent, HFRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 from lightning_rl import checkpoint
@@ -70,7 +70,7 @@ class RLModule(LightningModule):
         loss_terms: list[LossTerm] | None = None,
         val_reward: Reward | None = None,
         ptx: PretrainMix | None = None,
-        agent: MultiTurnRollout | None = None,
+        agent: Agent | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),
         loop: LoopConfig = LoopConfig(),
     ):
@@ -89,7 +89,8 @@ class RLModule(LightningModule):
             loss_terms: extra per-token terms (EntropyBonus, PositiveNLL).
             val_reward: the reward validation reports as ``val/reward`` (None = ``reward``).
             ptx: PPO-ptx, a pretraining LM loss on ``data.ptx_data`` mixed into the policy loss (None = off).
-            agent: multi-turn episodes through an environment (tools), sampled by ``rollout`` (None = one turn).
+            agent: whole episodes sampled by ``rollout`` (None = one turn): MultiTurnRollout (an `Environment` with tools) or
+                OpenAIAgent (your function, given an OpenAI client on a loopback endpoint).
             optimizer: the policy's AdamW, LR schedule and gradient clipping.
             loop: epochs, mini-batches, micro-batches and logging.
         """

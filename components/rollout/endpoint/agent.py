@@ -1,0 +1,293 @@
+"""`OpenAIAgent`: episodes of an agent written against an OpenAI client, trained on the exact tokens it was served.
+
+    def agent(client: openai.OpenAI, row: dict) -> result          # or: async def agent(client: openai.AsyncOpenAI, row)
+
+The function is named by dotted path (``function: my_package.my_agent``). Each episode (``group_size`` per prompt)
+calls it once with a client pointed at the trainer's loopback endpoint (components.rollout.endpoint.server) and the
+prompt's data row; it may call ``client.chat.completions.create`` / ``client.completions.create`` as often as it
+likes, run tools, and returns what the reward reads: ``result`` lands in the batch's column ``result`` (and, when it
+is text, in ``completions``, which rewards such as ExactMatch judge). Every call is sampled by ``model.rollout``
+(HFRollout, SGLangRollout) and recorded with its exact prompt ids, sampled ids and log-probs; a conversation becomes
+training rows as components.rollout.endpoint.conversation describes (TITO, prefix breaks).
+
+Rows: an episode is one row, or several when the agent rewrote its history (each break starts a row). Every episode
+of a batch is given as many rows as the one with the most (the rest empty, no token trained), so groups stay equal
+in size and each episode weighs the same in its group's mean and spread. An episode that raises, passes
+``timeout_s`` or never calls the endpoint keeps its rows (or one empty row), has ``result`` None and is scored like
+any other (a reward reading ``completions`` sees ""), and is counted in ``agent/error_frac``, ``agent/timeout_frac``
+and ``agent/no_call_frac``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import threading
+import time
+import uuid
+import warnings
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.sampling import SamplingParams
+
+from ..agent import Agent
+from ..base import Rollout
+from ..episode import Episode, left_pad, response_fields, transcript
+from .chat import ChatTemplate
+from .conversation import Conversation
+from .rounds import EpisodeRun, Round
+from .server import Endpoint
+from .tool_calls import ToolCallParser
+
+
+class OpenAIAgent(Agent):
+    """Your agent function, given an OpenAI client on a loopback endpoint the sampler serves, trained on the exact tokens."""
+
+    def __init__(
+        self,
+        function: str,
+        timeout_s: float = 300.0,
+        max_total_tokens: int = 1024,
+        chat_template: str | None = None,
+        tool_calls: ToolCallParser | None = None,
+        reasoning_tags: list[str] | None = None,
+        model_name: str = "policy",
+        batch_wait_s: float = 0.02,
+    ):
+        """
+        Args:
+            function: dotted path of ``agent(client, row) -> result`` (sync, given an ``openai.OpenAI``; or async,
+                given an ``openai.AsyncOpenAI``).
+            timeout_s: an episode still running after this many seconds ends as a failure (its client is shut out).
+            max_total_tokens: most response tokens of one training row (the sampled turns and the messages added between them).
+            chat_template: a Jinja chat template, or a file holding one, for /v1/chat/completions (None = the tokenizer's).
+            tool_calls: how the model writes tool calls (components.rollout.endpoint.HermesToolCalls, JsonToolCalls,
+                TagToolCalls; None = no tool calls are parsed).
+            reasoning_tags: [open, close] around the model's reasoning (e.g. ["<think>", "</think>"]): answered as
+                the message's ``reasoning_content`` (None = part of the content).
+            model_name: the model id the endpoint reports.
+            batch_wait_s: how long the endpoint waits for one more concurrent call before sampling those it has.
+        """
+        if timeout_s <= 0 or max_total_tokens < 1 or batch_wait_s < 0:
+            raise ValueError(f"OpenAIAgent: need timeout_s > 0, max_total_tokens >= 1 and batch_wait_s >= 0; got {timeout_s}, {max_total_tokens}, {batch_wait_s}")
+        if reasoning_tags is not None and len(reasoning_tags) != 2:
+            raise ValueError(f"OpenAIAgent: reasoning_tags must be [open, close], got {reasoning_tags}")
+        self.function_path, self.timeout_s, self.max_total_tokens = function, timeout_s, max_total_tokens
+        self.template_source, self.tool_calls = chat_template, tool_calls or ToolCallParser()
+        self.reasoning = tuple(reasoning_tags) if reasoning_tags else None
+        self.model_name, self.batch_wait_s = model_name, batch_wait_s
+        self.tokenizer, self.template, self.endpoint, self.function = None, None, None, None
+        self.stop_ids: list[int] = []
+        self._rounds: set[Round] = set()
+        self._warned: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._sync_http = self._async_http_client = None
+
+    def setup(self, tokenizer, sampler: Rollout) -> None:
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            raise ImportError("model.agent (OpenAIAgent) gives the agent an OpenAI client: pip install 'lightning-rl[agents]'") from None
+        if sampler.params.greedy_baseline:
+            raise ValueError("model.agent (OpenAIAgent) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false")
+        if "rollout_logprobs" not in sampler.provides:
+            raise ValueError("model.agent (OpenAIAgent) records the sampler's log-prob of every token it serves: use a rollout that "
+                             "reports them (SGLangRollout, or HFRollout with return_logprobs: true)")
+        self.function = _load_function(self.function_path)
+        self.tokenizer = tokenizer
+        source = self.template_source
+        if source is not None and Path(source).is_file():
+            source = Path(source).read_text()
+        self.template = ChatTemplate(tokenizer, source) if source or getattr(tokenizer, "chat_template", None) else None
+        end = self.template.end_of_turn_id() if self.template is not None else None
+        self.stop_ids = [] if end is None else [end]
+        self.end_ids = {tokenizer.eos_token_id, *self.stop_ids}
+        for text in self.tool_calls.stop_texts:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) != 1:
+                warnings.warn(f"model.agent.init_args.tool_calls: the stop text {text!r} is {len(ids)} tokens for this tokenizer and a "
+                              "sampler stops on single tokens: a turn then runs on to its end-of-turn token or max_new_tokens (its calls "
+                              "are still read). Add the text to the tokenizer as one token")
+                continue
+            self.stop_ids.append(ids[0])
+        self.endpoint = Endpoint(self.model_name)
+
+    # ------------------------------------------------------------------ a round of episodes
+    @torch.no_grad()
+    def generate(self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
+        if self.endpoint is None:
+            raise RuntimeError("OpenAIAgent.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)")
+        params = params or sampler.params
+        g, rows = params.samples_per_prompt, prompts.rows()
+        data_prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
+        episodes = [EpisodeRun(uuid.uuid4().hex, rows[i // g], data_prompts[i // g], Conversation(self.template, self.tokenizer, self.max_total_tokens))
+                    for i in range(len(prompts) * g)]
+        round_ = Round(self, sampler, policy, params, episodes)
+        self._rounds.add(round_)
+        was_training = policy.training if policy is not None else False
+        try:
+            for episode in episodes:
+                self.endpoint.open(episode.key, lambda route, request, e=episode: round_.submit(e, route, request))
+                episode.deadline = time.monotonic() + self.timeout_s
+                episode.future = self._start(episode)
+            round_.run()
+        finally:
+            self._rounds.discard(round_)
+            if policy is not None:
+                policy.train(was_training)
+        return self._batch(episodes, prompts, g, sampler.pad_token_id), _metrics(episodes)
+
+    def _start(self, episode: EpisodeRun) -> Future:
+        url, row = self.endpoint.base_url(episode.key), dict(episode.row)
+        if inspect.iscoroutinefunction(self.function):
+            return asyncio.run_coroutine_threadsafe(self._run_async(url, row), self._event_loop())
+        future: Future = Future()
+
+        def run() -> None:
+            import openai
+
+            # one connection pool for every episode: a client of its own costs an SSL context (~30 ms of CPU, far more under load)
+            client = openai.OpenAI(base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=self._http())
+            try:
+                future.set_result(self.function(client, row)) if future.set_running_or_notify_cancel() else None
+            except BaseException as err:  # the agent's failure is the episode's, reported in its metrics
+                future.set_exception(err) if not future.done() else None
+
+        threading.Thread(target=run, name=f"agent-{episode.key[:8]}", daemon=True).start()  # a hung one is left behind
+        return future
+
+    async def _run_async(self, url: str, row: dict) -> Any:
+        import openai
+
+        client = openai.AsyncOpenAI(base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=self._async_http())
+        return await self.function(client, row)
+
+    def _http(self):
+        with self._lock:
+            if self._sync_http is None:
+                self._sync_http = _shared_http_client(asynchronous=False)
+            return self._sync_http
+
+    def _async_http(self):
+        if self._async_http_client is None:  # on the event loop's thread only
+            self._async_http_client = _shared_http_client(asynchronous=True)
+        return self._async_http_client
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="agent-loop", daemon=True).start()
+        return self._loop
+
+    # ------------------------------------------------------------------ the batch
+    def _batch(self, episodes: list[EpisodeRun], prompts: Prompts, g: int, pad_token_id: int) -> RolloutBatch:
+        per_episode = [[row.episode for row in e.conversation.rows] or [Episode(e.prompt, None)] for e in episodes]
+        k = max(len(rows) for rows in per_episode)  # rows per episode, the same for all: equal groups
+        laid = [rows + [Episode(rows[-1].prompt, None) for _ in range(k - len(rows))] for rows in per_episode]
+        flat = [row for rows in laid for row in rows]
+        device = prompts.prompt_ids.device
+        prompt_ids, prompt_mask = left_pad([row.prompt for row in flat], pad_token_id, device)
+        columns = {name: [v for v in values for _ in range(g * k)] for name, values in prompts.columns.items()}
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        columns.update(
+            result=[e.result for e in episodes for _ in range(k)],
+            completions=[(e.result if isinstance(e.result, str) else e.last_text) if e.status == "done" else "" for e in episodes for _ in range(k)],
+            agent_error=[e.error for e in episodes for _ in range(k)],
+            transcripts=[transcript(row, decode) for row in flat],
+        )
+        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, columns=columns, **response_fields(flat, pad_token_id, device),
+                            group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g * k))
+
+    # ------------------------------------------------------------------ texts and warnings
+    def turn_text(self, ids: list[int]) -> str:
+        """A sampled turn as the agent reads it: special tokens kept (a call's tags may be special), the EOS or
+        end-of-turn token that closed it dropped."""
+        if ids and ids[-1] in self.end_ids:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def warn_once(self, text: str) -> None:
+        if text not in self._warned:
+            self._warned.add(text)
+            warnings.warn(text)
+
+    def cancel(self) -> None:
+        for round_ in list(self._rounds):
+            round_.cancelled.set()
+
+    def close(self) -> None:
+        self.cancel()
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
+        if self._sync_http is not None:
+            self._sync_http.release()
+            self._sync_http = None
+        if self._loop is not None:
+            if self._async_http_client is not None:
+                asyncio.run_coroutine_threadsafe(self._async_http_client.release(), self._loop).result(timeout=10)
+                self._async_http_client = None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
+
+
+def _shared_http_client(asynchronous: bool):
+    """An httpx client the episodes' OpenAI clients share, which an agent closing its client does not close."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+    if asynchronous:
+        class Shared(httpx.AsyncClient):
+            async def aclose(self) -> None:
+                pass
+
+            async def release(self) -> None:
+                await httpx.AsyncClient.aclose(self)
+    else:
+        class Shared(httpx.Client):
+            def close(self) -> None:
+                pass
+
+            def release(self) -> None:
+                httpx.Client.close(self)
+    return Shared(limits=limits, trust_env=False)  # trust_env: no proxy from the environment between us and loopback
+
+
+def _load_function(path: str) -> Callable:
+    module_name, _, name = path.rpartition(".")
+    try:
+        function = getattr(importlib.import_module(module_name), name) if module_name else None
+    except ImportError as err:
+        raise ImportError(f"model.agent.init_args.function: cannot import {module_name!r} ({err}); give a dotted path module.function "
+                          "importable from the directory you run in") from None
+    except AttributeError:
+        function = None
+    if not callable(function):
+        raise ValueError(f"model.agent.init_args.function: {path!r} is not a function; give the dotted path of agent(client, row)")
+    return function
+
+
+def _metrics(episodes: list[EpisodeRun]) -> dict[str, Tensor]:
+    n = max(1, len(episodes))
+
+    def frac(status: str) -> Tensor:
+        return torch.tensor(sum(e.status == status for e in episodes) / n)
+
+    rows = [row.episode for e in episodes for row in e.conversation.rows]
+    return {
+        "agent/turns_mean": torch.tensor(sum(e.conversation.calls for e in episodes) / n),
+        "agent/tool_calls_mean": torch.tensor(sum(e.tool_calls for e in episodes) / n),
+        "agent/observation_tokens_mean": torch.tensor(sum(len(r.action) - sum(r.action) for r in rows) / n),
+        "agent/prefix_breaks": torch.tensor(float(sum(e.conversation.prefix_breaks for e in episodes))),
+        "agent/error_frac": frac("error"),
+        "agent/timeout_frac": frac("timeout") + frac("cancelled"),
+        "agent/no_call_frac": torch.tensor(sum(e.conversation.calls == 0 for e in episodes) / n),
+    }

@@ -1,0 +1,117 @@
+"""`Conversation`: one episode's calls to the endpoint as training rows of exact token ids (TITO: tokens in, tokens out).
+
+Each call continues the episode's current row when the request repeats what the row holds: for a chat call, the
+messages of the row's calls and the replies the endpoint gave, in order; for a completion, the row's text (or ids).
+The next prompt is then the row's recorded ids plus the tokens of only the new messages (``ChatTemplate.suffix_ids``)
+or the new text, never a re-render or re-tokenisation of what was sampled. A request that does not repeat the row
+(the agent dropped an earlier turn's reasoning, edited a message, or asks again for the same turn) starts a new row
+from a full render and counts a prefix break: no row ever holds tokens that nobody sampled in its place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..episode import Episode
+from .chat import ChatTemplate, normalized
+
+
+class ContextFull(ValueError):
+    """The row has no room left for the call (its prompt would pass ``max_total_tokens`` response tokens)."""
+
+
+@dataclass
+class Row:
+    """A training row under construction: ``episode`` holds its first prompt and the ids after it."""
+
+    episode: Episode
+    kind: str  # "chat" or "text"
+    covers: list = field(default_factory=list)  # chat: the normalised messages the ids hold; text: [the text]
+    tools: str = ""  # chat: the tool definitions the row was rendered with (JSON)
+    last_turn: list[int] = field(default_factory=list)
+
+    @property
+    def context(self) -> list[int]:
+        return self.episode.prompt + self.episode.ids
+
+
+@dataclass
+class Pending:
+    """A call prepared: the row it extends (or starts), the ids appended before sampling, the whole context."""
+
+    row: Row
+    added: list[int]
+    context: list[int]
+    covers: list
+    new_row: bool
+
+
+class Conversation:
+    """The rows of one episode, and its prefix breaks."""
+
+    def __init__(self, template: ChatTemplate | None, tokenizer, max_total_tokens: int):
+        self.template, self.tokenizer, self.max_total_tokens = template, tokenizer, max_total_tokens
+        self.rows: list[Row] = []
+        self.prefix_breaks = 0
+        self.calls = 0
+
+    def chat(self, messages: list[dict], tools: list[dict] | None) -> Pending:
+        if self.template is None:
+            raise ValueError("this endpoint has no chat template; call /v1/completions")
+        if not messages:
+            raise ValueError("messages is empty")
+        covers, tools_key = [normalized(m) for m in messages], json.dumps(tools or [], sort_keys=True)
+        row = self._current("chat")
+        n = len(row.covers) if row is not None else 0
+        if row is not None and row.tools == tools_key and len(covers) > n and covers[:n] == row.covers:
+            added = self.template.suffix_ids(messages[n:], tools, row.last_turn)
+            return self._pending(row, added, covers)
+        prompt = self.template.prompt_ids(messages, tools)
+        return self._start(Row(Episode(prompt, None), "chat", tools=tools_key), covers)
+
+    def text(self, prompt: str | list[int]) -> Pending:
+        row = self._current("text")
+        if isinstance(prompt, list):  # token ids: the row continues when they start with its ids
+            if row is not None and len(prompt) > len(row.context) and prompt[: len(row.context)] == row.context:
+                return self._pending(row, prompt[len(row.context) :], [None])
+            return self._start(Row(Episode(list(prompt), None), "text"), [None])
+        done = row.covers[0] if row is not None else None
+        if isinstance(done, str) and len(prompt) > len(done) and prompt.startswith(done):
+            return self._pending(row, self.tokenizer.encode(prompt[len(done) :], add_special_tokens=False), [prompt])
+        return self._start(Row(Episode(self.tokenizer.encode(prompt, add_special_tokens=False), None), "text"), [prompt])
+
+    def _current(self, kind: str) -> Row | None:
+        return self.rows[-1] if self.rows and self.rows[-1].kind == kind else None
+
+    def _pending(self, row: Row, added: list[int], covers: list) -> Pending:
+        if len(row.episode.ids) + len(added) + 1 > self.max_total_tokens:
+            row.episode.truncated = True
+            raise ContextFull(f"this conversation's training row holds {len(row.episode.ids)} + {len(added)} new tokens, and "
+                              f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn")
+        return Pending(row, added, row.context + added, covers, False)
+
+    def _start(self, row: Row, covers: list) -> Pending:
+        if not row.episode.prompt:
+            raise ValueError("the prompt is empty")
+        return Pending(row, [], list(row.episode.prompt), covers, True)
+
+    def room(self, pending: Pending) -> int:
+        """The most tokens the call may sample."""
+        return max(1, self.max_total_tokens - len(pending.row.episode.ids) - len(pending.added))
+
+    def commit(self, pending: Pending, ids: list[int], logprobs: list[float] | None, versions: list[int], reply: Any, truncated: bool) -> None:
+        """Record the sampled turn; ``reply`` is what the endpoint answers (the assistant message, or the text)."""
+        row = pending.row
+        if pending.new_row:
+            if self.rows:
+                self.prefix_breaks += 1
+            self.rows.append(row)
+        row.episode.add(pending.added, 0, None)
+        row.episode.add(ids, 1, logprobs, versions)
+        row.episode.turns += 1
+        row.episode.truncated = truncated
+        row.last_turn = ids
+        row.covers = pending.covers + [normalized(reply)] if row.kind == "chat" else [None if pending.covers[0] is None else pending.covers[0] + reply]
+        self.calls += 1

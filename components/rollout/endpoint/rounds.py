@@ -1,0 +1,183 @@
+"""`Round`: one ``generate`` call of an `OpenAIAgent`: the agent function run once per episode, its calls to the
+endpoint batched onto the sampler, each episode ended by its return, its exception, its deadline or a cancel.
+
+The driver (the thread that called ``generate``: the trainer's, or the one sampling a round ahead) owns the sampler
+and every episode's record; the endpoint's connection threads only queue calls and wait for their answers. Calls that
+arrive together are sampled together: the driver takes the first call, then waits up to ``batch_wait_s`` for each
+further one until every running episode has a call in (an agent between calls, e.g. running a tool, is not waited
+for longer). An episode that passes its deadline or is cancelled is ended at once: its calls are answered with an
+error, its client is shut out, and its function (a thread that cannot be stopped, or a task that is cancelled) is
+left behind, so neither a hang nor an exception can stop the run.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from jinja2 import TemplateError
+
+from lightning_rl.core.batch import Prompts
+
+from ..episode import left_pad, token_versions
+from .conversation import ContextFull, Conversation
+from .replies import BadRequest, call_limits, chat_answer, chat_message, completion_answer
+from .server import error
+
+
+@dataclass
+class EpisodeRun:
+    """One run of the agent function on one data row."""
+
+    key: str
+    row: dict
+    prompt: list[int]  # the data's prompt ids: the row of an episode that never called
+    conversation: Conversation
+    deadline: float = 0.0
+    future: Future | None = None
+    status: str = "running"  # running, done, error, timeout, cancelled
+    error: str = ""
+    result: Any = None
+    last_text: str = ""
+    tool_calls: int = 0
+
+
+@dataclass
+class Call:
+    episode: EpisodeRun
+    route: str
+    request: dict
+    answer: Future = field(default_factory=Future)
+
+
+class Round:
+    def __init__(self, agent, sampler, policy, params, episodes: list[EpisodeRun]):
+        self.agent, self.sampler, self.policy, self.params, self.episodes = agent, sampler, policy, params, episodes
+        self.calls: queue.Queue[Call] = queue.Queue()
+        self.cancelled = threading.Event()
+        self._closing = threading.Lock()  # a call is queued before the final drain, or refused
+        self._closed = False
+
+    def submit(self, episode: EpisodeRun, route: str, request: dict) -> tuple[int, dict]:
+        """On a connection thread: queue the call and wait for the driver's answer."""
+        call = Call(episode, route, request)
+        with self._closing:
+            if self._closed or episode.status != "running":
+                return error(404, f"this episode has ended ({episode.status}); its client cannot sample any more", "episode_ended")
+            self.calls.put(call)
+        return call.answer.result()  # always answered: by the driver, or by `run`'s final drain
+
+    def run(self) -> None:
+        try:
+            while self._check():
+                self._serve(self._gather())
+        finally:
+            for episode in self.episodes:
+                self.agent.endpoint.close_episode(episode.key)
+            with self._closing:
+                self._closed = True
+            while not self.calls.empty():
+                self._refuse(self.calls.get_nowait())
+
+    def _gather(self) -> list[Call]:
+        try:
+            calls = [self.calls.get(timeout=0.05)]
+        except queue.Empty:
+            return []
+        running = sum(e.status == "running" for e in self.episodes)
+        while len(calls) < running:
+            try:
+                calls.append(self.calls.get(timeout=self.agent.batch_wait_s))
+            except queue.Empty:
+                break
+        return calls
+
+    def _check(self) -> bool:
+        """End the episodes that returned, raised, passed their deadline or were cancelled; True while any runs."""
+        now = time.monotonic()
+        for episode in self.episodes:
+            if episode.status != "running":
+                continue
+            if episode.future.done():
+                failure = episode.future.exception() if not episode.future.cancelled() else None
+                episode.status, episode.error = ("error", f"{type(failure).__name__}: {failure}") if failure is not None else ("done", "")
+                episode.result = None if failure is not None else episode.future.result()
+            elif self.cancelled.is_set() or now > episode.deadline:
+                episode.status = "cancelled" if self.cancelled.is_set() else "timeout"
+                episode.error = "the run stopped" if self.cancelled.is_set() else f"no result within {self.agent.timeout_s} s"
+                episode.future.cancel()  # a task is cancelled; a thread is left to finish on its own, shut out
+            if episode.status != "running":
+                self.agent.endpoint.close_episode(episode.key)
+        return any(e.status == "running" for e in self.episodes)
+
+    def _refuse(self, call: Call) -> None:
+        call.answer.set_result(error(404, f"this episode has ended ({call.episode.status}); its client cannot sample any more", "episode_ended"))
+
+    def _serve(self, calls: list[Call]) -> None:
+        ready: dict[tuple, list] = {}
+        for call in calls:
+            if call.episode.status != "running":
+                self._refuse(call)
+                continue
+            try:
+                pending, limits = self._prepare(call)
+            except ContextFull as err:
+                call.answer.set_result(error(400, str(err), "context_length_exceeded"))
+                continue
+            except (BadRequest, ValueError, KeyError, TypeError, TemplateError) as err:
+                call.answer.set_result(error(400, f"{type(err).__name__}: {err}"))
+                continue
+            room = call.episode.conversation.room(pending)
+            new_tokens = min(self.params.max_new_tokens, room, limits.max_tokens or room)
+            ready.setdefault((new_tokens, limits.stop_token_ids), []).append((call, pending, limits))
+        for (new_tokens, stops), group in ready.items():
+            self._sample(group, new_tokens, stops)
+
+    def _prepare(self, call: Call):
+        conversation, request = call.episode.conversation, call.request
+        limits = call_limits(request, self.agent.tokenizer, self.agent.warn_once)
+        if call.route == "chat.completions":
+            if not isinstance(request.get("messages"), list):
+                raise BadRequest("messages must be a list of chat messages")
+            return conversation.chat(request["messages"], request.get("tools")), limits
+        prompt = request.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one prompt
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
+            raise BadRequest("prompt must be one text or one list of token ids")
+        return conversation.text(prompt), limits
+
+    def _sample(self, group: list, new_tokens: int, stops: tuple[int, ...]) -> None:
+        agent, device = self.agent, self.policy_device()
+        ids, mask = left_pad([pending.context for _, pending, _ in group], self.sampler.pad_token_id, device)
+        stop_ids = tuple(dict.fromkeys([*self.params.stop_token_ids, *agent.stop_ids, *stops]))
+        params = replace(self.params, group_size=1, max_new_tokens=new_tokens, stop_token_ids=stop_ids)
+        try:
+            turn = self.sampler.generate(Prompts(ids, mask), self.policy, params)
+        except Exception as err:  # the sampler failed (a dead server): the calls learn why, then the run does
+            for call, _, _ in group:
+                call.answer.set_result(error(500, f"the sampler failed: {type(err).__name__}: {err}"))
+            raise
+        lengths, versions = turn.response_mask.sum(-1).tolist(), token_versions(turn).tolist()
+        for row, (call, pending, limits) in enumerate(group):
+            sampled = turn.response_ids[row, : lengths[row]].tolist()
+            logprobs = turn.rollout_logprobs[row, : lengths[row]].tolist()
+            finish = "length" if bool(turn.truncated[row]) else "stop"
+            text = agent.turn_text(sampled)
+            if call.route == "chat.completions":
+                reply = chat_message(text, agent.tool_calls, agent.reasoning)
+                call.episode.tool_calls += len(reply.get("tool_calls") or [])
+                call.episode.last_text = reply.get("content") or ""
+                answer = chat_answer(agent.model_name, reply, finish, pending.context, sampled, logprobs, agent.tokenizer, limits)
+            else:
+                reply = call.episode.last_text = text
+                answer = completion_answer(agent.model_name, text, finish, pending.context, sampled, logprobs, agent.tokenizer, limits)
+            call.episode.conversation.commit(pending, sampled, logprobs, versions[row][: lengths[row]], reply, finish == "length")
+            call.answer.set_result((200, answer))
+
+    def policy_device(self):
+        return next(self.policy.parameters()).device if self.policy is not None else "cpu"

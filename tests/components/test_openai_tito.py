@@ -1,0 +1,201 @@
+"""OpenAIAgent's exact tokens across turns (TITO) on three chat-template families (tests/fixtures/chat_templates.py):
+every call's prompt is the row's recorded ids plus the new messages' tokens, the trained ids are the sampled ids, the
+added messages are masked, a template that drops earlier reasoning cannot change them, an agent that rewrites its
+history starts a new row (counted), and the trainer's log-probs equal the sampler's over three turns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.rollout import HFRollout, OpenAIAgent, Rollout
+from components.rollout.base import response_mask_from_eos
+from components.rollout.endpoint import HermesToolCalls, JsonToolCalls
+from components.rollout.endpoint.chat import template_message
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.sampling import SamplingParams
+from tests.fixtures.chat_templates import family_tokenizer
+from tests.helpers import prompts
+
+CALC = {"type": "function", "function": {"name": "calc", "description": "add", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>'
+# the model's turns, by the number of tool results already in its context
+TURNS = {
+    "chatml": [HERMES + "<|im_end|>", "Again:\n" + HERMES + "<|im_end|>", "3<|im_end|>"],
+    "llama3": ['{"name": "calc", "parameters": {"expression": "1+2"}}<|eot_id|>'] * 2 + ["3<|eot_id|>"],
+    "thinking": ["<think>\nadd\n</think>\n\n" + HERMES + "<|im_end|>", "<think>\nagain\n</think>\n\n" + HERMES + "<|im_end|>",
+                 "<think>\ndone\n</think>\n\n3<|im_end|>"],
+    "answer": ["3<|im_end|>"] * 3,  # ChatML, no call
+}
+TOOL_RESULT = {"chatml": "<tool_response>", "llama3": "ipython<|end_header_id|>", "thinking": "<tool_response>", "answer": "<tool_response>"}
+PARSERS = {"chatml": HermesToolCalls, "llama3": JsonToolCalls, "thinking": HermesToolCalls}
+
+
+class ScriptedChat(Rollout):
+    """Answers each context with the family's next turn (by the tool results it holds), log-prob -0.1 per token."""
+
+    def __init__(self, tokenizer, family: str, group_size: int = 1):
+        self.tokenizer, self.family = tokenizer, family
+        self.params, self.provides = SamplingParams(group_size=group_size, max_new_tokens=200), Rollout.provides | {"rollout_logprobs"}
+
+    def generate(self, prompts, policy, params=None):
+        turns = []
+        for ids, mask in zip(prompts.prompt_ids, prompts.prompt_mask):
+            context = self.tokenizer.decode(ids[mask.bool()].tolist())
+            turns.append(self.tokenizer.encode(TURNS[self.family][context.count(TOOL_RESULT[self.family])], add_special_tokens=False))
+        width = max(len(t) for t in turns)
+        ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
+        mask, truncated = response_mask_from_eos(ids, (params or self.params).eos_ids(self.eos_token_id))
+        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=-0.1 * mask.float(),
+                            versions=torch.zeros(len(turns), dtype=torch.long))
+
+
+def _calls(response) -> dict:
+    return {"prompt": response.prompt_token_ids, "sampled": response.choices[0].token_ids}
+
+
+def tool_agent(client, row):
+    """A plain OpenAI tool loop: the assistant message is sent back as it came, each call answered with "3"."""
+    messages, calls = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": row["prompt"]}], []
+    for _ in range(4):
+        response = client.chat.completions.create(model="policy", messages=messages, tools=[CALC])
+        calls.append(_calls(response))
+        message = response.choices[0].message
+        messages.append(message)
+        if not message.tool_calls:
+            return {"answer": message.content, "calls": calls, "messages": [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages]}
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": "3"} for call in message.tool_calls]
+    raise AssertionError("the script has three turns")
+
+
+def reasoning_dropping_agent(client, row):
+    """Sends each assistant turn back without its <think> block, as many agent loops do: the history is rewritten."""
+    messages, calls = [{"role": "user", "content": row["prompt"]}], []
+    for _ in range(4):
+        response = client.chat.completions.create(model="policy", messages=messages, tools=[CALC])
+        calls.append(_calls(response))
+        message = response.choices[0].message
+        if not message.tool_calls:
+            return {"answer": message.content, "calls": calls}
+        messages.append({"role": "assistant", "content": message.content.split("</think>")[-1].strip(), "tool_calls": [c.model_dump() for c in message.tool_calls]})
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": "3"} for call in message.tool_calls]
+    raise AssertionError("the script has three turns")
+
+
+def three_turn_agent(client, row):
+    """Three calls whatever the (random) model says, a tool result after each of the first two."""
+    messages, calls = [{"role": "user", "content": row["prompt"]}], []
+    for turn in range(3):
+        response = client.chat.completions.create(model="policy", messages=messages, tools=[CALC])
+        calls.append(_calls(response))
+        messages.append(response.choices[0].message)
+        if turn < 2:
+            messages.append({"role": "tool", "tool_call_id": "call_0", "content": "3"})
+    return {"answer": response.choices[0].message.content, "calls": calls}
+
+
+def _agent(function: str, tokenizer, sampler, family: str, **kwargs) -> OpenAIAgent:
+    agent = OpenAIAgent(f"{__name__}.{function}", tool_calls=PARSERS[family](), timeout_s=60, **kwargs)
+    sampler.setup(tokenizer)
+    agent.setup(tokenizer, sampler)
+    return agent
+
+
+def _run(agent, sampler, tokenizer, policy=None, n_prompts: int = 2):
+    rows = [{"prompt": f"{i}+2?"} for i in range(n_prompts)]
+    ids = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]
+    try:
+        return agent.generate(sampler, prompts(ids, None, rows), policy)
+    finally:
+        agent.close()
+
+
+def _row_tokens(batch, i) -> tuple[list[int], list[int], list[int]]:
+    """Row ``i``: its prompt, its response ids and their action flags."""
+    prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+    n = int(batch.response_mask[i].sum())
+    return prompt, batch.response_ids[i, :n].tolist(), batch.action_mask[i, :n].tolist()
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3", "thinking"])
+def test_each_call_continues_the_recorded_ids_and_the_row_trains_exactly_the_sampled_ones(family):
+    tokenizer = family_tokenizer(family)
+    sampler = ScriptedChat(tokenizer, family, group_size=2)
+    # the thinking family answers its reasoning apart (reasoning_content), which the agent sends back with the message
+    reasoning = {"reasoning_tags": ["<think>", "</think>"]} if family == "thinking" else {}
+    batch, metrics = _run(_agent("tool_agent", tokenizer, sampler, family, **reasoning), sampler, tokenizer)
+    assert batch.batch_size == 4 and float(metrics["agent/prefix_breaks"]) == 0 and float(metrics["agent/turns_mean"]) == 3
+    assert float(metrics["agent/tool_calls_mean"]) == 2
+    for i in range(batch.batch_size):
+        result = batch.columns["result"][i]
+        assert result["answer"] == "3" and batch.columns["completions"][i] == "3"
+        prompt, response, action = _row_tokens(batch, i)
+        assert prompt == result["calls"][0]["prompt"]
+        # every call's prompt is exactly the row so far: nothing already sampled was rendered or tokenised again
+        for call in result["calls"]:
+            assert (prompt + response)[: len(call["prompt"])] == call["prompt"]
+        sampled = [t for t, a in zip(response, action) if a]
+        assert sampled == [t for call in result["calls"] for t in call["sampled"]]  # trained ids == sampled ids
+        added = [t for t, a in zip(response, action) if not a]  # the tool results and headers: masked
+        assert "3" in tokenizer.decode(added) and TOOL_RESULT[family] in tokenizer.decode(added, skip_special_tokens=False)
+        assert torch.allclose(batch.rollout_logprobs[i][batch.action_mask[i].bool()], torch.tensor(-0.1))
+        messages = [template_message(m) for m in result["messages"]]  # call arguments as mappings, as templates read them
+        rendered = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=[CALC], tokenize=False), add_special_tokens=False)
+        if family == "thinking":  # the template drops the first turns' <think> blocks: a re-render is not what was sampled
+            assert rendered[: len(prompt + response)] != prompt + response
+            assert tokenizer.decode(response).count("<think>") == 3
+        else:  # an append-only template: the appended ids are those of a full render
+            assert rendered[: len(prompt + response)] == prompt + response
+
+
+def test_an_agent_that_drops_its_reasoning_starts_a_new_row_at_each_rewrite_and_counts_it():
+    tokenizer = family_tokenizer("thinking")
+    sampler = ScriptedChat(tokenizer, "thinking", group_size=1)
+    batch, metrics = _run(_agent("reasoning_dropping_agent", tokenizer, sampler, "thinking"), sampler, tokenizer, n_prompts=2)
+    assert float(metrics["agent/prefix_breaks"]) == 4  # two rewrites per episode
+    assert batch.batch_size == 6 and batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]  # three rows per episode, groups of one episode
+    for episode in range(2):
+        calls = batch.columns["result"][3 * episode]["calls"]
+        for k, call in enumerate(calls):  # each row: one call's full render, then its sampled turn
+            prompt, response, action = _row_tokens(batch, 3 * episode + k)
+            assert prompt == call["prompt"] and response == call["sampled"] and all(action)
+            assert "<think>" not in tokenizer.decode(prompt)  # the rewritten history, rendered as the agent sent it
+
+
+def test_rows_are_padded_so_every_episode_has_as_many_and_groups_stay_equal():
+    tokenizer = family_tokenizer("thinking")
+    sampler = ScriptedChat(tokenizer, "thinking", group_size=2)
+    agent = _agent("reasoning_dropping_agent", tokenizer, sampler, "thinking")
+    agent.function = lambda client, row: tool_agent(client, row) if row["prompt"].startswith("0") else reasoning_dropping_agent(client, row)
+    batch, metrics = _run(agent, sampler, tokenizer)
+    assert batch.batch_size == 12 and batch.group_ids.tolist() == [0] * 6 + [1] * 6
+    lengths = batch.response_mask.sum(-1).view(4, 3)  # (episode, row)
+    assert (lengths[:2, 0] > 0).all() and (lengths[:2, 1:] == 0).all()  # the unbroken episodes: one row and two empty ones
+    assert (lengths[2:] > 0).all()
+    assert batch.columns["result"][0] is batch.columns["result"][2]  # an episode's rows share its result
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3", "thinking"])
+def test_trainer_logprobs_equal_the_samplers_over_three_turns(family):
+    from lightning_rl.recipes.tiny import build_tiny_llama
+
+    tokenizer = family_tokenizer(family)
+    policy = build_tiny_llama(tokenizer, hidden_size=32, layers=2, heads=2, seed=0, max_positions=1024)
+    sampler = HFRollout(group_size=2, max_new_tokens=6, temperature=0.8, return_logprobs=True)
+    torch.manual_seed(0)
+    batch, metrics = _run(_agent("three_turn_agent", tokenizer, sampler, family), sampler, tokenizer, policy)
+    assert float(metrics["agent/turns_mean"]) == 3 and float(metrics["agent/prefix_breaks"]) == 0
+    assert ((batch.response_mask * (1 - batch.action_mask)).sum(-1) > 0).all()  # the tool results are in, masked
+    trainer = policy_logprobs(policy, batch, 0.8)[0].detach()
+    assert float(((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max()) < 1e-5
+    assert float(((policy_logprobs(policy, batch, 1.0)[0].detach() - batch.rollout_logprobs).abs() * batch.loss_mask).max()) > 1e-2
+
+
+def test_a_round_of_many_episodes_connecting_at_once_loses_none():
+    """All of a round's episodes open their connections together; the server's listen queue (socketserver's 5)
+    refused some, and their agents failed with APIConnectionError (about 5% of configs/openai_agent.yaml's)."""
+    tokenizer = family_tokenizer("chatml")
+    sampler = ScriptedChat(tokenizer, "chatml", group_size=64)
+    batch, metrics = _run(_agent("tool_agent", tokenizer, sampler, "chatml"), sampler, tokenizer, n_prompts=4)
+    assert batch.batch_size == 256 and float(metrics["agent/error_frac"]) == 0, [e for e in batch.columns["agent_error"] if e][:3]
