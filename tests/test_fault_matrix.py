@@ -210,9 +210,9 @@ def test_stale_temporaries(tmp_path):
 
 
 def test_crafted_checkpoint(tmp_path):
-    from tests.lightning_rl.test_export import test_a_crafted_checkpoint_is_refused_without_running_its_code
+    from tests.support.checkpoints import check_a_crafted_checkpoint_is_refused_without_running_its_code
 
-    test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path)
+    check_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path)
 
 
 @pytest.mark.parametrize("content, message", [("\n", "is empty"), ('{"prompt": "1"}\n{"prompt": \n', "line 2: not valid JSON")])
@@ -235,35 +235,35 @@ def test_context_overflow():
 
 
 def test_hostile_tool_code(tmp_path, monkeypatch):
-    from tests.components.test_sandbox import (
-        test_no_file_outside_the_scratch_folder_is_read_or_written,
-        test_process_count_is_bounded,
-        test_without_namespaces_the_tool_refuses_unless_opted_out,
+    from tests.support.tools import (
+        check_no_file_outside_the_scratch_folder_is_read_or_written,
+        check_process_count_is_bounded,
+        check_without_namespaces_the_tool_refuses_unless_opted_out,
     )
 
-    test_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch)
-    test_process_count_is_bounded()
-    test_without_namespaces_the_tool_refuses_unless_opted_out()
+    check_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch)
+    check_process_count_is_bounded()
+    check_without_namespaces_the_tool_refuses_unless_opted_out()
 
 
 def test_hung_tool(tokenizer):
     from components.env import FunctionTool
-    from tests.components.test_function_tool import attempt, on_a_thread
-    from tests.components.test_multi_turn import test_cancel_ends_the_episodes_of_a_generate_under_way
     from tests.fixtures.tools import echo_or_hang
+    from tests.support.multi_turn import check_cancel_ends_the_episodes_of_a_generate_under_way
+    from tests.support.tools import attempt, on_a_thread
 
     tool = FunctionTool(echo_or_hang, timeout_s=0.5)
     start = time.monotonic()
     assert on_a_thread(lambda: attempt(tool, "spin")) == ["error: no answer within 0.5 s"]  # stuck in C code, on a background thread
     assert time.monotonic() - start < 5.0
     tool.close()
-    test_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer)  # what the teardown of an interrupted async run does
+    check_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer)  # what the teardown of an interrupted async run does
 
 
 def test_tool_flood(capfd):
-    from tests.components.test_function_tool import test_what_a_tool_prints_never_reaches_the_trainers_log
+    from tests.support.tools import check_what_a_tool_prints_never_reaches_the_trainers_log
 
-    test_what_a_tool_prints_never_reaches_the_trainers_log(capfd)
+    check_what_a_tool_prints_never_reaches_the_trainers_log(capfd)
 
 
 def test_bad_tool_text():

@@ -11,7 +11,7 @@ import torch
 from components.rollout import MultiTurnRollout
 from components.rollout.chat_turns import ChatTurns
 from components.env import Environment, Step
-from tests.components.test_multi_turn import Scripted
+from tests.support.multi_turn import Scripted
 from tests.helpers import prompts
 
 CHATML = (

@@ -8,25 +8,9 @@ import time
 
 import pytest
 
-from components.env import FunctionTool, ToolError
-from tests.fixtures.tools import echo_or_hang, flood
-
-
-def attempt(tool, arguments: str) -> str:
-    try:
-        return tool(arguments)
-    except ToolError as err:
-        return f"error: {err}"
-
-
-def on_a_thread(call, join_s: float = 15.0) -> list:
-    """``call()`` on a background thread, as the rollout-ahead thread of asynchronous training calls tools."""
-    answers = []
-    caller = threading.Thread(target=lambda: answers.append(call()), daemon=True)
-    caller.start()
-    caller.join(join_s)
-    assert not caller.is_alive(), "the call still runs"
-    return answers
+from components.env import FunctionTool
+from tests.fixtures.tools import echo_or_hang
+from tests.support.tools import attempt, check_what_a_tool_prints_never_reaches_the_trainers_log, on_a_thread
 
 
 @pytest.mark.parametrize("how", ["hang", "spin"])
@@ -54,13 +38,7 @@ def test_close_ends_a_call_under_way():
 
 
 def test_what_a_tool_prints_never_reaches_the_trainers_log(capfd):
-    tool = FunctionTool(flood, timeout_s=60.0)
-    try:
-        assert tool("") == "printed 100 MB"
-    finally:
-        tool.close()
-    out, err = capfd.readouterr()
-    assert len(out) + len(err) < 1000
+    check_what_a_tool_prints_never_reaches_the_trainers_log(capfd)
 
 
 def test_the_function_must_be_importable():

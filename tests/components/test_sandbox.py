@@ -15,22 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from components.env import PythonTool, ToolError
-
-
-def attempt(tool: PythonTool, code: str) -> str:
-    """What the model reads back: the program's output, or its error."""
-    try:
-        return tool(code)
-    except ToolError as err:
-        return f"error: {err}"
+from components.env import PythonTool
+from tests.support.tools import (
+    attempt,
+    check_no_file_outside_the_scratch_folder_is_read_or_written,
+    check_process_count_is_bounded,
+    check_without_namespaces_the_tool_refuses_unless_opted_out,
+)
 
 
 def as_trainer(programs: list[str], **env: str) -> list[str]:
     """Run ``programs`` through a PythonTool in a fresh process standing in for the trainer (started with ``env`` added,
     so the secrets are in its /proc/<pid>/environ) and return the answers, or fail if that process died."""
     script = (
-        "import json, sys\nfrom components.env import PythonTool\nfrom tests.components.test_sandbox import attempt\n"
+        "import json, sys\nfrom components.env import PythonTool\nfrom tests.support.tools import attempt\n"
         "tool = PythonTool(timeout_s=5.0)\nanswers = [attempt(tool, code) for code in json.load(sys.stdin)]\nprint(json.dumps(answers))"
     )
     trainer = subprocess.run([sys.executable, "-c", script], input=json.dumps(programs), capture_output=True, text=True, timeout=120,
@@ -60,29 +58,7 @@ def test_the_trainer_survives_a_kill():
 
 
 def test_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    key = home / ".ssh" / "id_rsa"
-    key.write_text("-----BEGIN OPENSSH PRIVATE KEY----- trainer-key")
-    monkeypatch.setenv("HOME", str(home))
-    run_folder = tmp_path / "run"
-    (run_folder / "checkpoints").mkdir(parents=True)
-    checkpoint = run_folder / "checkpoints" / "last.ckpt"
-    checkpoint.write_bytes(b"weights")
-    monkeypatch.chdir(run_folder)
-    tool = PythonTool(timeout_s=5.0)
-    for path in (str(key), "~/.ssh/id_rsa"):
-        assert "trainer-key" not in attempt(tool, f"import os; print(open(os.path.expanduser({path!r})).read())")
-    for path in (str(checkpoint), "checkpoints/last.ckpt"):
-        attempt(tool, f"import os; os.remove({path!r})")
-        attempt(tool, f"open({path!r}, 'wb').write(b'overwritten')")
-    for path in (str(run_folder / "planted"), "planted", str(tmp_path / "planted")):
-        attempt(tool, f"open({path!r}, 'w').write('x')")
-    assert checkpoint.read_bytes() == b"weights"
-    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["home", ".ssh", "id_rsa", "run", "checkpoints", "last.ckpt"])
-    # the scratch folder is writable while the program runs and empty at the next call
-    assert attempt(tool, "open('notes', 'w').write('kept?'); print(open('notes').read())") == "kept?"
-    assert attempt(tool, "import os; print(os.listdir('.'))") == "[]"
+    check_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch)
 
 
 def test_no_network(tmp_path):
@@ -153,13 +129,7 @@ def test_no_process_outlives_the_timeout(tmp_path):
 
 
 def test_process_count_is_bounded():
-    tool = PythonTool(timeout_s=10.0)
-    bomb = (
-        "import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n            time.sleep(30); os._exit(0)\n        n += 1\n"
-        "except OSError as err:\n    print('refused after', n, err.strerror)\nelse:\n    print('forked', n)"
-    )
-    answer = attempt(tool, bomb)
-    assert answer.startswith("refused after") and int(answer.split()[2]) <= 32, answer
+    check_process_count_is_bounded()
 
 
 def test_bytes_written_are_bounded(tmp_path, monkeypatch):
@@ -198,18 +168,7 @@ def test_the_network_is_opt_in():
 
 def test_without_namespaces_the_tool_refuses_unless_opted_out():
     """A trainer in a user namespace that may create none (user.max_user_namespaces = 0, as a locked-down container)."""
-    script = (
-        "import warnings\nfrom components.env import PythonTool\ntry: PythonTool()\nexcept RuntimeError as err: print(err)\n"
-        "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    tool = PythonTool(isolation='none')\n"
-        "print(caught[0].message)\nprint(tool('print(6 * 7)'))"
-    )
-    run = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh",
-                          sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
-    refusal, warning, answer = run.stdout.strip().splitlines()
-    assert refusal.startswith("PythonTool cannot isolate the model's code on this machine: error: [Errno 28] unshare(CLONE_NEWUSER)")
-    assert "isolation: none" in refusal and "SandboxFusionTool" in refusal
-    assert warning.startswith("PythonTool(isolation: none): the program runs with the trainer's user and rights: it can read the trainer's files and secrets")
-    assert answer == "42"
+    check_without_namespaces_the_tool_refuses_unless_opted_out()
 
 
 def test_close_ends_a_program_under_way():

@@ -14,9 +14,9 @@ import torch
 from components.rollout import SGLangRollout
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
-from tests.components.test_sglang_rollout import _server_logprobs_match, make_rollout, prompts  # noqa: F401 (fixtures)
 from tests.fixtures.sglang_server import fake_sglang_package
 from tests.helpers import needs_cuda, prompts as make_prompts, pythonpath
+from tests.support.sglang import server_logprobs_match
 
 DEVICES = [
     pytest.param("cpu", "disk", id="cpu-disk"),
@@ -50,7 +50,7 @@ def test_a_colocated_server_samples_each_update_of_the_trainers_policy(launch, t
     rollout.sync_weights(policy)  # resumes the released server, pushes, releases again
     batch = rollout.generate(asked, policy)
     assert set(batch.versions.tolist()) == {2}
-    assert _server_logprobs_match(policy, batch, 1.0) < 1e-4  # the server samples the updated policy
+    assert server_logprobs_match(policy, batch, 1.0) < 1e-4  # the server samples the updated policy
 
 
 @pytest.mark.gpu
@@ -71,4 +71,4 @@ def test_the_colocated_servers_gpu_memory_is_given_back_between_rollouts(launch,
     rollout.sync_weights(policy)  # resume, push by CUDA IPC, release
     assert _served_bytes(rollout) <= loaded - model_bytes
     batch = rollout.generate(asked, policy)  # resumed again: the pushed weights survived the round trip off the GPU
-    assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
+    assert server_logprobs_match(policy, batch, 1.0) < 1e-4

@@ -11,8 +11,8 @@ from components.rollout.sglang.weights import push_tensors
 from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
-from tests.components.test_sglang_rollout import _server_logprobs_match, make_rollout, prompts, server  # noqa: F401 (fixtures)
 from tests.helpers import prompts as make_prompts
+from tests.support.sglang import server_logprobs_match
 
 
 @pytest.fixture
@@ -38,9 +38,9 @@ def test_adapter_sync_from_memory_makes_the_server_sample_from_the_updated_adapt
     assert list(server.adapters) == ["policy-v2"] and rollout.weight_version == 2  # v1 was unloaded
     batch = rollout.generate(make_prompts(*prompts), lora_policy)
     assert server.generate_calls[-1]["lora_path"] == "policy-v2" and set(batch.versions.tolist()) == {2}
-    assert _server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
+    assert server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
     base = load_causal_lm(ModelSpec(path=tiny_model_path))
-    assert _server_logprobs_match(base, batch, 1.0) > 1e-2  # the step moved the policy: the adapter sync mattered
+    assert server_logprobs_match(base, batch, 1.0) > 1e-2  # the step moved the policy: the adapter sync mattered
 
 
 def test_the_server_checks_every_adapter_tensor_it_received(server, lora_policy, make_rollout, monkeypatch):
@@ -61,14 +61,14 @@ def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(server, lor
     assert "/load_lora_adapter" not in server.calls and not server.adapters and server.weight_version == "2"
     batch = rollout.generate(make_prompts(*prompts), lora_policy)
     assert "lora_path" not in server.generate_calls[-1]
-    assert _server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
+    assert server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
 
 
 def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(server, lora_policy, prompts, make_rollout):
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=8, lora_sync="merged")
     _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
     push_tensors(SGLangClient(30.0, 0, 0.0), server.url, lora_policy, "2", bucket_bytes=1 << 20)  # CPU tensors: this in-process server only
-    assert _server_logprobs_match(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy), 1.0) < 1e-5
+    assert server_logprobs_match(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy), 1.0) < 1e-5
 
 
 def test_a_server_that_refuses_the_adapter_says_which_flags_it_needs(server, lora_policy, prompts, make_rollout):

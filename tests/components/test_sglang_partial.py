@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
-from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
 from tests.helpers import prompts as make_prompts
+from tests.support.sglang import check_logprobs_by_version
 
 
 @pytest.fixture
@@ -48,17 +48,6 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
     return batch, old, new
 
 
-def _check_logprobs_by_version(batch, old, new):
-    """Each token's reported log-prob is the one of the weights its version names (fp32: the server's incremental decode
-    and the trainer's one full forward sum in different orders; a wrong version differs by ~1e-1)."""
-    under_old, _ = policy_logprobs(old.eval(), batch)
-    under_new, _ = policy_logprobs(new.eval(), batch)
-    mask = batch.response_mask.bool()
-    for version, expected in ((1, under_old), (2, under_new)):
-        tokens = mask & (batch.token_versions == version)
-        torch.testing.assert_close(batch.rollout_logprobs[tokens], expected[tokens], atol=5e-5, rtol=0)
-
-
 @pytest.mark.slow
 def test_partial_rollouts_continue_with_the_new_weights_token_by_token(server, tokenizer, tiny_model_path):
     batch, old, new = _push_during_generation(server, tokenizer, tiny_model_path, partial=True)
@@ -70,7 +59,7 @@ def test_partial_rollouts_continue_with_the_new_weights_token_by_token(server, t
         assert (row[1:] >= row[:-1]).all()  # old weights first, then the new ones
         assert int(batch.versions[i]) == int(row.min())
     assert (mask.sum(-1)[batch.truncated] == 12).all()  # a continuation counts toward the same max_new_tokens
-    _check_logprobs_by_version(batch, old, new)
+    check_logprobs_by_version(batch, old, new)
     continuations = [c for c in server.generate_calls if c["sampling_params"]["n"] == 1]  # prompt + tokens so far, one each
     assert len(continuations) >= len(split)
 
@@ -82,4 +71,4 @@ def test_without_partial_rollouts_the_push_waits_and_each_response_has_one_versi
     for i in range(batch.batch_size):
         assert len(set(batch.token_versions[i][mask[i]].tolist())) == 1
     assert 1 in batch.versions.tolist()  # the request in flight finished on the weights it started with
-    _check_logprobs_by_version(batch, old, new)
+    check_logprobs_by_version(batch, old, new)

@@ -24,6 +24,7 @@ from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer, fake_sglang_package
 from tests.helpers import prompts as make_prompts, pythonpath
+from tests.support.sglang import server_logprobs_match
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,44 +35,8 @@ def completion_length(completions, **_):
 
 
 @pytest.fixture
-def server(tiny_model_path):
-    srv = FakeSGLangServer(tiny_model_path).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
 def policy(tiny_model_path):
     return load_causal_lm(ModelSpec(path=tiny_model_path))
-
-
-@pytest.fixture
-def prompts(tokenizer):
-    enc = tokenizer(["12+3=", "4*5=", "7-2-1="], return_tensors="pt", padding=True)
-    assert (enc.attention_mask == 0).any()  # left padding present, to be stripped
-    return enc.input_ids, enc.attention_mask
-
-
-@pytest.fixture
-def make_rollout(tokenizer):
-    made = []
-
-    def make(**kwargs):
-        kwargs.setdefault("backoff", 0.01)
-        kwargs.setdefault("verify_every", 0)  # the probe's requests are counted by tests of their own (test_sglang_weight_sync.py)
-        rollout = SGLangRollout(**kwargs)
-        rollout.setup(tokenizer)
-        made.append(rollout)
-        return rollout
-
-    yield make
-    for rollout in made:
-        rollout.close()
-
-
-def _server_logprobs_match(policy, batch, temperature):
-    trainer = policy_logprobs(policy, batch, temperature)[0].detach() * batch.response_mask
-    return (trainer - batch.rollout_logprobs).abs().max().item()
 
 
 def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rollout):
@@ -105,9 +70,9 @@ def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rol
 def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollout, temperature):
     rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=temperature)
     batch = rollout.generate(make_prompts(*prompts), policy)
-    assert _server_logprobs_match(policy, batch, temperature) < 1e-4
+    assert server_logprobs_match(policy, batch, temperature) < 1e-4
     # the temperature is what makes them agree: the untempered trainer log-probs are far off
-    assert _server_logprobs_match(policy, batch, 1.0) > 1e-2
+    assert server_logprobs_match(policy, batch, 1.0) > 1e-2
 
 
 def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, policy, prompts, make_rollout, tmp_path):
@@ -124,10 +89,10 @@ def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, pol
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v2"]  # the previous checkpoint is removed
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert set(batch.versions.tolist()) == {2}
-    assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
+    assert server_logprobs_match(policy, batch, 1.0) < 1e-4
     stale = load_causal_lm(ModelSpec(path=str(tmp_path / "v2")))
     stale.load_state_dict(old)
-    assert _server_logprobs_match(stale, batch, 1.0) > 1e-2  # the step changed the log-probs: the sync mattered
+    assert server_logprobs_match(stale, batch, 1.0) > 1e-2  # the step changed the log-probs: the sync mattered
 
 
 def test_tensor_sync_runs_in_a_weight_update_session(server, policy, prompts, make_rollout):
@@ -143,7 +108,7 @@ def test_tensor_sync_runs_in_a_weight_update_session(server, policy, prompts, ma
     assert server.weight_version == "1" and not server.session_open
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, sync_before_first_rollout=False)
     batch = rollout.generate(make_prompts(*prompts), policy)
-    assert _server_logprobs_match(policy, batch, 1.0) < 1e-4
+    assert server_logprobs_match(policy, batch, 1.0) < 1e-4
 
 
 def test_tensor_payloads_cover_every_weight_once_per_tp_rank(policy):
@@ -245,7 +210,7 @@ def test_greedy_validation_and_greedy_baseline(server, policy, prompts, make_rol
     greedy = rollout.generate(make_prompts(*prompts), policy, replace(rollout.params, greedy=True))
     assert greedy.batch_size == 3 and greedy.is_greedy is None
     assert server.generate_calls[-1]["sampling_params"]["temperature"] == 0.0
-    assert _server_logprobs_match(policy, greedy, 1.0) < 1e-4  # greedy: untempered
+    assert server_logprobs_match(policy, greedy, 1.0) < 1e-4  # greedy: untempered
 
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert batch.batch_size == 12 and batch.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
@@ -355,7 +320,7 @@ def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, 
     try:
         assert rollout.urls == [rollout.server.url] and process.poll() is None
         batch = rollout.generate(make_prompts(*prompts), policy)
-        assert batch.batch_size == 6 and _server_logprobs_match(policy, batch, 1.0) < 1e-4
+        assert batch.batch_size == 6 and server_logprobs_match(policy, batch, 1.0) < 1e-4
     finally:
         rollout.close()
     assert process.poll() is not None  # stopped with the rollout

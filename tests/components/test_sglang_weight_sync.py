@@ -12,9 +12,9 @@ from components.rollout import SGLangRollout
 from components.rollout.sglang import SGLangError
 from components.rollout.sglang.buckets import plan_buckets
 from lightning_rl.core.models import ModelSpec, load_causal_lm
-from tests.components.test_sglang_rollout import _server_logprobs_match, make_rollout, prompts, server  # noqa: F401 (fixtures)
 from tests.fixtures.sglang_server import ServerProcess
 from tests.helpers import prompts as make_prompts
+from tests.support.sglang import server_logprobs_match
 
 
 def _perturb(policy, scale: float = 0.05, seed: int = 0) -> None:
@@ -127,7 +127,7 @@ def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(pai
         stats = server.get("/loopback_stats")
         assert stats["buckets_received"] - before == n_buckets > 3 and not stats["paused"] and not stats["session_open"]
     batch = rollout.generate(make_prompts(*prompts), policy)
-    assert set(batch.versions.tolist()) == {1} and _server_logprobs_match(policy, batch, 1.0) < 1e-4
+    assert set(batch.versions.tolist()) == {1} and server_logprobs_match(policy, batch, 1.0) < 1e-4
     _perturb(policy, seed=1)
     rollout.sync_weights(policy)  # the same group, version 2
     assert a.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy) == b.get("/weights_checker")["ranks"][0]["checksums"]
@@ -138,11 +138,11 @@ def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(pai
 
 @pytest.mark.slow
 def test_an_fsdp2_sharded_policy_is_gathered_bucket_by_bucket_and_arrives_exactly(pair, tiny_model_path, tmp_path):
+    from components.rollout.sglang.server import free_port
     from tests.components.sglang_fsdp_worker import fsdp_push_worker
-    from tests.lightning_rl.test_distributed import _free_port
 
     out = tmp_path / "fsdp.pt"
-    torch.multiprocessing.spawn(fsdp_push_worker, args=(2, _free_port(), tiny_model_path, pair[1].url, 0.01, str(out)), nprocs=2)
+    torch.multiprocessing.spawn(fsdp_push_worker, args=(2, free_port(), tiny_model_path, pair[1].url, 0.01, str(out)), nprocs=2)
     result = torch.load(out)
     assert result["sharded"] and result["version"] == 1
     assert pair[1].get("/weights_checker")["ranks"][0]["checksums"] == result["expected"]  # bit for bit, from shards
@@ -209,7 +209,7 @@ def test_a_push_during_generation_never_samples_from_a_partly_updated_server(pai
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.components.test_sglang_partial import _check_logprobs_by_version
+    from tests.support.sglang import check_logprobs_by_version
 
     server = pair[0]
     new = copy.deepcopy(policy)
@@ -235,7 +235,7 @@ def test_a_push_during_generation_never_samples_from_a_partly_updated_server(pai
         assert any(v == {1, 2} for v in versions)  # interrupted, then continued with the new weights
     else:
         assert all(len(v) == 1 for v in versions) and {1} in versions
-    _check_logprobs_by_version(batch, policy, new)  # every token's log-prob is the one of the weights its version names
+    check_logprobs_by_version(batch, policy, new)  # every token's log-prob is the one of the weights its version names
     rollout.close()
 
 
@@ -252,7 +252,7 @@ def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model
             rollout.sync_weights(policy)
         bad.keep_stale = set()  # repaired: the next rollout pushes again before it samples
         batch = rollout.generate(make_prompts(*prompts), policy)
-        assert bad.weight_version == "3" and _server_logprobs_match(policy, batch, 1.0) < 1e-4
+        assert bad.weight_version == "3" and server_logprobs_match(policy, batch, 1.0) < 1e-4
     finally:
         good.stop()
         bad.stop()

@@ -12,6 +12,7 @@ from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.cli.export import export_checkpoint
 from lightning_rl.core.inputs import sequence_inputs
 from lightning_rl.core.logprobs import policy_logprobs
+from tests.support.checkpoints import check_a_crafted_checkpoint_is_refused_without_running_its_code
 
 from .cli_runs import cli_args, run_cli
 
@@ -114,19 +115,5 @@ def test_unknown_checkpoint_is_a_clear_error(tmp_path):
         export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "hf")
 
 
-class _Payload:
-    """Unpickling this runs code (here: creates a file), as a crafted checkpoint would."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
 def test_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
-    marker = tmp_path / "pwned"
-    torch.save({"state_dict": {"policy.w": torch.ones(2)}, "hf_export": {}, "payload": _Payload(marker)}, tmp_path / "evil.ckpt")
-    with pytest.raises(ValueError, match="evil.ckpt.*not plain data.*could run code"):
-        export_checkpoint(tmp_path / "evil.ckpt", tmp_path / "out")
-    assert not marker.exists() and not (tmp_path / "out").exists()
+    check_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path)

@@ -14,30 +14,9 @@ import torch
 from lightning_rl.core.logprobs import policy_logprobs, shared_prompts
 from lightning_rl.core.microbatch import micro_batches
 from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
-from tests.helpers import image_prompts, pictures
+from tests.support.vlm import sample
 
 TOL = 1e-5
-
-
-def mixed_prompts(path: str):
-    """Four prompts of different lengths (left padding): two with the same text and same-sized images that differ in
-    colour only (the same token ids), one with two images of different sizes, one without any."""
-    return image_prompts(path, [
-        ("how many?", pictures((56, 56, (200, 0, 0)))),
-        ("how many?", pictures((56, 56, (0, 0, 200)))),
-        ("count the shapes in both", pictures((84, 56, (0, 150, 0)), (28, 56, (90, 90, 90)))),
-        ("no image here", []),
-    ])  # fmt: skip
-
-
-def sample(path: str, group_size: int, seed: int = 0, **kwargs):
-    from components.rollout import HFRollout
-
-    policy = load_causal_lm(ModelSpec(path=path))
-    rollout = HFRollout(group_size=group_size, max_new_tokens=6, temperature=1.0, return_logprobs=True, **kwargs)
-    rollout.setup(load_tokenizer(path))
-    torch.manual_seed(seed)
-    return policy, rollout.generate(mixed_prompts(path), policy)
 
 
 def max_diff(a, b, mask):

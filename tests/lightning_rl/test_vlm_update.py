@@ -11,7 +11,7 @@ from components.surrogate import CISPO, ClippedSurrogate, CovariancePG, Decouple
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.models import ModelSpec, load_causal_lm
-from tests.lightning_rl.test_vlm_exactness import sample
+from tests.support.vlm import sample
 
 SURROGATES = {
     "clipped": ClippedSurrogate(),
