@@ -63,3 +63,14 @@ def test_no_module_imports_a_private_name_of_another(folder):
         if name.startswith("_")
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_no_test_file_imports_another():
+    """Tests share fixtures through conftest.py and helpers through tests/support/, never through each other's files."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _files("tests", "benchmarks")
+        for module, _, line in _imports(path)
+        if module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith("test_")
+    ]
+    assert not bad, "\n".join(bad)

@@ -8,47 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.rollout import HFRollout, OpenAIAgent, Rollout
-from components.rollout.base import response_mask_from_eos
+from components.rollout import HFRollout, OpenAIAgent
 from components.rollout.endpoint import HermesToolCalls, JsonToolCalls
 from components.rollout.endpoint.chat import template_message
-from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.logprobs import policy_logprobs
-from lightning_rl.core.sampling import SamplingParams
 from tests.fixtures.chat_templates import family_tokenizer
 from tests.helpers import prompts
+from tests.support.openai import TOOL_RESULT, ScriptedChat
 
 CALC = {"type": "function", "function": {"name": "calc", "description": "add", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
-HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>'
-# the model's turns, by the number of tool results already in its context
-TURNS = {
-    "chatml": [HERMES + "<|im_end|>", "Again:\n" + HERMES + "<|im_end|>", "3<|im_end|>"],
-    "llama3": ['{"name": "calc", "parameters": {"expression": "1+2"}}<|eot_id|>'] * 2 + ["3<|eot_id|>"],
-    "thinking": ["<think>\nadd\n</think>\n\n" + HERMES + "<|im_end|>", "<think>\nagain\n</think>\n\n" + HERMES + "<|im_end|>",
-                 "<think>\ndone\n</think>\n\n3<|im_end|>"],
-    "answer": ["3<|im_end|>"] * 3,  # ChatML, no call
-}
-TOOL_RESULT = {"chatml": "<tool_response>", "llama3": "ipython<|end_header_id|>", "thinking": "<tool_response>", "answer": "<tool_response>"}
 PARSERS = {"chatml": HermesToolCalls, "llama3": JsonToolCalls, "thinking": HermesToolCalls}
-
-
-class ScriptedChat(Rollout):
-    """Answers each context with the family's next turn (by the tool results it holds), log-prob -0.1 per token."""
-
-    def __init__(self, tokenizer, family: str, group_size: int = 1):
-        self.tokenizer, self.family = tokenizer, family
-        self.params, self.provides = SamplingParams(group_size=group_size, max_new_tokens=200), Rollout.provides | {"rollout_logprobs"}
-
-    def generate(self, prompts, policy, params=None):
-        turns = []
-        for ids, mask in zip(prompts.prompt_ids, prompts.prompt_mask):
-            context = self.tokenizer.decode(ids[mask.bool()].tolist())
-            turns.append(self.tokenizer.encode(TURNS[self.family][context.count(TOOL_RESULT[self.family])], add_special_tokens=False))
-        width = max(len(t) for t in turns)
-        ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
-        mask, truncated = response_mask_from_eos(ids, (params or self.params).eos_ids(self.eos_token_id))
-        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=-0.1 * mask.float(),
-                            versions=torch.zeros(len(turns), dtype=torch.long))
 
 
 def _calls(response) -> dict:

@@ -15,9 +15,15 @@ import importlib.util
 import pytest
 import torch
 
-from .test_distributed import SEEDED, every_step_checkpoints, launch, no_checkpoints, probe_args
-from .test_resume import assert_same
 from tests.helpers import needs_cuda
+from tests.support.distributed import (
+    SEEDED,
+    every_step_checkpoints,
+    launch,
+    no_checkpoints,
+    probe_args,
+)
+from tests.support.resume import assert_same
 
 needs_deepspeed = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("deepspeed") is None, reason="needs a CUDA device and deepspeed"

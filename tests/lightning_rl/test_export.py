@@ -8,22 +8,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.cli.export import export_checkpoint
 from lightning_rl.core.inputs import sequence_inputs
 from lightning_rl.core.logprobs import policy_logprobs
-from tests.support.checkpoints import check_a_crafted_checkpoint_is_refused_without_running_its_code
+from tests.support.checkpoints import (
+    check_a_crafted_checkpoint_is_refused_without_running_its_code,
+)
+from tests.support.probes import DENSE_REWARD, probe_batch
 
 from .cli_runs import cli_args, run_cli
-
-DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count", "--model.rollout.init_args.temperature=3.0"]
-
-
-def probe_batch(tokenizer) -> RolloutBatch:
-    """Two left-padded prompts with right-padded responses (one shorter than the other)."""
-    prompts = tokenizer(["12+7=", "3*45="], padding=True, return_tensors="pt")
-    response_ids = torch.tensor([[4, 3, 1, 0], [7, 9, 6, 1]])
-    return RolloutBatch(prompt_ids=prompts["input_ids"], prompt_mask=prompts["attention_mask"], response_ids=response_ids, response_mask=(torch.arange(4) < torch.tensor([[3], [4]])).long())
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from lightning_rl.loop.module import RLModule
+from tests.support.resume import assert_same
 
 from .cli_runs import cli_args, run_cli
-from .test_resume import assert_same
 
 DENSE = ["--model.reward=components.reward.FunctionReward", "--model.rollout.init_args.temperature=3.0", "--model.rollout.init_args.group_size=4"]
 RARE_CADENCE = ["--trainer.callbacks.every_n_train_steps=5", "--data.val_data=null"]  # no cadence save within these runs

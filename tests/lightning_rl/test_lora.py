@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.models import ModelSpec, load_causal_lm
+from tests.support.probes import DENSE_REWARD, probe_batch
 
 from .cli_runs import cli_args, run_cli
-from .test_export import DENSE_REWARD, probe_batch
 
 LORA = ["--model.policy.lora.rank=4", "--model.policy.lora.alpha=8", "--model.policy.lora.target_modules=[q_proj,v_proj,up_proj]"]
 WITH_KL = ["--model.kl.init_args.coef=0.1", "--model.optimizer.lr=1e-2"]
@@ -190,10 +190,10 @@ def _export_on(root, base: str, tmp_path):
 
 @pytest.mark.slow
 def test_lora_resume_is_exact_and_checkpoints_hold_adapters_only(tmp_path, tiny_model_path):
-    from .test_resume import _resume_matches_straight
+    from tests.support.resume import resume_matches_straight
 
     extra = [*DENSE_REWARD, *LORA, *WITH_KL, "--model.rollout.init_args.group_size=2", "--model.loop.ppo_epochs=2", "--model.loop.num_mini_batches=2"]
-    final, middle = _resume_matches_straight(tmp_path, tiny_model_path, "configs/grpo.yaml", extra)
+    final, middle = resume_matches_straight(tmp_path, tiny_model_path, "configs/grpo.yaml", extra)
     policy = {k for k in final["state_dict"] if k.startswith("policy.")}
     assert policy and all(".lora_" in k for k in policy) and "policy." in final["lora_base"]
     assert not torch.equal(final["state_dict"][min(policy)], middle["state_dict"][min(policy)])
@@ -234,7 +234,12 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
 
 @pytest.fixture(scope="module")
 def one_process_lora(tmp_path_factory, tiny_model_path) -> dict:
-    from .test_distributed import SEEDED, no_checkpoints, one_process, probe_args
+    from tests.support.distributed import (
+        SEEDED,
+        no_checkpoints,
+        one_process,
+        probe_args,
+    )
 
     return one_process("configs/grpo.yaml", [*probe_args(tmp_path_factory.mktemp("lora-1"), tiny_model_path, 1, 4), *SEEDED, *LORA, *WITH_KL, *no_checkpoints()])
 
@@ -243,7 +248,13 @@ def one_process_lora(tmp_path_factory, tiny_model_path) -> dict:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(tmp_path, tiny_model_path, one_process_lora, strategy):
     """DDP, and FSDP2 (adapters and frozen base sharded alike; the reference is the sharded policy with adapters off)."""
-    from .test_distributed import SEEDED, assert_same_training, launch, no_checkpoints, probe_args
+    from tests.support.distributed import (
+        SEEDED,
+        assert_same_training,
+        launch,
+        no_checkpoints,
+        probe_args,
+    )
 
     extra = [*SEEDED, *LORA, *WITH_KL, *no_checkpoints(), "--config", f"configs/strategy/{strategy}.yaml"]
     two = launch("configs/grpo.yaml", [*probe_args(tmp_path, tiny_model_path, 2, 2), *extra])
