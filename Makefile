@@ -22,4 +22,8 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-.PHONY: install run test
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: install run test lint
