@@ -26,12 +26,18 @@ def load_note() -> str:
 def run_worker(script: Path, args: list[str], env: dict | None = None) -> dict:
     """Run ``script --worker ...`` in a fresh process and return the JSON it printed after RESULT_PREFIX."""
     proc = subprocess.run(
-        [sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})}
+        [sys.executable, str(script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
-    raise RuntimeError(f"worker {script.name} {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    raise RuntimeError(
+        f"worker {script.name} {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
 
 
 def emit(result: dict) -> None:
@@ -65,10 +71,15 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, bat
     with torch.no_grad():
         for i in range(0, len(rows), batch_size):
             chunk = rows[i : i + batch_size]
-            prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"], "answer": r["answer"]} for r in chunk], tokenizer.pad_token_id)["prompts"]
+            prompts = collate_prompts(
+                [{"input_ids": tokenizer(r["prompt"])["input_ids"], "answer": r["answer"]} for r in chunk],
+                tokenizer.pad_token_id,
+            )["prompts"]
             batch = rollout.generate(prompts.to(device), model, replace(rollout.params, greedy=True))
             lengths = batch.response_lengths.tolist()
-            texts = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
+            texts = tokenizer.batch_decode(
+                [ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True
+            )
             correct += float(reward(batch.with_columns(completions=texts)).sum())
     model.train(was_training)
     return correct / len(rows)
@@ -76,8 +87,22 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, bat
 
 QWEN2_SHAPES = {
     # Qwen2.5-0.5B's architecture: 494M parameters, 358M of them in the 24 transformer layers
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
-    "toy": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    "toy": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    ),
 }
 
 

@@ -78,7 +78,9 @@ def run(variant: str, seed: int, args: argparse.Namespace, root: Path) -> dict:
         "--trainer.callbacks.init_args.dirpath", str(out / "checkpoints"),
     ]  # fmt: skip
     try:
-        proc = subprocess.run(command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, preexec_fn=pinned(1))
+        proc = subprocess.run(
+            command, cwd=ROOT, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, preexec_fn=pinned(1)
+        )
     finally:
         server.terminate()
         server.wait()
@@ -122,18 +124,29 @@ def main() -> None:
             for variant in ("sync", "async") if seed % 2 == 0 else ("async", "sync"):  # A/B, then B/A
                 result = run(variant, seed, args, Path(tmp))
                 results[variant].append(result)
-                print(f"  {variant:5s} seed {seed}: {result['samples_per_s']:.1f} samples/s, wait {result['rollout_wait_s'] * 1e3:.0f} ms/iteration, "
-                      f"accuracy {result['accuracy_before']:.3f} -> {result['accuracy']:.3f}; ms per phase {result['phases_ms']}", flush=True)
+                print(
+                    f"  {variant:5s} seed {seed}: {result['samples_per_s']:.1f} samples/s, wait {result['rollout_wait_s'] * 1e3:.0f} ms/iteration, "
+                    f"accuracy {result['accuracy_before']:.3f} -> {result['accuracy']:.3f}; ms per phase {result['phases_ms']}",
+                    flush=True,
+                )
     print(f"after: {load_note()}")
     mean = lambda variant, key: statistics.mean(r[key] for r in results[variant])  # noqa: E731
-    print(f"\n{len(args.seeds)} seed(s), {args.iterations} iterations x {args.prompts} prompts x {args.group_size} samples, held-out set of {args.val_size}\n")
-    print("| loop | samples/s | time/rollout_wait_s (mean per iteration) | staleness (mean) | held-out accuracy after |")
+    print(
+        f"\n{len(args.seeds)} seed(s), {args.iterations} iterations x {args.prompts} prompts x {args.group_size} samples, held-out set of {args.val_size}\n"
+    )
+    print(
+        "| loop | samples/s | time/rollout_wait_s (mean per iteration) | staleness (mean) | held-out accuracy after |"
+    )
     print("|---|---|---|---|---|")
     for variant, name in (("sync", "synchronous"), ("async", "max_staleness: 1")):
-        print(f"| {name} | {mean(variant, 'samples_per_s'):.1f} | {mean(variant, 'rollout_wait_s') * 1e3:.0f} ms | "
-              f"{mean(variant, 'staleness'):.2f} | {mean(variant, 'accuracy'):.3f} |")
+        print(
+            f"| {name} | {mean(variant, 'samples_per_s'):.1f} | {mean(variant, 'rollout_wait_s') * 1e3:.0f} ms | "
+            f"{mean(variant, 'staleness'):.2f} | {mean(variant, 'accuracy'):.3f} |"
+        )
     speedup = mean("async", "samples_per_s") / mean("sync", "samples_per_s")
-    print(f"\nasync / sync samples/s: {speedup:.2f}x; accuracy difference {100 * (mean('async', 'accuracy') - mean('sync', 'accuracy')):+.1f} points")
+    print(
+        f"\nasync / sync samples/s: {speedup:.2f}x; accuracy difference {100 * (mean('async', 'accuracy') - mean('sync', 'accuracy')):+.1f} points"
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,9 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     path = PATHS[args.worker]
     small, small_targets, small_weights = make_inputs(4, args.vocab, DTYPES[args.dtype], seed=1)
-    (path(small, small_targets, args.temperature) * small_weights).sum().backward()  # imports, kernels, allocator: not counted
+    (
+        path(small, small_targets, args.temperature) * small_weights
+    ).sum().backward()  # imports, kernels, allocator: not counted
     logits, targets, weights = make_inputs(args.rows, args.vocab, DTYPES[args.dtype])
     before = rss_bytes()
     start = time.perf_counter()
@@ -118,7 +120,9 @@ def main() -> None:
         for name in ("full", "chunked"):  # A/B/A/B
             out = scratch / f"{name}-{i}.pt"
             memory = run_worker(Path(__file__), [f"--worker={name}", f"--out={out}", *common], env=MALLOC_ENV)
-            timing = run_worker(Path(__file__), [f"--worker={name}", f"--out={out}.time", *common])  # the default allocator
+            timing = run_worker(
+                Path(__file__), [f"--worker={name}", f"--out={out}.time", *common]
+            )  # the default allocator
             runs[name].append({**memory, "seconds": timing["seconds"]})
             print(f"  {name}: {memory['added_bytes'] / 2**20:.0f} MiB added, {timing['seconds']:.2f} s", flush=True)
     print(f"after: {load_note()}\n")
@@ -134,7 +138,9 @@ def main() -> None:
           f"forward + backward, {args.threads} thread(s)")  # fmt: skip
     print("| path | peak memory added (MiB) | vs full | s |\n|---|---|---|---|")
     print(f"| full fp32 log_softmax | {peak['full'] / mib:.0f} | 100% | {secs['full']:.2f} |")
-    print(f"| sampled_logprobs (chunked) | {peak['chunked'] / mib:.0f} | {100 * peak['chunked'] / peak['full']:.0f}% | {secs['chunked']:.2f} |")
+    print(
+        f"| sampled_logprobs (chunked) | {peak['chunked'] / mib:.0f} | {100 * peak['chunked'] / peak['full']:.0f}% | {secs['chunked']:.2f} |"
+    )
     print(f"(both include the logits' gradient, {logits_mib:.0f} MiB, which any path must produce)")
     print(f"log-probs: max |a - b| / (1e-5 + 1e-5 |b|) = {lp_err:.3f} ({'ok' if lp_err <= 1 else 'FAIL'}); "
           f"logits gradient, first {args.grad_check_rows} rows: max |a - b| = {grad_err:.2e}")  # fmt: skip

@@ -58,7 +58,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, emit, greedy_accuracy, load_note, matmul_parameters, mean_std, run_worker, save_random_qwen2  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    ROOT,
+    emit,
+    greedy_accuracy,
+    load_note,
+    matmul_parameters,
+    mean_std,
+    run_worker,
+    save_random_qwen2,
+)
 
 PROMPTS, GROUP, LR, TEMPERATURE, CLIP = 8, 8, 1e-4, 1.0, 0.2
 SAMPLES = PROMPTS * GROUP
@@ -84,7 +93,9 @@ def _uses_cuda(accelerator: str) -> bool:
 def _peak_gib() -> float | None:
     import torch
 
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return (
+        torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
 
 
 def _eval_rows(n: int) -> list[dict]:
@@ -96,7 +107,9 @@ def _eval_rows(n: int) -> list[dict]:
 def steady_seconds(stamps: list[list[float]], warmup: int) -> tuple[float, float]:
     """Mean (wall, process CPU) seconds per iteration from end-of-iteration stamps, skipping ``warmup`` iterations."""
     if len(stamps) <= warmup + 1:
-        raise ValueError(f"need more than {warmup + 1} iterations to time (got {len(stamps)}); raise --steps or lower --warmup")
+        raise ValueError(
+            f"need more than {warmup + 1} iterations to time (got {len(stamps)}); raise --steps or lower --warmup"
+        )
     n = len(stamps) - 1 - warmup
     return (stamps[-1][0] - stamps[warmup][0]) / n, (stamps[-1][1] - stamps[warmup][1]) / n
 
@@ -106,7 +119,8 @@ def run_ours(args) -> dict:
     import torch
     from lightning import Callback
 
-    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main as cli_main
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG
+    from lightning_rl.cli import main as cli_main
 
     torch.set_num_threads(args.threads)
     stamps: list[tuple[float, float]] = []
@@ -166,7 +180,11 @@ def run_ours(args) -> dict:
 
 
 def _accuracy(policy, tokenizer, args) -> float | None:
-    return greedy_accuracy(policy, tokenizer, _eval_rows(args.eval_prompts), args.max_new_tokens) if args.eval_prompts else None
+    return (
+        greedy_accuracy(policy, tokenizer, _eval_rows(args.eval_prompts), args.max_new_tokens)
+        if args.eval_prompts
+        else None
+    )
 
 
 def run_trl(args) -> dict:
@@ -220,12 +238,30 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="iterations left out of the timing")
     parser.add_argument("--eval-prompts", type=int, default=500, help="held-out prompts for greedy accuracy (0: none)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in both runs")
-    parser.add_argument("--model", default=TINY_MODEL_PATH, help=f"a causal LM directory with the task's tokenizer, or one of {sorted(RANDOM_MODELS)}")
+    parser.add_argument(
+        "--model",
+        default=TINY_MODEL_PATH,
+        help=f"a causal LM directory with the task's tokenizer, or one of {sorted(RANDOM_MODELS)}",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=8, help="response length cap")
-    parser.add_argument("--precision", choices=["32", "bf16"], default="32", help="fp32, or bf16 autocast over fp32 weights")
-    parser.add_argument("--accelerator", choices=["auto", "cpu", "gpu"], default="auto", help="where both run (auto: the GPU if there is one)")
-    parser.add_argument("--reward", choices=["exact", "odd_length"], default="exact", help="exact match, or odd_length for a random policy")
-    parser.add_argument("--peak-tflops", type=float, default=790.0, help="the device's bf16 matrix rate, for the MFU of our update")
+    parser.add_argument(
+        "--precision", choices=["32", "bf16"], default="32", help="fp32, or bf16 autocast over fp32 weights"
+    )
+    parser.add_argument(
+        "--accelerator",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="where both run (auto: the GPU if there is one)",
+    )
+    parser.add_argument(
+        "--reward",
+        choices=["exact", "odd_length"],
+        default="exact",
+        help="exact match, or odd_length for a random policy",
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, default=790.0, help="the device's bf16 matrix rate, for the MFU of our update"
+    )
     parser.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -244,9 +280,15 @@ def main() -> None:
         shape = RANDOM_MODELS[args.model]
         args.model = save_random_qwen2(tempfile.mkdtemp(prefix="bench-qwen2-"), shape)
         print(f"a random Qwen2 of shape {shape} built in {args.model}", flush=True)
-    initial = _accuracy(load_causal_lm(ModelSpec(path=args.model)), load_tokenizer(args.model), args) if args.eval_prompts else None
+    initial = (
+        _accuracy(load_causal_lm(ModelSpec(path=args.model)), load_tokenizer(args.model), args)
+        if args.eval_prompts
+        else None
+    )
     if initial is not None:
-        print(f"held-out greedy accuracy of the initial policy ({args.eval_prompts} prompts): {initial:.3f}", flush=True)
+        print(
+            f"held-out greedy accuracy of the initial policy ({args.eval_prompts} prompts): {initial:.3f}", flush=True
+        )
     common = [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--eval-prompts={args.eval_prompts}", f"--threads={args.threads}",
               f"--model={args.model}", f"--max-new-tokens={args.max_new_tokens}", f"--precision={args.precision}",
               f"--accelerator={args.accelerator}", f"--reward={args.reward}", f"--peak-tflops={args.peak_tflops}"]  # fmt: skip

@@ -71,7 +71,8 @@ def measure(hidden: int, layers: int, shipped: bool, lora_rank: int) -> dict:
     """One PPO-RLHF iteration in this process; full fine-tuning when ``lora_rank`` is 0."""
     import torch
 
-    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main as cli_main
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG
+    from lightning_rl.cli import main as cli_main
 
     torch.set_num_threads(2)
     base = rss_mb()
@@ -101,12 +102,18 @@ def measure(hidden: int, layers: int, shipped: bool, lora_rank: int) -> dict:
     peak = peak_rss_mb() - base
     cli.trainer.save_checkpoint(scratch / "last.ckpt")
 
-    roots = [m for m in (module.policy, module.critic, module.reference, getattr(module.reward, "model", None)) if m is not None]
+    roots = [
+        m
+        for m in (module.policy, module.critic, module.reference, getattr(module.reward, "model", None))
+        if m is not None
+    ]
     unique = {p.data_ptr(): p for m in roots for p in m.parameters()}.values()  # a shared frozen base counts once
     trainable = [p for p in unique if p.requires_grad]
     frozen = [p for p in unique if not p.requires_grad]
     optimizer = module.optimizers().optimizer
-    state_bytes = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    state_bytes = sum(
+        t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    )
     nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
     return {
         "mode": f"LoRA r={lora_rank}" if lora_rank else "full",
@@ -131,9 +138,15 @@ def report(row: dict) -> None:
     print(f"[{row['mode']}] trainable parameters: {row['trainable']:,}; frozen: {row['frozen']:,} ({row['frozen_bytes'] / MB:.1f} MB)"
           f"; reference model loaded: {row['reference_loaded']}")  # fmt: skip
     print(f"  bill 16 B x trainable + frozen bytes:      {bill / MB:8.1f} MB")
-    print(f"  exact tensors: weights {row['weight_bytes'] / MB:.1f} + gradients {row['grad_bytes'] / MB:.1f} + Adam state {row['state_bytes'] / MB:.1f} = {exact / MB:8.1f} MB")
-    print(f"  Adam state entries: {row['state_entries']} (= trainable tensors: {row['trainable_tensors']}); frozen tensors in the optimizer: {row['frozen_in_optimizer']}")
-    print(f"  process peak RSS above post-import baseline: {row['peak_rss_mb']:8.1f} MB ({row['peak_rss_mb'] * MB / bill:.2f}x the bill)")
+    print(
+        f"  exact tensors: weights {row['weight_bytes'] / MB:.1f} + gradients {row['grad_bytes'] / MB:.1f} + Adam state {row['state_bytes'] / MB:.1f} = {exact / MB:8.1f} MB"
+    )
+    print(
+        f"  Adam state entries: {row['state_entries']} (= trainable tensors: {row['trainable_tensors']}); frozen tensors in the optimizer: {row['frozen_in_optimizer']}"
+    )
+    print(
+        f"  process peak RSS above post-import baseline: {row['peak_rss_mb']:8.1f} MB ({row['peak_rss_mb'] * MB / bill:.2f}x the bill)"
+    )
     print(f"  checkpoint file: {row['checkpoint_bytes'] / MB:.2f} MB")
 
 
@@ -141,27 +154,54 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--shipped", action="store_true", help="use the shipped tiny policy and reward model (ignores --hidden/--layers)")
+    parser.add_argument(
+        "--shipped",
+        action="store_true",
+        help="use the shipped tiny policy and reward model (ignores --hidden/--layers)",
+    )
     parser.add_argument("--lora_rank", type=int, default=4, help="rank of the LoRA row (0 = full fine-tuning only)")
-    parser.add_argument("--only", choices=["full", "lora"], default=None, help=argparse.SUPPRESS)  # one configuration, JSON out
+    parser.add_argument(
+        "--only", choices=["full", "lora"], default=None, help=argparse.SUPPRESS
+    )  # one configuration, JSON out
     args = parser.parse_args()
     if args.only:
         print(json.dumps(measure(args.hidden, args.layers, args.shipped, args.lora_rank if args.only == "lora" else 0)))
         return
     rows = []
     for only in ["full"] + (["lora"] if args.lora_rank else []):
-        cmd = [sys.executable, __file__, "--only", only, "--hidden", str(args.hidden), "--layers", str(args.layers), "--lora_rank", str(args.lora_rank)]
-        out = subprocess.run([*cmd, *(["--shipped"] if args.shipped else [])], capture_output=True, text=True, check=True).stdout
+        cmd = [
+            sys.executable,
+            __file__,
+            "--only",
+            only,
+            "--hidden",
+            str(args.hidden),
+            "--layers",
+            str(args.layers),
+            "--lora_rank",
+            str(args.lora_rank),
+        ]
+        out = subprocess.run(
+            [*cmd, *(["--shipped"] if args.shipped else [])], capture_output=True, text=True, check=True
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         report(rows[-1])
     if len(rows) == 2:
         full, lora = rows
         state = lambda r: r["weight_bytes"] + r["grad_bytes"] + r["state_bytes"]  # noqa: E731
         print("\n| | full fine-tuning | LoRA | ratio |\n|---|---|---|---|")
-        print(f"| peak RSS above baseline | {full['peak_rss_mb']:,.1f} MB | {lora['peak_rss_mb']:,.1f} MB | {full['peak_rss_mb'] / lora['peak_rss_mb']:.2f}x |")
-        print(f"| parameters + gradients + optimizer state | {state(full) / MB:,.1f} MB | {state(lora) / MB:,.1f} MB | {state(full) / state(lora):.2f}x |")
-        print(f"| optimizer state | {full['state_bytes'] / MB:,.2f} MB | {lora['state_bytes'] / MB:,.2f} MB | {full['state_bytes'] / lora['state_bytes']:.1f}x |")
-        print(f"| checkpoint file | {full['checkpoint_bytes'] / MB:,.2f} MB | {lora['checkpoint_bytes'] / MB:,.2f} MB | {full['checkpoint_bytes'] / lora['checkpoint_bytes']:.1f}x |")
+        print(
+            f"| peak RSS above baseline | {full['peak_rss_mb']:,.1f} MB | {lora['peak_rss_mb']:,.1f} MB | {full['peak_rss_mb'] / lora['peak_rss_mb']:.2f}x |"
+        )
+        print(
+            f"| parameters + gradients + optimizer state | {state(full) / MB:,.1f} MB | {state(lora) / MB:,.1f} MB | {state(full) / state(lora):.2f}x |"
+        )
+        print(
+            f"| optimizer state | {full['state_bytes'] / MB:,.2f} MB | {lora['state_bytes'] / MB:,.2f} MB | {full['state_bytes'] / lora['state_bytes']:.1f}x |"
+        )
+        print(
+            f"| checkpoint file | {full['checkpoint_bytes'] / MB:,.2f} MB | {lora['checkpoint_bytes'] / MB:,.2f} MB | {full['checkpoint_bytes'] / lora['checkpoint_bytes']:.1f}x |"
+        )
 
 
 if __name__ == "__main__":

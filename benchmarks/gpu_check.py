@@ -86,7 +86,9 @@ class Check:
         self.log.write(f"\n$ {' '.join(command)}   (budget {budget:.0f} s, in {cwd})\n")
         start = time.monotonic()
         with tempfile.TemporaryFile("w+") as output:
-            process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, text=True)
+            process = subprocess.Popen(
+                command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, text=True
+            )
             try:
                 code = process.wait(timeout=max(1.0, budget))
             except subprocess.TimeoutExpired:
@@ -96,7 +98,9 @@ class Check:
             output.seek(0)
             text = output.read()
         self.log.write(text)
-        results = [json.loads(line[len(RESULT_PREFIX) :]) for line in text.splitlines() if line.startswith(RESULT_PREFIX)]
+        results = [
+            json.loads(line[len(RESULT_PREFIX) :]) for line in text.splitlines() if line.startswith(RESULT_PREFIX)
+        ]
         return code, results, text, time.monotonic() - start
 
     def failed(self, part: str, what: str, code: int | None, text: str, seconds: float, budget: float) -> None:
@@ -105,7 +109,10 @@ class Check:
         else:
             last = [line for line in text.splitlines() if line.strip()][-1:] or ["(no output)"]
             self.row(part, what, f"FAILED (exit {code}): {last[0][:160]}", seconds)
-        say(f"--- the last lines of its output (all of it: {self.out / 'gpu_check.log'})\n" + "\n".join(text.splitlines()[-25:]))
+        say(
+            f"--- the last lines of its output (all of it: {self.out / 'gpu_check.log'})\n"
+            + "\n".join(text.splitlines()[-25:])
+        )
 
 
 def say(text: str) -> None:
@@ -119,17 +126,35 @@ def machine(dry_run: bool) -> tuple[list[str], float]:
 
     import torch
 
-    lines = [f"date (UTC): {datetime.now(timezone.utc):%Y-%m-%d %H:%M}", f"python {sys.version.split()[0]}, torch {torch.__version__}"]
+    lines = [
+        f"date (UTC): {datetime.now(timezone.utc):%Y-%m-%d %H:%M}",
+        f"python {sys.version.split()[0]}, torch {torch.__version__}",
+    ]
     peak = 790.0  # the H200's bf16 matrix product measured on this workplace's machines (769-798 TFLOP/s)
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        lines.append(f"device: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, CUDA {torch.version.cuda}")
+        lines.append(
+            f"device: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}, CUDA {torch.version.cuda}"
+        )
         peak = bf16_matmul_tflops()
         lines.append(f"bf16 matrix product 8192^3, mean of 10 after 3 warm-ups: {peak:.0f} TFLOP/s (the MFU's peak)")
     else:
-        lines.append(f"device: none (CPU dry run; the MFU is taken against {peak:.0f} TFLOP/s, the H200's measured bf16 rate)")
+        lines.append(
+            f"device: none (CPU dry run; the MFU is taken against {peak:.0f} TFLOP/s, the H200's measured bf16 rate)"
+        )
     versions = []
-    for name in ("lightning", "transformers", "peft", "accelerate", "trl", "datasets", "pyarrow", "fsspec", "huggingface_hub", "jsonargparse"):
+    for name in (
+        "lightning",
+        "transformers",
+        "peft",
+        "accelerate",
+        "trl",
+        "datasets",
+        "pyarrow",
+        "fsspec",
+        "huggingface_hub",
+        "jsonargparse",
+    ):
         try:
             versions.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
@@ -202,9 +227,21 @@ def part_jobs(check: Check, budget: float) -> None:
             check.row("b", label, "skipped: no time left in the budget")
             continue
         scratch = Path(tempfile.mkdtemp(prefix="gpu-check-job-"))  # its runs/ folder
-        fit_s = max(10.0, share - JOB_OVERHEAD_S)  # the fit stops there (Lightning's max_time) and still writes last.ckpt
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "job", "--config", str(ROOT / config), f"--fit-seconds={fit_s:.0f}"]
-        code, results, text, seconds = check.run([*command, *(["--cpu-dry-run"] if check.dry_run else [])], share, cwd=scratch)
+        fit_s = max(
+            10.0, share - JOB_OVERHEAD_S
+        )  # the fit stops there (Lightning's max_time) and still writes last.ckpt
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "job",
+            "--config",
+            str(ROOT / config),
+            f"--fit-seconds={fit_s:.0f}",
+        ]
+        code, results, text, seconds = check.run(
+            [*command, *(["--cpu-dry-run"] if check.dry_run else [])], share, cwd=scratch
+        )
         budget -= seconds
         got = {k: v for r in results for k, v in r.items()}
         if "after" in got:
@@ -212,7 +249,14 @@ def part_jobs(check: Check, budget: float) -> None:
                       f"held-out accuracy {got['before']:.3f} -> {got['after']:.3f} ({got['val_prompts']} prompts); fit {got['fit_s']:.1f} s, "
                       f"job {got['job_s']:.1f} s", seconds)  # fmt: skip
         else:
-            check.failed("b", label + (f" (accuracy before: {got['before']:.3f})" if "before" in got else ""), code, text, seconds, share)
+            check.failed(
+                "b",
+                label + (f" (accuracy before: {got['before']:.3f})" if "before" in got else ""),
+                code,
+                text,
+                seconds,
+                share,
+            )
 
 
 def job_worker(config: str, dry_run: bool, fit_seconds: int) -> None:
@@ -233,10 +277,33 @@ def job_worker(config: str, dry_run: bool, fit_seconds: int) -> None:
     emit({"before": float(cli.trainer.callback_metrics["val/reward"]), "precision": "bf16-mixed"})
     fit_start = time.perf_counter()
     cli = main(["fit", "--config", config, *hardware, *toy, stop])
-    emit({"fit_s": time.perf_counter() - fit_start, "iterations": cli.trainer.global_step, "max_steps": cli.trainer.max_steps})
-    cli = main(["validate", "--config", config, "--trainer.logger=false", *hardware, *toy, "--ckpt_path", f"{folder}/latest/checkpoints/last.ckpt"])
+    emit(
+        {
+            "fit_s": time.perf_counter() - fit_start,
+            "iterations": cli.trainer.global_step,
+            "max_steps": cli.trainer.max_steps,
+        }
+    )
+    cli = main(
+        [
+            "validate",
+            "--config",
+            config,
+            "--trainer.logger=false",
+            *hardware,
+            *toy,
+            "--ckpt_path",
+            f"{folder}/latest/checkpoints/last.ckpt",
+        ]
+    )
     val_prompts = len(cli.datamodule.val_rows[0]) if getattr(cli.datamodule, "val_rows", None) else None
-    emit({"after": float(cli.trainer.callback_metrics["val/reward"]), "job_s": time.perf_counter() - start, "val_prompts": val_prompts})
+    emit(
+        {
+            "after": float(cli.trainer.callback_metrics["val/reward"]),
+            "job_s": time.perf_counter() - start,
+            "val_prompts": val_prompts,
+        }
+    )
 
 
 def part_trl(check: Check, budget: float, peak: float, steps: int) -> None:
@@ -245,15 +312,35 @@ def part_trl(check: Check, budget: float, peak: float, steps: int) -> None:
         ["--model=random-qwen2-toy", "--max-new-tokens=16", "--accelerator=cpu", "--steps=3", "--warmup=1", "--threads=2"]
         if check.dry_run else ["--model=random-qwen2-0.5b", "--max-new-tokens=256", "--accelerator=gpu", f"--steps={steps}", "--warmup=1", "--threads=8"]
     )  # fmt: skip
-    command = [sys.executable, "benchmarks/compare_trl.py", *size, "--precision=bf16", "--reward=odd_length", "--eval-prompts=0", f"--peak-tflops={peak:.1f}"]
-    what = "GRPO 8 prompts x 8 samples x " + ("16" if check.dry_run else "256") + " new tokens, bf16, random Qwen2 " + ("toy" if check.dry_run else "0.5B")
+    command = [
+        sys.executable,
+        "benchmarks/compare_trl.py",
+        *size,
+        "--precision=bf16",
+        "--reward=odd_length",
+        "--eval-prompts=0",
+        f"--peak-tflops={peak:.1f}",
+    ]
+    what = (
+        "GRPO 8 prompts x 8 samples x "
+        + ("16" if check.dry_run else "256")
+        + " new tokens, bf16, random Qwen2 "
+        + ("toy" if check.dry_run else "0.5B")
+    )
     code, results, text, seconds = check.run(command, budget)
     if not results:
         return check.failed("c", what, code, text, seconds, budget)
     r = results[-1]
-    check.row("c", what + ": samples/s, ours / TRL 1.16 GRPOTrainer", f"{r['ours_samples_per_s']:.1f} / {r['trl_samples_per_s']:.1f} = {r['ratio']:.2f}x", seconds)
+    check.row(
+        "c",
+        what + ": samples/s, ours / TRL 1.16 GRPOTrainer",
+        f"{r['ours_samples_per_s']:.1f} / {r['trl_samples_per_s']:.1f} = {r['ratio']:.2f}x",
+        seconds,
+    )
     if r["ours_peak_gib"] is not None:
-        check.row("c", "peak GPU memory allocated, ours / TRL", f"{r['ours_peak_gib']:.1f} / {r['trl_peak_gib']:.1f} GiB")
+        check.row(
+            "c", "peak GPU memory allocated, ours / TRL", f"{r['ours_peak_gib']:.1f} / {r['trl_peak_gib']:.1f} GiB"
+        )
     if r["ours_mfu"] is not None:
         check.row("c", "model FLOPs utilisation of our update phase",
                   f"{r['ours_mfu']:.1%} = 6 N T / (t x {peak:.0f} TFLOP/s), T = {r['ours_update_tokens']:,.0f} prompt + response tokens, "
@@ -266,7 +353,9 @@ def part_long(check: Check, budget: float) -> None:
         ["--device=cpu", "--batch=8", "--group=4", "--max-len=48", "--hidden=64", "--layers=2", "--budget=256"]
         if check.dry_run else ["--device=cuda", "--batch=64", "--group=8", "--max-len=1024", "--hidden=1024", "--layers=8", "--budget=16384"]
     )  # fmt: skip
-    code, results, text, seconds = check.run([sys.executable, "benchmarks/long_responses.py", "--repeats=1", *size], budget)
+    code, results, text, seconds = check.run(
+        [sys.executable, "benchmarks/long_responses.py", "--repeats=1", *size], budget
+    )
     shape = " ".join(size[1:])
     if not results:
         return check.failed("d", f"long responses ({shape})", code, text, seconds, budget)
@@ -282,7 +371,9 @@ def part_long(check: Check, budget: float) -> None:
 
 # ---------------------------------------------------------------------------------------------- the call
 def table(check: Check, header: list[str]) -> str:
-    title = "GPU check" + (" -- CPU DRY RUN at toy sizes: the numbers mean nothing, only that every part runs" if check.dry_run else "")
+    title = "GPU check" + (
+        " -- CPU DRY RUN at toy sizes: the numbers mean nothing, only that every part runs" if check.dry_run else ""
+    )
     lines = [f"## {title}", "", *[f"- {h}" for h in header], "", "| part | what | result | s |", "|---|---|---|---|"]
     lines += [f"| {p} | {w} | {r.replace('|', '/')} | {s} |" for p, w, r, s in check.rows]
     return "\n".join(lines)
@@ -291,11 +382,17 @@ def table(check: Check, header: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="abcd", help="which parts, e.g. abcd or c,d")
-    parser.add_argument("--budget", type=float, default=None, help="seconds for the whole call (default 470 on a GPU, 3000 dry)")
-    parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="folder for gpu_check.md and gpu_check.log")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="seconds for the whole call (default 470 on a GPU, 3000 dry)"
+    )
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="folder for gpu_check.md and gpu_check.log"
+    )
     parser.add_argument("--cpu-dry-run", action="store_true", help="every part at toy sizes on CPU")
     parser.add_argument("--budgets", default="", help="seconds per part instead of the defaults, e.g. a=60,c=140")
-    parser.add_argument("--trl-steps", type=int, default=5, help="part c's timed iterations per framework (after one warm-up)")
+    parser.add_argument(
+        "--trl-steps", type=int, default=5, help="part c's timed iterations per framework (after one warm-up)"
+    )
     parser.add_argument("--worker", choices=["job"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--fit-seconds", type=int, default=60, help=argparse.SUPPRESS)
@@ -306,7 +403,9 @@ def main() -> None:
     import torch
 
     if not args.cpu_dry_run and not torch.cuda.is_available():
-        raise SystemExit(f"gpu_check: torch {torch.__version__} sees no CUDA device; this is for the GPU machine (here: --cpu-dry-run)")
+        raise SystemExit(
+            f"gpu_check: torch {torch.__version__} sees no CUDA device; this is for the GPU machine (here: --cpu-dry-run)"
+        )
     parts = [p for p in args.parts.replace(",", "") if p in NAMES]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,10 +416,15 @@ def main() -> None:
         say(line)
     problems = import_problems()
     if problems:
-        header.append("IMPORT FAILURES (carry the missing wheels: scripts/gpu_wheels.sh, EXTRA=... for a newer one): " + "; ".join(problems))
+        header.append(
+            "IMPORT FAILURES (carry the missing wheels: scripts/gpu_wheels.sh, EXTRA=... for a newer one): "
+            + "; ".join(problems)
+        )
         say(header[-1])
     budgets = dict(DRY_BUDGETS if args.cpu_dry_run else BUDGETS)
-    budgets.update({k.strip(): float(v) for k, v in (item.split("=") for item in args.budgets.split(",") if item.strip())})
+    budgets.update(
+        {k.strip(): float(v) for k, v in (item.split("=") for item in args.budgets.split(",") if item.strip())}
+    )
     for part in parts:
         budget = budgets[part]
         if check.left() < 20:
@@ -335,7 +439,9 @@ def main() -> None:
             part_trl(check, budget, peak, args.trl_steps)
         else:
             part_long(check, budget)
-    header.append(f"parts {''.join(parts)} took {total - (check.deadline - time.monotonic()):.0f} s of the call's {total:.0f} s; log: {out / 'gpu_check.log'}")
+    header.append(
+        f"parts {''.join(parts)} took {total - (check.deadline - time.monotonic()):.0f} s of the call's {total:.0f} s; log: {out / 'gpu_check.log'}"
+    )
     text = table(check, header)
     (out / "gpu_check.md").write_text(text + "\n")
     say("\n" + text)

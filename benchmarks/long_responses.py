@@ -94,7 +94,12 @@ def trainer_phases(policy, batch, packed: bool, budget: int) -> None:
 
     max_tokens = budget if packed else None
     with torch.no_grad():
-        old = torch.cat([pad_to(policy_logprobs(policy, c, packed=packed)[0], batch.response_ids.shape[1]) for c in micro_batches(batch, 16, max_tokens)])
+        old = torch.cat(
+            [
+                pad_to(policy_logprobs(policy, c, packed=packed)[0], batch.response_ids.shape[1])
+                for c in micro_batches(batch, 16, max_tokens)
+            ]
+        )
     batch = batch.replace(old_logprobs=old)
     aggregator = TokenMean()
     total = aggregator.denominator(batch.loss_mask)
@@ -112,7 +117,15 @@ class EOSSchedule(nn.Module):
         super().__init__()
         self.policy, self.config, self.max_len = policy, policy.config, max_len
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, logits_to_keep=0):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=None,
+        logits_to_keep=0,
+    ):
         out = self.policy(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
             use_cache=use_cache, logits_to_keep=logits_to_keep,
@@ -192,7 +205,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4, help="samples per prompt")
     parser.add_argument("--budget", type=int, default=2048, help="loop.max_tokens_per_micro_batch of the packed path")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--max-len", type=int, default=MAX_LEN, help="the longest response (the sampler's max_new_tokens)")
+    parser.add_argument(
+        "--max-len", type=int, default=MAX_LEN, help="the longest response (the sampler's max_new_tokens)"
+    )
     parser.add_argument("--hidden", type=int, default=256, help="the policy's width (a multiple of 64: 64 per head)")
     parser.add_argument("--layers", type=int, default=4, help="the policy's depth")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -209,21 +224,33 @@ def main() -> None:
     for _ in range(args.repeats):
         for phase, variants in VARIANTS.items():
             for variant in variants:  # A/B alternation
-                results[phase, variant].append(run_worker(Path(__file__), [f"--worker={phase}:{variant}", *common], env=MALLOC_ENV))
+                results[phase, variant].append(
+                    run_worker(Path(__file__), [f"--worker={phase}:{variant}", *common], env=MALLOC_ENV)
+                )
     print(load_note())
     print(f"\n{args.batch} samples ({args.group} per prompt), prompt {PROMPT} tokens, responses {MIN_LEN}..{args.max_len} (Pareto {TAIL}), "
           f"token budget {args.budget}, hidden {args.hidden} x {args.layers} layers, {args.repeats} repeat(s), {args.device}, 1 thread\n")  # fmt: skip
     print("| phase | variant | tokens/s | seconds | peak MiB | check |")
     print("|---|---|---|---|---|---|")
     for (phase, variant), runs in results.items():
-        check = f"grad norm {runs[0]['grad_norm']:.6g}" if phase == "trainer" else f"lengths {runs[0]['min_len']}..{runs[0]['max_len']}, checksum {runs[0]['checksum']}"
+        check = (
+            f"grad norm {runs[0]['grad_norm']:.6g}"
+            if phase == "trainer"
+            else f"lengths {runs[0]['min_len']}..{runs[0]['max_len']}, checksum {runs[0]['checksum']}"
+        )
         med = {k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "seconds", "peak_mib")}
-        print(f"| {phase} | {variant} | {med['tokens_per_s']:,.0f} | {med['seconds']:.2f} | {med['peak_mib']:.0f} | {check} |")
+        print(
+            f"| {phase} | {variant} | {med['tokens_per_s']:,.0f} | {med['seconds']:.2f} | {med['peak_mib']:.0f} | {check} |"
+        )
     summary = {}
     for phase, (a, b) in VARIANTS.items():
         ratios = [rb["tokens_per_s"] / ra["tokens_per_s"] for ra, rb in zip(results[phase, a], results[phase, b])]
-        memory = statistics.median(r["peak_mib"] for r in results[phase, b]) / max(1e-9, statistics.median(r["peak_mib"] for r in results[phase, a]))
-        print(f"{phase}: {b} / {a} tokens/s {statistics.median(ratios):.2f}x (per repeat: {', '.join(f'{r:.2f}' for r in ratios)}); peak memory {memory:.2f}x")
+        memory = statistics.median(r["peak_mib"] for r in results[phase, b]) / max(
+            1e-9, statistics.median(r["peak_mib"] for r in results[phase, a])
+        )
+        print(
+            f"{phase}: {b} / {a} tokens/s {statistics.median(ratios):.2f}x (per repeat: {', '.join(f'{r:.2f}' for r in ratios)}); peak memory {memory:.2f}x"
+        )
         key = "grad_norm" if phase == "trainer" else "checksum"
         first, second = results[phase, a][0][key], results[phase, b][0][key]
         summary[phase] = {

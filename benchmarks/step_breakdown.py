@@ -85,10 +85,12 @@ def run_preset(args) -> dict:
     from lightning import Callback
 
     from components.reward.model import TINY_REWARD_MODEL_PATH
-    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main as cli_main
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG
+    from lightning_rl.cli import main as cli_main
     from lightning_rl.core.models import TINY_MODEL_PATH
 
     torch.set_num_threads(args.threads)
+
     def sync() -> None:
         """Wait for the GPU around a timed call, without counting as a sync under --sync-debug."""
         if torch.cuda.is_available():
@@ -105,7 +107,9 @@ def run_preset(args) -> dict:
         "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={scratch}", f"--trainer.accelerator={args.accelerator}",
     ]  # fmt: skip
     if args.worker == "ppo_rlhf":
-        rm = args.reward_model or (TINY_REWARD_MODEL_PATH if Path(TINY_REWARD_MODEL_PATH, "config.json").exists() else None)
+        rm = args.reward_model or (
+            TINY_REWARD_MODEL_PATH if Path(TINY_REWARD_MODEL_PATH, "config.json").exists() else None
+        )
         rm = rm or random_reward_model(TINY_MODEL_PATH, str(Path(scratch) / "rm"))
         overrides.append(f"--model.reward.init_args.path={rm}")
     config = ROOT / "configs" / f"{args.worker}.yaml"
@@ -148,8 +152,16 @@ def run_preset(args) -> dict:
                 def record(message, category, filename, lineno, file=None, line=None):
                     if "synchronizing" not in str(message):
                         return original(message, category, filename, lineno, file, line)
-                    ours = [f for f in traceback.extract_stack()[:-1] if ("/lightning_rl/" in f.filename or "/components/" in f.filename)]
-                    site = f"{Path(ours[-1].filename).parent.name}/{Path(ours[-1].filename).name}:{ours[-1].lineno} {ours[-1].line}" if ours else "outside lightning_rl"
+                    ours = [
+                        f
+                        for f in traceback.extract_stack()[:-1]
+                        if ("/lightning_rl/" in f.filename or "/components/" in f.filename)
+                    ]
+                    site = (
+                        f"{Path(ours[-1].filename).parent.name}/{Path(ours[-1].filename).name}:{ours[-1].lineno} {ours[-1].line}"
+                        if ours
+                        else "outside lightning_rl"
+                    )
                     syncs[site] += 1
 
                 warnings.showwarning = record
@@ -201,8 +213,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--accelerator", default="cpu", help="Lightning accelerator: cpu, gpu, auto")
     parser.add_argument("--reward-model", default=None, help="reward model directory for ppo_rlhf")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every preset, e.g. data.batch_size=8")
-    parser.add_argument("--sync-debug", action="store_true", help="CUDA: count host-device syncs per iteration by code line")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every preset, e.g. data.batch_size=8",
+    )
+    parser.add_argument(
+        "--sync-debug", action="store_true", help="CUDA: count host-device syncs per iteration by code line"
+    )
     parser.add_argument("--worker", choices=["grpo", "ppo_rlhf"], help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -214,7 +234,11 @@ def main() -> None:
     common = [f"--steps={args.steps}", f"--threads={args.threads}", f"--accelerator={args.accelerator}"]
     if args.reward_model:
         common.append(f"--reward-model={args.reward_model}")
-    common += [f"--set={item}" for item in args.set] + [f"--warmup={args.warmup}"] + (["--sync-debug"] if args.sync_debug else [])
+    common += (
+        [f"--set={item}" for item in args.set]
+        + [f"--warmup={args.warmup}"]
+        + (["--sync-debug"] if args.sync_debug else [])
+    )
     outputs = {name: run_worker(Path(__file__), [f"--worker={name}", *common]) for name in presets}
     print(f"after: {load_note()}\n")
     for name in presets:

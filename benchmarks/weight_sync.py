@@ -87,8 +87,13 @@ def worker(args: argparse.Namespace) -> None:
     result = {"first_s": first, "push_s": seconds, "peak_added_mb": peak / 2**20}
     client = SGLangClient(600.0, 0, 0.0)
     if not args.running:  # the loopback hashes its tensors as the trainer holds them (SGLang's are fused, sharded)
-        expected = {n: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16] for n, t in policy.state_dict().items()}
-        result["exact"] = all(client.request(url, "/weights_checker", method="GET")["ranks"][0]["checksums"] == expected for url in urls)
+        expected = {
+            n: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16]
+            for n, t in policy.state_dict().items()
+        }
+        result["exact"] = all(
+            client.request(url, "/weights_checker", method="GET")["ranks"][0]["checksums"] == expected for url in urls
+        )
     # what verify_every: 1 adds to a push (and the check for running servers): each server continues the probe, the
     # trainer scores the continuations in one forward
     prompt = probe_prompt(CONFIG["vocab_size"])
@@ -115,16 +120,33 @@ def save_policy(directory: str, dtype: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the trainer's default is float32")
-    parser.add_argument("--servers", type=int, nargs="+", default=[1, 2], help="server counts to measure (the first n of --base-url)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="the trainer's default is float32"
+    )
+    parser.add_argument(
+        "--servers", type=int, nargs="+", default=[1, 2], help="server counts to measure (the first n of --base-url)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (the order flips every round)")
     parser.add_argument("--pushes", type=int, default=2, help="steady pushes per measurement, after the first")
     parser.add_argument("--bucket-mb", type=float, default=512)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the trainer (the loopback servers use 1)")
-    parser.add_argument("--variants", nargs="+", default=None, help="weight_sync modes (default: disk distributed, and tensor with a GPU)")
-    parser.add_argument("--save-policy", metavar="DIR", help="write the random policy to DIR (for servers launched elsewhere) and exit")
-    parser.add_argument("--base-url", nargs="+", help="running SGLang servers started from --save-policy's folder (none launched here)")
-    parser.add_argument("--weight-dir", help="for disk: a folder every server reads (default: a temporary one on this host)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of the trainer (the loopback servers use 1)"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        help="weight_sync modes (default: disk distributed, and tensor with a GPU)",
+    )
+    parser.add_argument(
+        "--save-policy", metavar="DIR", help="write the random policy to DIR (for servers launched elsewhere) and exit"
+    )
+    parser.add_argument(
+        "--base-url", nargs="+", help="running SGLang servers started from --save-policy's folder (none launched here)"
+    )
+    parser.add_argument(
+        "--weight-dir", help="for disk: a folder every server reads (default: a temporary one on this host)"
+    )
     parser.add_argument("--master-address", help="for distributed: this host's address as the servers reach it")
     parser.add_argument("--verify-tolerance", type=float, default=0.05)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -166,27 +188,41 @@ def main() -> None:
                                        *(["--master-address", args.master_address] if args.master_address else [])]  # fmt: skip
                         result = run_worker(Path(__file__), worker_args, env={"OMP_NUM_THREADS": str(args.threads)})
                         results.setdefault((variant, n), []).append(result)
-                        print(f"  {n} server(s) {variant:11s} round {r}: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}), flush=True)
+                        print(
+                            f"  {n} server(s) {variant:11s} round {r}: "
+                            + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}),
+                            flush=True,
+                        )
             finally:
                 for server in launched:
                     server.stop()
     print(f"after: {load_note()}")
     params = next(iter(results.values()))[0]["parameters"]
-    print(f"\n{params / 1e6:.0f}M parameters, {args.dtype}, bucket_mb {args.bucket_mb:g}, {args.rounds} A/B round(s) x {args.pushes} steady push(es)\n")
-    print("| servers | weight_sync | seconds per push | first push (s) | trainer peak memory added (MiB) | servers hold the trainer's weights |")
+    print(
+        f"\n{params / 1e6:.0f}M parameters, {args.dtype}, bucket_mb {args.bucket_mb:g}, {args.rounds} A/B round(s) x {args.pushes} steady push(es)\n"
+    )
+    print(
+        "| servers | weight_sync | seconds per push | first push (s) | trainer peak memory added (MiB) | servers hold the trainer's weights |"
+    )
     print("|---|---|---|---|---|---|")
     for (variant, n), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         pushes = [s for run in runs for s in run["push_s"]]
         spread = f" +- {statistics.stdev(pushes):.2f}" if len(pushes) > 1 else ""
-        print(f"| {n} | {variant} | {statistics.mean(pushes):.2f}{spread} | {statistics.mean(r['first_s'] for r in runs):.2f} | "
-              f"{statistics.mean(r['peak_added_mb'] for r in runs):.0f} | {all(r['exact'] for r in runs)} |")
+        print(
+            f"| {n} | {variant} | {statistics.mean(pushes):.2f}{spread} | {statistics.mean(r['first_s'] for r in runs):.2f} | "
+            f"{statistics.mean(r['peak_added_mb'] for r in runs):.0f} | {all(r['exact'] for r in runs)} |"
+        )
     for n in args.servers:
         timed = {v: [s for run in results[(v, m)] for s in run["push_s"]] for v, m in results if m == n}
         for variant in [v for v in timed if v != "disk" and "disk" in timed]:
-            print(f"\n{n} server(s): disk / {variant} = {statistics.mean(timed['disk']) / statistics.mean(timed[variant]):.2f}x")
+            print(
+                f"\n{n} server(s): disk / {variant} = {statistics.mean(timed['disk']) / statistics.mean(timed[variant]):.2f}x"
+            )
         runs = [run for (v, m), rs in results.items() if m == n for run in rs]
-        print(f"{n} server(s): verification {statistics.mean(r['verify_s'] for r in runs):.2f} s per push "
-              f"(the servers' probe continuations {statistics.mean(r['verify_servers_s'] for r in runs):.2f} s, then the trainer's forward)")
+        print(
+            f"{n} server(s): verification {statistics.mean(r['verify_s'] for r in runs):.2f} s per push "
+            f"(the servers' probe continuations {statistics.mean(r['verify_servers_s'] for r in runs):.2f} s, then the trainer's forward)"
+        )
 
 
 if __name__ == "__main__":

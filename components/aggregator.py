@@ -25,7 +25,9 @@ class Aggregator(ABC):
     def __call__(self, per_token_loss: Tensor, mask: Tensor, total: Tensor | float | None = None) -> Tensor:
         """Scalar loss. ``total`` = the normaliser of the whole batch; None = this batch is the whole batch."""
         if per_token_loss.shape != mask.shape:
-            raise ValueError(f"{type(self).__name__}: loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} differ")
+            raise ValueError(
+                f"{type(self).__name__}: loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} differ"
+            )
         mask = mask.float()
         if total is None:
             total = self.denominator(mask)

@@ -65,7 +65,12 @@ class ValueCritic(nn.Module):
         base a LoRA critic shares when that is exact."""
         if self.backbone is not None:
             return
-        if self.lora is not None and self.init_from == "policy" and is_lora(policy) and policy.dtype == DTYPES[self.dtype]:
+        if (
+            self.lora is not None
+            and self.init_from == "policy"
+            and is_lora(policy)
+            and policy.dtype == DTYPES[self.dtype]
+        ):
             backbone = shared_backbone(policy)
             self.backbone = apply_lora(backbone, self.lora, "model.critic.init_args", exclude=vision_prefixes(backbone))
             self.head = nn.Linear(self.backbone.config.get_text_config().hidden_size, 1, dtype=torch.float32)
@@ -76,10 +81,14 @@ class ValueCritic(nn.Module):
 
         source = {"policy": policy_path, "reward_model": reward_model_path, "path": self.path}[self.init_from]
         if source is None:
-            raise ValueError("ValueCritic: init_from='reward_model' needs a RewardModel reward (or use init_from='policy')")
+            raise ValueError(
+                "ValueCritic: init_from='reward_model' needs a RewardModel reward (or use init_from='policy')"
+            )
         kwargs = dict(dtype=DTYPES[self.dtype])
         if self.init_from == "reward_model":
-            scorer = load_pretrained(AutoModelForSequenceClassification.from_pretrained, source, "model.critic", num_labels=1, **kwargs)
+            scorer = load_pretrained(
+                AutoModelForSequenceClassification.from_pretrained, source, "model.critic", num_labels=1, **kwargs
+            )
             self.backbone = getattr(scorer, scorer.base_model_prefix)
             head = scorer.score if hasattr(scorer, "score") else scorer.classifier
             self.head = nn.Linear(head.in_features, 1, bias=True, dtype=torch.float32)
@@ -92,7 +101,9 @@ class ValueCritic(nn.Module):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         disable_dropout(self.backbone)
-        frozen = vision_prefixes(self.backbone)  # a vision-language backbone's vision tower: the value head learns from its features as they are
+        frozen = vision_prefixes(
+            self.backbone
+        )  # a vision-language backbone's vision tower: the value head learns from its features as they are
         for prefix in frozen:
             self.backbone.get_submodule(prefix).requires_grad_(False)
         if self.lora is not None:
@@ -101,18 +112,30 @@ class ValueCritic(nn.Module):
     def forward(self, batch: RolloutBatch, packed: bool = False) -> Tensor:
         """V(s_t) for every response position, fp32; ``packed``: padding-free, as one packed row. Shape: (B, R)."""
         if self.backbone is None:
-            raise RuntimeError("ValueCritic.build() must run before the critic is used (RLModule.configure_model does it)")
+            raise RuntimeError(
+                "ValueCritic.build() must run before the critic is used (RLModule.configure_model does it)"
+            )
         if packed:
             refuse_images(batch)
         if packed and packable(self.backbone, batch.prompt_mask, batch.response_mask):
-            row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(self.backbone))
+            row = pack(
+                batch.prompt_ids,
+                batch.prompt_mask,
+                batch.response_ids,
+                batch.response_mask,
+                attention_backend(self.backbone),
+            )
             return row.scatter(self._values(packed_outputs(self.backbone, row, hidden=True)))  # (B, R)
-        input_ids, attention_mask, position_ids = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        input_ids, attention_mask, position_ids = sequence_inputs(
+            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+        )
         r = batch.response_ids.shape[1]
         if batch.image_inputs is not None:
             states = self._states_after_images(batch, input_ids, attention_mask)
         else:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
+            hidden = self.backbone(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
             states = hidden[:, -(r + 1) : -1]  # (B, R, H): the state before each response token
         return self._values(states) * batch.response_mask.float()
 
@@ -126,13 +149,23 @@ class ValueCritic(nn.Module):
         (`row_positions`), then the responses on that cache as text (a sampled image placeholder id stays a token)."""
         p = batch.prompt_ids.shape[1]
         positions = row_positions(self.backbone, input_ids, attention_mask, batch.image_inputs, p)  # (3, B, P + R)
-        head = self.backbone(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=positions[..., :p], use_cache=True,
-                             **image_kwargs(batch.image_inputs, input_ids.device))
+        head = self.backbone(
+            input_ids=batch.prompt_ids,
+            attention_mask=batch.prompt_mask,
+            position_ids=positions[..., :p],
+            use_cache=True,
+            **image_kwargs(batch.image_inputs, input_ids.device),
+        )
         states = [head.last_hidden_state[:, -1:]]  # (B, 1, H): before response token 0
         if batch.response_ids.shape[1] > 1:
             cache = head.cache if hasattr(head, "cache") else head.past_key_values
-            rest = self.backbone(input_ids=batch.response_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=positions[..., p:-1], use_cache=True,
-                                 **{"cache" if forward_accepts(self.backbone, "cache") else "past_key_values": cache})
+            rest = self.backbone(
+                input_ids=batch.response_ids[:, :-1],
+                attention_mask=attention_mask[:, :-1],
+                position_ids=positions[..., p:-1],
+                use_cache=True,
+                **{"cache" if forward_accepts(self.backbone, "cache") else "past_key_values": cache},
+            )
             states.append(rest.last_hidden_state)  # (B, R - 1, H)
         return torch.cat(states, dim=1)
 

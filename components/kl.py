@@ -71,7 +71,9 @@ class KLRegularizer(nn.Module):
         """
         super().__init__()
         if estimator not in ("k1", "k2", "k3") or placement not in ("loss", "reward"):
-            raise ValueError(f"KLRegularizer: estimator must be k1|k2|k3 and placement loss|reward, got {estimator!r}, {placement!r}")
+            raise ValueError(
+                f"KLRegularizer: estimator must be k1|k2|k3 and placement loss|reward, got {estimator!r}, {placement!r}"
+            )
         if coef < 0 or (target is not None and target <= 0) or horizon <= 0:
             raise ValueError(f"KLRegularizer: need coef >= 0, target > 0, horizon > 0; got {coef}, {target}, {horizon}")
         if importance_weighted and placement != "loss":
@@ -120,5 +122,7 @@ class KLRegularizer(nn.Module):
         """One controller step from the observed mean sequence KL over ``n`` samples."""
         if self.target is None:
             return
-        error = torch.clamp(torch.as_tensor(kl, dtype=torch.float64, device=self.coef.device) / self.target - 1.0, -0.2, 0.2)
+        error = torch.clamp(
+            torch.as_tensor(kl, dtype=torch.float64, device=self.coef.device) / self.target - 1.0, -0.2, 0.2
+        )
         self.coef.mul_(1.0 + error * n / self.horizon)

@@ -69,5 +69,7 @@ class PositiveNLL(LossTerm):
         return -self.coef * logprobs.float() * positive
 
     def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
-        positive = (batch.scores > self.threshold).float().unsqueeze(-1)  # (B, 1): only positive samples have a gradient
+        positive = (
+            (batch.scores > self.threshold).float().unsqueeze(-1)
+        )  # (B, 1): only positive samples have a gradient
         return (positive * batch.loss_mask).sum() * float(self.coef != 0)

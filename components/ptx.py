@@ -31,7 +31,9 @@ class PretrainMix:
 
     def loss(self, policy: nn.Module, text_ids: Tensor, text_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """gamma * token-mean NLL of left-padded text (N, L) under the policy, and the detached NLL."""
-        logits = policy(input_ids=text_ids, attention_mask=text_mask, position_ids=mask_positions(text_mask), use_cache=False).logits
+        logits = policy(
+            input_ids=text_ids, attention_mask=text_mask, position_ids=mask_positions(text_mask), use_cache=False
+        ).logits
         logprobs = sampled_logprobs(logits[:, :-1], text_ids[:, 1:])  # (N, L - 1): token t predicted from its prefix
         predicted = (text_mask[:, :-1] * text_mask[:, 1:]).float()  # both the context token and the target are text
         nll = -masked_mean(logprobs.float(), predicted)

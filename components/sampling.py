@@ -49,6 +49,8 @@ class DynamicSampling:
         if batch.is_greedy is not None:
             scores = torch.where(batch.is_greedy.bool(), torch.full_like(scores, float("nan")), scores)
         grouped = group_view(scores, batch.group_ids)  # (n_groups, G)
-        sampled = torch.nan_to_num(grouped, nan=float("-inf")).amax(-1) - torch.nan_to_num(grouped, nan=float("inf")).amin(-1)
+        sampled = torch.nan_to_num(grouped, nan=float("-inf")).amax(-1) - torch.nan_to_num(
+            grouped, nan=float("inf")
+        ).amin(-1)
         alive = sampled > self.tol  # (n_groups,)
         return alive.unsqueeze(-1).expand_as(grouped).reshape(-1)

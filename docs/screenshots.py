@@ -82,7 +82,9 @@ def console_svg(out: Path, columns: int = 120, lines: int = 50) -> None:
             style = " ".join(s for s in (color, "bold" if char.bold else None, "italic" if char.italics else None) if s)
             text.append(char.data, style=style or None)
         text.append("\n")
-    console = Console(record=True, width=columns, force_terminal=True, color_system="truecolor", file=open(os.devnull, "w"))
+    console = Console(
+        record=True, width=columns, force_terminal=True, color_system="truecolor", file=open(os.devnull, "w")
+    )
     console.print(text, end="")
     console.save_svg(str(out), title="make run")
 
@@ -95,14 +97,42 @@ def tensorboard_png(logdir: Path, out: Path, size: str = "1700,1000") -> None:
     if chromium is None:
         raise SystemExit("no chromium on PATH (apt-get install chromium)")
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir.relative_to(ROOT)), "--port", str(port), "--host", "127.0.0.1"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir.relative_to(ROOT)),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     proxy = _proxy(f"http://127.0.0.1:{port}", b"<script>localStorage.setItem('_ignoreYOutliers', 'false')</script>")
     try:
         time.sleep(10)  # TensorBoard reads the events before it serves them
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={out}",
-                        f"--window-size={size}", "--virtual-time-budget=30000", f"http://127.0.0.1:{proxy.server_port}/#custom_scalars"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--screenshot={out}",
+                f"--window-size={size}",
+                "--virtual-time-budget=30000",
+                f"http://127.0.0.1:{proxy.server_port}/#custom_scalars",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=300,
+        )
     finally:
         proxy.shutdown()
         server.terminate()
@@ -124,7 +154,11 @@ def _proxy(upstream: str, head_script: bytes) -> http.server.ThreadingHTTPServer
             request = urllib.request.Request(upstream + self.path, data=body, method=self.command, headers=headers)
             try:
                 with urllib.request.urlopen(request) as response:
-                    status, content_type, data = response.status, response.headers.get("Content-Type", ""), response.read()
+                    status, content_type, data = (
+                        response.status,
+                        response.headers.get("Content-Type", ""),
+                        response.read(),
+                    )
             except urllib.error.HTTPError as error:
                 status, content_type, data = error.code, error.headers.get("Content-Type", ""), error.read()
             if content_type.startswith("text/html"):
@@ -146,10 +180,14 @@ def _proxy(upstream: str, head_script: bytes) -> http.server.ThreadingHTTPServer
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
-    parser.add_argument("--skip-run", action="store_true", help="photograph the newest run of runs/grpo without running the job again")
+    parser.add_argument(
+        "--skip-run", action="store_true", help="photograph the newest run of runs/grpo without running the job again"
+    )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     if not options.skip_run:
         console_svg(options.out / "console.svg")
-    newest = (ROOT / "runs" / "grpo" / "latest" / "checkpoints").resolve().parent  # latest/ links to the run's checkpoints, not its events
+    newest = (
+        (ROOT / "runs" / "grpo" / "latest" / "checkpoints").resolve().parent
+    )  # latest/ links to the run's checkpoints, not its events
     tensorboard_png(newest, options.out / "tensorboard.png")

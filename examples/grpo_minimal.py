@@ -48,7 +48,9 @@ def train(
     """Train the policy at ``policy_path`` with GRPO on ``builtin:arithmetic``; returns the trained policy."""
     tokenizer = load_tokenizer(policy_path)
     policy = load_causal_lm(ModelSpec(path=policy_path))
-    data = PromptDataModule(train_data="builtin:arithmetic", val_data=None, tokenizer=policy_path, batch_size=batch_size)
+    data = PromptDataModule(
+        train_data="builtin:arithmetic", val_data=None, tokenizer=policy_path, batch_size=batch_size
+    )
     data.setup("fit")
     prompt_batches = iter(data.train_dataloader())  # an endless, seeded stream of prompt batches
 
@@ -69,7 +71,9 @@ def train(
         with torch.no_grad():
             batch = rollout.generate(prompts, policy)
         lengths = batch.response_lengths.tolist()
-        completions = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
+        completions = tokenizer.batch_decode(
+            [ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True
+        )
         batch = batch.with_columns(completions=completions)  # the reward reads them beside the data's `answer` column
         batch = batch.replace(scores=reward.score(batch).total, sample_mask=torch.ones(batch.batch_size))  # (B,)
 
@@ -92,7 +96,9 @@ def train(
         optimizer.zero_grad(set_to_none=True)
 
         # 5 sync: HFRollout samples from `policy` itself; a server-backed rollout would push the weights here
-        log(f"iteration {iteration}: reward {float(batch.scores.mean()):.3f}, clip fraction {float(metrics['policy/clipfrac']):.3f}")
+        log(
+            f"iteration {iteration}: reward {float(batch.scores.mean()):.3f}, clip fraction {float(metrics['policy/clipfrac']):.3f}"
+        )
     return policy
 
 

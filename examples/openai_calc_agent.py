@@ -52,5 +52,7 @@ def agent(client: OpenAI, row: dict, max_turns: int = 3) -> str:
             return message.content or ""
         for call in message.tool_calls:
             arguments = json.loads(call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(arguments.get("expression", ""))})
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": calculate(arguments.get("expression", ""))}
+            )
     return ""

@@ -1,9 +1,9 @@
 """A Hugging Face export at the end of ``fit`` (checkpoint files themselves: `lightning_rl.checkpoint`).
 
-    trainer:
-      callbacks:
-        - class_path: lightning_rl.callbacks.HFExport
-          init_args: {dirpath: runs/grpo/hf}
+trainer:
+  callbacks:
+    - class_path: lightning_rl.callbacks.HFExport
+      init_args: {dirpath: runs/grpo/hf}
 """
 
 from __future__ import annotations

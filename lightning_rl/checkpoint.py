@@ -57,7 +57,12 @@ class LoopState:
 
     def snapshot(self) -> dict[str, Any]:
         """The state now (an iteration's start, to go back to when it is interrupted)."""
-        return {"rng": self.rng.state, "shuffle": self.shuffle.get_state(), "optimizer_steps": dict(self.optimizer_steps), "totals": dict(self.totals)}
+        return {
+            "rng": self.rng.state,
+            "shuffle": self.shuffle.get_state(),
+            "optimizer_steps": dict(self.optimizer_steps),
+            "totals": dict(self.totals),
+        }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         if snapshot["rng"] is not None:
@@ -88,7 +93,9 @@ def _lora_roots(module) -> dict[str, tuple[nn.Module | None, str, str]]:
 
 def base_fingerprints(module) -> dict[str, list[float]]:
     """{prefix: fingerprint} of the LoRA models' bases, stored in checkpoints (``lora_base``)."""
-    return {prefix: model.lora_base_fingerprint for prefix, (model, _, _) in _lora_roots(module).items() if is_lora(model)}
+    return {
+        prefix: model.lora_base_fingerprint for prefix, (model, _, _) in _lora_roots(module).items() if is_lora(model)
+    }
 
 
 def check_bases(stored: dict[str, list[float]] | None, module) -> None:
@@ -106,34 +113,58 @@ def check_adapters(checkpoint: dict, module) -> None:
     critic = module.critic
     parts = {  # {checkpoint key prefix: (the checkpoint's part, its LoRA spec now, the model now, config key)}
         "policy.": ("policy", module.policy_spec.lora, module.policy, "model.policy.lora"),
-        "critic.backbone.": ("critic", getattr(critic, "lora", None), getattr(critic, "backbone", None), "model.critic.init_args.lora"),
+        "critic.backbone.": (
+            "critic",
+            getattr(critic, "lora", None),
+            getattr(critic, "backbone", None),
+            "model.critic.init_args.lora",
+        ),
     }
     for prefix, (part, spec, model, key) in parts.items():
         if part not in info:
             continue  # not in the checkpoint (no critic then), or a checkpoint without export info
         stored = info[part].get("lora")
         if stored is None and spec is not None:
-            raise ValueError(f"{key}: the checkpoint's {part} was trained in full ({key}: null) and this config puts LoRA adapters on it: "
-                             f"resume without {key}, or start a new run from the exported model (lightning-rl export)")
+            raise ValueError(
+                f"{key}: the checkpoint's {part} was trained in full ({key}: null) and this config puts LoRA adapters on it: "
+                f"resume without {key}, or start a new run from the exported model (lightning-rl export)"
+            )
         if stored is None:
             continue
         settings = f"rank {stored['rank']}, alpha {stored['alpha']}, target_modules {stored['target_modules']}"
         if spec is None:
-            raise ValueError(f"{key}: the checkpoint holds LoRA adapters ({settings}) and this config trains the {part} in full: set {key} to those settings to resume it")
-        differ = [f"{key}.{name}: {stored[name]} in the checkpoint, {getattr(spec, name)} in this config" for name in ("rank", "alpha") if stored[name] != getattr(spec, name)]
-        before = {k[len(prefix):].split(".lora_")[0] for k in (state or {}) if k.startswith(prefix) and ".lora_" in k}
-        now = {n.split(".lora_")[0] for n, _ in model.named_parameters() if ".lora_" in n} if model is not None else set()
+            raise ValueError(
+                f"{key}: the checkpoint holds LoRA adapters ({settings}) and this config trains the {part} in full: set {key} to those settings to resume it"
+            )
+        differ = [
+            f"{key}.{name}: {stored[name]} in the checkpoint, {getattr(spec, name)} in this config"
+            for name in ("rank", "alpha")
+            if stored[name] != getattr(spec, name)
+        ]
+        before = {k[len(prefix) :].split(".lora_")[0] for k in (state or {}) if k.startswith(prefix) and ".lora_" in k}
+        now = (
+            {n.split(".lora_")[0] for n, _ in model.named_parameters() if ".lora_" in n} if model is not None else set()
+        )
         if before:  # the layers adapted, as the state names them: another spelling of the same targets is no change
             other_targets = before != now
         else:  # a sharded state, not loaded here: the settings as written
             other_targets = stored["target_modules"] != spec.target_modules
         if other_targets:
-            only = sorted({name.rsplit(".", 1)[-1] for name in before - now}), sorted({name.rsplit(".", 1)[-1] for name in now - before})
-            where = f" (adapters on {only[0]} only in the checkpoint, on {only[1]} only in this config)" if before else ""
-            differ.append(f"{key}.target_modules: {stored['target_modules']} in the checkpoint, {spec.target_modules} in this config{where}")
+            only = (
+                sorted({name.rsplit(".", 1)[-1] for name in before - now}),
+                sorted({name.rsplit(".", 1)[-1] for name in now - before}),
+            )
+            where = (
+                f" (adapters on {only[0]} only in the checkpoint, on {only[1]} only in this config)" if before else ""
+            )
+            differ.append(
+                f"{key}.target_modules: {stored['target_modules']} in the checkpoint, {spec.target_modules} in this config{where}"
+            )
         if differ:
-            raise ValueError(f"{key}: the checkpoint's adapters do not fit this config: {'; '.join(differ)}. Resume with the checkpoint's "
-                             "settings, or start a new run (without --ckpt_path) to train new adapters")
+            raise ValueError(
+                f"{key}: the checkpoint's adapters do not fit this config: {'; '.join(differ)}. Resume with the checkpoint's "
+                "settings, or start a new run (without --ckpt_path) to train new adapters"
+            )
 
 
 def frozen_base_names(module) -> set[str]:
@@ -149,7 +180,11 @@ def left_out(module) -> set[str]:
     """State-dict names an `RLModule` checkpoint does not store: the frozen parameters of the models reloaded from
     their paths (buffers stay: a reward model's running score statistics are state), and a LoRA model's frozen base.
     A reference refreshed during training (``kl.refresh_every``) is state, and stored."""
-    reloaded = RELOADED if module.kl is None or module.kl.refresh_every is None else tuple(p for p in RELOADED if p != "reference.")
+    reloaded = (
+        RELOADED
+        if module.kl is None or module.kl.refresh_every is None
+        else tuple(p for p in RELOADED if p != "reference.")
+    )
     return {name for name in frozen_parameter_names(module) if name.startswith(reloaded)} | frozen_base_names(module)
 
 
@@ -201,7 +236,9 @@ def export_info(module) -> dict[str, Any]:
         info["critic"] = {"config": critic.backbone.config.to_dict()}
         if is_lora(critic.backbone):
             reward_path = getattr(module.reward, "path", None)
-            info["critic"].update(init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora))
+            info["critic"].update(
+                init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora)
+            )
             info["critic"].update(reward_path=reward_path, base_fingerprint=critic.backbone.lora_base_fingerprint)
     return info
 
@@ -290,7 +327,9 @@ class FiniteCheckpoints(Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         bad = non_finite_entries(checkpoint.get("state_dict", {}))
-        if float(all_reduce_sum(torch.tensor(float(len(bad)), device=pl_module.device))):  # every rank fails together (shards differ)
+        if float(
+            all_reduce_sum(torch.tensor(float(len(bad)), device=pl_module.device))
+        ):  # every rank fails together (shards differ)
             raise NonFiniteTrainingError(
                 f"refusing to save a checkpoint at step {trainer.global_step}: {len(bad)} weight tensor(s) hold NaN/inf "
                 f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the previous checkpoint is kept. Lower "
@@ -339,7 +378,6 @@ def safe_load(path: Path) -> dict[str, Any]:
         ) from None
 
 
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint as one dict with a full ``state_dict`` (file, FSDP2 shard folder or DeepSpeed folder)."""
     path = Path(path)
@@ -353,7 +391,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         weights: dict[str, Any] = {}
-        _load_state_dict(weights, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
+        _load_state_dict(
+            weights,
+            storage_reader=FileSystemReader(path),
+            planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
+            no_dist=True,
+        )
         return {**safe_load(path / "meta.pt"), "state_dict": weights["state_dict"]}
     if (path / "latest").is_file() or (path / "checkpoint").is_dir():  # DeepSpeed
         from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
@@ -361,4 +404,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "consolidated.ckpt")
             return safe_load(Path(tmp) / "consolidated.ckpt")
-    raise ValueError(f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)")
+    raise ValueError(
+        f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)"
+    )

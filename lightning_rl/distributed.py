@@ -19,16 +19,12 @@ ranks by the strategy (DDP all-reduce, FSDP2 reduce-scatter, DeepSpeed ZeRO).
 
 from __future__ import annotations
 
-import os
 import shutil
-import warnings
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 
@@ -100,7 +96,9 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         # the mesh is (replicate, shard); ModelParallelStrategy builds it from these two sizes
         world = self.num_nodes * self.num_processes
-        self._data_parallel_size, self._tensor_parallel_size = (1, world) if self.sharding == "all" else (self.num_nodes, self.num_processes)
+        self._data_parallel_size, self._tensor_parallel_size = (
+            (1, world) if self.sharding == "all" else (self.num_nodes, self.num_processes)
+        )
         super().setup_environment()
 
     @property
@@ -116,7 +114,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         frozen = frozen_parameter_names(self.model)
-        state = get_model_state_dict(self.model, options=StateDictOptions(cpu_offload=cpu_offload, ignore_frozen_params=True))
+        state = get_model_state_dict(
+            self.model, options=StateDictOptions(cpu_offload=cpu_offload, ignore_frozen_params=True)
+        )
         return {k: v for k, v in state.items() if k not in frozen}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
@@ -134,11 +134,18 @@ class FSDP2Strategy(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         path = Path(self.broadcast(str(checkpoint_path)))
         if not (path / _METADATA_FILENAME).is_file():
-            raise FileNotFoundError(f"{path} is not a checkpoint folder written by FSDP2Strategy (no {_METADATA_FILENAME} in it)")
+            raise FileNotFoundError(
+                f"{path} is not a checkpoint folder written by FSDP2Strategy (no {_METADATA_FILENAME} in it)"
+            )
         # only the trainable state is in the checkpoint; frozen models keep the weights loaded from their paths
         state = {"state_dict": self._trainable_state()}
         dcp.load(state, checkpoint_id=path)
@@ -146,10 +153,13 @@ class FSDP2Strategy(ModelParallelStrategy):
         for i, optimizer in enumerate(self.optimizers):
             optim_state = {f"optimizer_{i}": get_optimizer_state_dict(self.model, optimizer)}
             dcp.load(optim_state, checkpoint_id=path)
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optim_state[f"optimizer_{i}"], options=StateDictOptions(cpu_offload=True))
+            set_optimizer_state_dict(
+                self.model,
+                optimizer,
+                optim_state_dict=optim_state[f"optimizer_{i}"],
+                options=StateDictOptions(cpu_offload=True),
+            )
         return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
-
-
 
 
 # ---------------------------------------------------------------------------------------------- DDP / DeepSpeed
@@ -202,7 +212,9 @@ def trainable_state_dict(trainer, module: nn.Module) -> dict[str, Tensor]:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         state = get_model_state_dict(module, options=options)
-        return {k: v for k, v in state.items() if k not in frozen}  # tied aliases of frozen weights survive ignore_frozen_params
+        return {
+            k: v for k, v in state.items() if k not in frozen
+        }  # tied aliases of frozen weights survive ignore_frozen_params
     if uses_deepspeed(trainer) and getattr(trainer.strategy, "zero_stage_3", False):
         import deepspeed
 

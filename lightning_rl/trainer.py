@@ -18,7 +18,6 @@ from typing import Any
 
 import lightning
 import yaml
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import instantiate_class
 
 from lightning_rl.checkpoint import with_atomic_checkpoints
@@ -27,6 +26,7 @@ from lightning_rl.cli.console import quiet
 from lightning_rl.cli.progress import missing_progress_bar
 from lightning_rl.loop.runs import resolve_checkpoint, start_run
 
+
 def cli_defaults(name: str = "default", save_dir: str = "runs") -> dict[str, Any]:
     """The Trainer arguments of lightning_rl/cli/default_trainer.yaml (what `lightning-rl fit` starts from) with the run
     named ``name`` under ``save_dir``."""
@@ -34,7 +34,9 @@ def cli_defaults(name: str = "default", save_dir: str = "runs") -> dict[str, Any
     trainer = dict(config["trainer"])
     trainer["default_root_dir"] = f"{save_dir}/{name}"
     logger = trainer["logger"]
-    trainer["logger"] = instantiate_class((), {**logger, "init_args": {**logger["init_args"], "save_dir": save_dir, "name": name}})
+    trainer["logger"] = instantiate_class(
+        (), {**logger, "init_args": {**logger["init_args"], "save_dir": save_dir, "name": name}}
+    )
     callbacks = []
     for callback in trainer.get("callbacks") or []:
         if callback["class_path"].endswith(".ModelCheckpoint"):  # the run's checkpoints: moved into its version folder
@@ -62,14 +64,28 @@ class Trainer(lightning.Trainer):
         args = {**cli_defaults(name, save_dir), **trainer_args}
         given = args.get("callbacks")
         callbacks = list(given) if isinstance(given, list) else [] if given is None else [given]
-        args["callbacks"] = [*callbacks, *missing_progress_bar(callbacks, args.get("enable_progress_bar", True) is not False)]
+        args["callbacks"] = [
+            *callbacks,
+            *missing_progress_bar(callbacks, args.get("enable_progress_bar", True) is not False),
+        ]
         args["plugins"] = with_atomic_checkpoints(args.get("plugins"))
         super().__init__(**args)
 
-    def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, ckpt_path=None, new_run: bool = False, **kwargs):
+    def fit(
+        self,
+        model,
+        train_dataloaders=None,
+        val_dataloaders=None,
+        datamodule=None,
+        ckpt_path=None,
+        new_run: bool = False,
+        **kwargs,
+    ):
         """``lightning.Trainer.fit``; a ``ckpt_path`` of a run's checkpoint (through ``latest/`` or not) continues that run in its
         folder, unless ``new_run``."""
-        ckpt_path = self._begin("fit", model, datamodule if datamodule is not None else train_dataloaders, ckpt_path, new_run)
+        ckpt_path = self._begin(
+            "fit", model, datamodule if datamodule is not None else train_dataloaders, ckpt_path, new_run
+        )
         return super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs)
 
     def validate(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True, datamodule=None, **kwargs):
@@ -83,7 +99,12 @@ class Trainer(lightning.Trainer):
         ckpt_path = resolve_checkpoint(None if ckpt_path is None else str(ckpt_path))
         start_run(self, stage, ckpt_path, new_run=new_run)
         hparams = getattr(data, "hparams", None)
-        if hparams is not None and "tokenizer" in hparams and hparams.tokenizer is None and hasattr(model, "policy_spec"):
+        if (
+            hparams is not None
+            and "tokenizer" in hparams
+            and hparams.tokenizer is None
+            and hasattr(model, "policy_spec")
+        ):
             hparams.tokenizer = model.policy_spec.path  # the CLI's link: model.policy.path -> data.tokenizer
         return ckpt_path
 

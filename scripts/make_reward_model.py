@@ -23,8 +23,8 @@ from lightning import Callback, Trainer, seed_everything
 
 from components.reward.model import TINY_REWARD_MODEL_PATH, RewardModel
 from lightning_rl.core.models import TINY_MODEL_PATH, ModelSpec, load_causal_lm, load_tokenizer
-from lightning_rl.recipes.reward_model import BradleyTerryRewardModel, PairDataModule
 from lightning_rl.data.tasks import arithmetic_rows
+from lightning_rl.recipes.reward_model import BradleyTerryRewardModel, PairDataModule
 from lightning_rl.recipes.tiny import build_char_tokenizer, build_tiny_llama
 
 
@@ -38,7 +38,10 @@ def random_init(directory: str, seed: int) -> str:
 
 class PrintAccuracy(Callback):
     def on_validation_end(self, trainer, module) -> None:
-        print(f"step {trainer.global_step}: held-out pair accuracy {float(trainer.callback_metrics['val/accuracy']):.3f}", flush=True)
+        print(
+            f"step {trainer.global_step}: held-out pair accuracy {float(trainer.callback_metrics['val/accuracy']):.3f}",
+            flush=True,
+        )
 
 
 @torch.no_grad()
@@ -55,11 +58,15 @@ def rank_policy_samples(rm_path: str, policy_path: str, n_prompts: int, samples:
     reward = RewardModel(path=rm_path, batch_size=256)
     reward.setup(tokenizer)
     rows = arithmetic_rows("test")[:n_prompts]
-    prompts = collate_prompts([{"input_ids": tokenizer(r["prompt"])["input_ids"]} for r in rows], tokenizer.pad_token_id)["prompts"]
+    prompts = collate_prompts(
+        [{"input_ids": tokenizer(r["prompt"])["input_ids"]} for r in rows], tokenizer.pad_token_id
+    )["prompts"]
     batch = rollout.generate(prompts, policy)
     scores = reward(batch)
     lengths = batch.response_lengths.tolist()
-    texts = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        [ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True
+    )
     correct = torch.tensor([t.strip() == rows[i // samples]["answer"] for i, t in enumerate(texts)])
     won = ties = total = 0.0
     for g in range(len(rows)):  # pairs (correct, wrong) within a prompt's samples
@@ -84,7 +91,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--policy", default=None, help="also report how the RM ranks this policy's own held-out samples")
+    parser.add_argument(
+        "--policy", default=None, help="also report how the RM ranks this policy's own held-out samples"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 

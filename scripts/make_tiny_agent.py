@@ -59,8 +59,8 @@ def batch(tokenizer, rows, p_high: float, p_low: float, rng: random.Random):
     width = max(len(ids) for ids, _ in pairs)
     ids = torch.full((len(pairs), width), tokenizer.pad_token_id)
     labels = torch.full((len(pairs), width), -100)
-    for i, (s, l) in enumerate(pairs):
-        ids[i, : len(s)], labels[i, : len(l)] = torch.tensor(s), torch.tensor(l)
+    for i, (s, answer) in enumerate(pairs):
+        ids[i, : len(s)], labels[i, : len(answer)] = torch.tensor(s), torch.tensor(answer)
     return ids, labels
 
 
@@ -108,16 +108,25 @@ def main() -> None:
     accuracy = calls = 0.0
     for step in range(1, args.max_steps + 1):
         ids, labels = batch(tokenizer, rng.sample(train, args.batch_size), args.p_call_high, args.p_call_low, rng)
-        loss = supervised_step(model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
+        loss = supervised_step(
+            model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps
+        )
         if step % args.eval_every == 0 or step == args.max_steps:
             accuracy, calls = greedy_accuracy(model.eval(), tokenizer, test)
-            print(f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}  tool calls {calls:.2f}", flush=True)
+            print(
+                f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}  tool calls {calls:.2f}",
+                flush=True,
+            )
     if not args.low <= accuracy <= args.high:
-        raise SystemExit(f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --p-call-high/low, --max-steps or --lr")
+        raise SystemExit(
+            f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --p-call-high/low, --max-steps or --lr"
+        )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
-    print(f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f}, tool calls {calls:.2f})")
+    print(
+        f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f}, tool calls {calls:.2f})"
+    )
 
 
 if __name__ == "__main__":

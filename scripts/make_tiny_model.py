@@ -23,6 +23,7 @@ from lightning_rl.core.models import TINY_MODEL_PATH
 from lightning_rl.data.tasks import arithmetic_rows
 from lightning_rl.recipes.tiny import build_char_tokenizer, build_tiny_llama, supervised_step
 
+
 def careless_sum(a: int, b: int, forget: float, rng: random.Random) -> int:
     """Column addition by a teacher who drops each carry with probability ``forget``."""
     total, carry, place = 0, 0, 1
@@ -55,9 +56,9 @@ def encode(tokenizer, rows):
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
     lab = torch.full((len(seqs), width), -100)
-    for i, (s, l) in enumerate(zip(seqs, labels)):
+    for i, (s, target) in enumerate(zip(seqs, labels)):
         ids[i, : len(s)] = torch.tensor(s)
-        lab[i, : len(l)] = torch.tensor(l)
+        lab[i, : len(target)] = torch.tensor(target)
     return ids, lab
 
 
@@ -65,7 +66,13 @@ def encode(tokenizer, rows):
 def greedy_accuracy(model, tokenizer, rows) -> float:
     tokenizer.padding_side = "left"
     enc = tokenizer([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
-    out = model.generate(**enc, do_sample=False, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=6,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return sum(t.strip() == r["answer"] for t, r in zip(texts, rows)) / len(rows)
 
@@ -80,7 +87,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--forget-carry", type=float, default=0.65, help="the teacher drops each carry with this probability")
+    parser.add_argument(
+        "--forget-carry", type=float, default=0.65, help="the teacher drops each carry with this probability"
+    )
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--stop-early", action="store_true", help="stop at the first evaluation inside [low, high]")
     args = parser.parse_args()
@@ -101,18 +110,24 @@ def train_and_save(model, tokenizer, train, test, teacher, args, rng: random.Ran
     print(f"step 0: held-out greedy accuracy {accuracy:.3f}", flush=True)
     for step in range(1, args.max_steps + 1):
         ids, labels = encode(tokenizer, teacher(rng.sample(train, args.batch_size), args.forget_carry, rng))
-        loss = supervised_step(model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
+        loss = supervised_step(
+            model, optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps
+        )
         if step % args.eval_every == 0:
             accuracy = greedy_accuracy(model.eval(), tokenizer, test)
             print(f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
             if args.stop_early and args.low <= accuracy <= args.high:
                 break
     if not args.low <= accuracy <= args.high:
-        raise SystemExit(f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --forget-carry, --max-steps or --lr")
+        raise SystemExit(
+            f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --forget-carry, --max-steps or --lr"
+        )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
-    print(f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f})")
+    print(
+        f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&oper
 
 
 def demonstrations(rows, forget: float, rng: random.Random) -> list[dict]:
-    """"Calculate a + b." answered by the careless teacher."""
+    """ "Calculate a + b." answered by the careless teacher."""
     out = []
     for row in rows:
         a, b = (int(x) for x in row["prompt"].removeprefix("Calculate ").rstrip(".").split("+"))
@@ -51,7 +51,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--forget-carry", type=float, default=0.65, help="the teacher drops each carry with this probability")
+    parser.add_argument(
+        "--forget-carry", type=float, default=0.65, help="the teacher drops each carry with this probability"
+    )
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--stop-early", action="store_true", help="stop at the first evaluation inside [low, high]")
     args = parser.parse_args()
@@ -64,6 +66,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(TINY_MODEL_PATH)
     model.resize_token_embeddings(len(tokenizer))
     train_and_save(model, tokenizer, train, test, demonstrations, args, rng)
+
 
 if __name__ == "__main__":
     main()

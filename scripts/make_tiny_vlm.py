@@ -43,9 +43,9 @@ def encode(processor, prompts, answers, pad_id: int, eos_id: int):
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), pad_id)
     lab = torch.full((len(seqs), width), -100)
-    for i, (s, l) in enumerate(zip(seqs, labels)):
+    for i, (s, target) in enumerate(zip(seqs, labels)):
         ids[i, : len(s)] = torch.tensor(s)
-        lab[i, : len(l)] = torch.tensor(l)
+        lab[i, : len(target)] = torch.tensor(target)
     images = {k: torch.cat([t[k] for t in tensors]) for k in tensors[0]}
     return ids, lab, images
 
@@ -62,8 +62,13 @@ def greedy_accuracy(model, tokenizer, processor, rows) -> float:
     right = 0
     for start in range(0, len(rows), 100):
         chunk = rows[start : start + 100]
-        batch = rollout.generate(collate_prompts([dict(r) for r in chunk], tokenizer.pad_token_id, column)["prompts"], model)
-        texts = tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), batch.response_mask.sum(-1).tolist())], skip_special_tokens=True)
+        batch = rollout.generate(
+            collate_prompts([dict(r) for r in chunk], tokenizer.pad_token_id, column)["prompts"], model
+        )
+        texts = tokenizer.batch_decode(
+            [ids[:n] for ids, n in zip(batch.response_ids.tolist(), batch.response_mask.sum(-1).tolist())],
+            skip_special_tokens=True,
+        )
         right += sum(t.strip() == r["answer"] for t, r in zip(texts, chunk))
     return right / len(rows)
 
@@ -83,22 +88,36 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--undercount", type=float, default=0.6, help="the teacher answers count - 1 on 3+ shapes with this probability")
-    parser.add_argument("--pictures", type=int, default=6000, help="training pictures (the first 2000 are the RL task's train split)")
+    parser.add_argument(
+        "--undercount", type=float, default=0.6, help="the teacher answers count - 1 on 3+ shapes with this probability"
+    )
+    parser.add_argument(
+        "--pictures", type=int, default=6000, help="training pictures (the first 2000 are the RL task's train split)"
+    )
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--run-to-the-end", dest="stop_early", action="store_false",
-                        help="train all --max-steps (default: stop at the first evaluation inside [low, high])")
+    parser.add_argument(
+        "--run-to-the-end",
+        dest="stop_early",
+        action="store_false",
+        help="train all --max-steps (default: stop at the first evaluation inside [low, high])",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     tokenizer, image_processor = build_vlm_tokenizer(), build_image_processor()
-    model = build_tiny_vlm(tokenizer, hidden_size=64, layers=3, heads=4, vision_dim=32, vision_depth=2, seed=args.seed, max_positions=128)
-    save_vlm(model, tokenizer, image_processor, args.out)  # the processor is read back as training and validation read it
+    model = build_tiny_vlm(
+        tokenizer, hidden_size=64, layers=3, heads=4, vision_dim=32, vision_depth=2, seed=args.seed, max_positions=128
+    )
+    save_vlm(
+        model, tokenizer, image_processor, args.out
+    )  # the processor is read back as training and validation read it
     tokenizer = load_tokenizer(args.out)
     processor = load_processor(args.out, tokenizer)
     train, test = count_shapes_rows("train", n_train=args.pictures), count_shapes_rows("test")
-    prompts = [processor.encode(row["prompt"], [row["image"]]) for row in train]  # the pictures never change: encode once
+    prompts = [
+        processor.encode(row["prompt"], [row["image"]]) for row in train
+    ]  # the pictures never change: encode once
     from lightning_rl.recipes.tiny import supervised_step
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -106,17 +125,33 @@ def main() -> None:
     for step in range(1, args.max_steps + 1):
         picked = rng.sample(range(len(train)), args.batch_size)
         answers = [teacher_answer(int(train[i]["answer"]), args.undercount, rng) for i in picked]
-        ids, labels, images = encode(processor, [prompts[i] for i in picked], answers, tokenizer.pad_token_id, tokenizer.eos_token_id)
-        loss = supervised_step(_WithImages(model, images), optimizer, ids, labels, tokenizer.pad_token_id, step, args.lr, args.warmup, args.max_steps)
+        ids, labels, images = encode(
+            processor, [prompts[i] for i in picked], answers, tokenizer.pad_token_id, tokenizer.eos_token_id
+        )
+        loss = supervised_step(
+            _WithImages(model, images),
+            optimizer,
+            ids,
+            labels,
+            tokenizer.pad_token_id,
+            step,
+            args.lr,
+            args.warmup,
+            args.max_steps,
+        )
         if step % args.eval_every == 0:
             accuracy = greedy_accuracy(model.eval(), tokenizer, processor, test)
             print(f"step {step}: loss {loss:.3f}  held-out greedy accuracy {accuracy:.3f}", flush=True)
             if args.stop_early and args.low <= accuracy <= args.high:
                 break
     if not args.low <= accuracy <= args.high:
-        raise SystemExit(f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --undercount, --max-steps or --lr")
+        raise SystemExit(
+            f"held-out greedy accuracy {accuracy:.3f} is outside [{args.low}, {args.high}]; change --undercount, --max-steps or --lr"
+        )
     save_vlm(model, tokenizer, image_processor, args.out)
-    print(f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f})")
+    print(
+        f"saved {sum(p.numel() for p in model.parameters()):,} parameters to {args.out} (held-out greedy accuracy {accuracy:.3f})"
+    )
 
 
 class _WithImages(torch.nn.Module):
@@ -128,7 +163,9 @@ class _WithImages(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, labels):
         types = (input_ids == self.model.config.image_token_id).int()
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, mm_token_type_ids=types, **self.images)
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, labels=labels, mm_token_type_ids=types, **self.images
+        )
 
 
 if __name__ == "__main__":

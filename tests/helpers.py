@@ -18,7 +18,9 @@ def cpu_and_cuda(cpu, cuda) -> list:
     return [pytest.param(cpu, id="cpu"), pytest.param(cuda, id="cuda-bf16", marks=[pytest.mark.gpu, needs_cuda])]
 
 
-def batch_from_scores(scores, lengths=None, width: int | None = None, group_size: int | None = None, **fields) -> RolloutBatch:
+def batch_from_scores(
+    scores, lengths=None, width: int | None = None, group_size: int | None = None, **fields
+) -> RolloutBatch:
     """A RolloutBatch whose responses have ``lengths`` valid tokens (default 1) and the given scores."""
     scores = torch.as_tensor(scores, dtype=torch.float32)
     b = scores.shape[0]
@@ -55,7 +57,9 @@ def pythonpath(*first) -> str:
     from pathlib import Path
 
     repo = str(Path(__file__).resolve().parents[1])
-    return os.pathsep.join([*map(str, first), repo, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    return os.pathsep.join(
+        [*map(str, first), repo, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    )
 
 
 def image_prompts(model_path: str, items: list[tuple[str, list]], system_prompt: str | None = None):
@@ -68,7 +72,9 @@ def image_prompts(model_path: str, items: list[tuple[str, list]], system_prompt:
 
     tokenizer = load_tokenizer(model_path)
     column = ImageColumn(load_processor(model_path, tokenizer), "test", "image", system_prompt)
-    return collate_prompts([{"prompt": text, "image": images} for text, images in items], tokenizer.pad_token_id, column)["prompts"]
+    return collate_prompts(
+        [{"prompt": text, "image": images} for text, images in items], tokenizer.pad_token_id, column
+    )["prompts"]
 
 
 def pictures(*specs: tuple[int, int, tuple[int, int, int]]):

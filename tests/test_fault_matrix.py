@@ -63,10 +63,10 @@ from components.advantage import GroupNormalized
 from components.reward import FunctionReward, PooledReward, as_scores
 from components.rollout import HFRollout
 from components.rollout.sglang.client import SGLangError, wait_for_answers
+from lightning_rl.checkpoint import FiniteCheckpoints
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.data.prompts import PromptDataModule, check_jsonl
 from lightning_rl.loop.fault import ResumableCheckpoints
-from lightning_rl.checkpoint import FiniteCheckpoints
 from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
 from lightning_rl.loop.module import RLModule
 from lightning_rl.loop.requirements import check_context_length
@@ -93,8 +93,16 @@ class FaultyModel(BoringModel):
 
 def fit(tmp_path: Path, model: BoringModel, max_steps: int = 3) -> dict:
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=5, save_top_k=0)
-    trainer = Trainer(max_steps=max_steps, callbacks=[checkpoint, ResumableCheckpoints()], logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu", limit_val_batches=0, default_root_dir=tmp_path)
+    trainer = Trainer(
+        max_steps=max_steps,
+        callbacks=[checkpoint, ResumableCheckpoints()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
     sigint = signal.getsignal(signal.SIGINT)
     try:
         trainer.fit(model)
@@ -145,7 +153,9 @@ def test_divergence():
         warnings.simplefilter("always")
         for i in range(6):
             health.observe({"sampling/zero_var_groups": 1.0}, i)
-    assert len(caught) == 1 and "degenerate" in str(caught[0].message) and "model.optimizer.lr" in str(caught[0].message)
+    assert (
+        len(caught) == 1 and "degenerate" in str(caught[0].message) and "model.optimizer.lr" in str(caught[0].message)
+    )
 
 
 @pytest.mark.parametrize(
@@ -215,7 +225,9 @@ def test_crafted_checkpoint(tmp_path):
     check_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path)
 
 
-@pytest.mark.parametrize("content, message", [("\n", "is empty"), ('{"prompt": "1"}\n{"prompt": \n', "line 2: not valid JSON")])
+@pytest.mark.parametrize(
+    "content, message", [("\n", "is empty"), ('{"prompt": "1"}\n{"prompt": \n', "line 2: not valid JSON")]
+)
 def test_bad_jsonl(tmp_path, content, message):
     path = tmp_path / "prompts.jsonl"
     path.write_text(content)
@@ -254,10 +266,14 @@ def test_hung_tool(tokenizer):
 
     tool = FunctionTool(echo_or_hang, timeout_s=0.5)
     start = time.monotonic()
-    assert on_a_thread(lambda: attempt(tool, "spin")) == ["error: no answer within 0.5 s"]  # stuck in C code, on a background thread
+    assert on_a_thread(lambda: attempt(tool, "spin")) == [
+        "error: no answer within 0.5 s"
+    ]  # stuck in C code, on a background thread
     assert time.monotonic() - start < 5.0
     tool.close()
-    check_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer)  # what the teardown of an interrupted async run does
+    check_cancel_ends_the_episodes_of_a_generate_under_way(
+        tokenizer
+    )  # what the teardown of an interrupted async run does
 
 
 def test_tool_flood(capfd):
@@ -274,7 +290,10 @@ def test_bad_tool_text():
     env = ToolEnvironment([FunctionTool(unencodable)])
     step = env.step(None, Turn([], "<call>unencodable()</call>", "stop", 0))
     env.close()
-    assert step.observation == "<result>error: the tool's result is not valid text (surrogates not allowed at character 3)</result>"
+    assert (
+        step.observation
+        == "<result>error: the tool's result is not valid text (surrogates not allowed at character 3)</result>"
+    )
     with pytest.raises(TypeError, match=r"ToolEnvironment.step returned tool_calls=-5, tool_errors=7"):
         checked_step(env, Step("x", None, False, -5, 7))
 
@@ -306,8 +325,13 @@ def test_stale_server_weights(tiny_model_path, tokenizer):
     server.keep_stale = {"model.layers.1.mlp.up_proj.weight"}
     policy = load_causal_lm(ModelSpec(path=tiny_model_path))
     with torch.no_grad():  # an update of that tensor the server misses
-        policy.model.layers[1].mlp.up_proj.weight.add_(0.1 * torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0)))
-    rollout = SGLangRollout(base_url=server.url, verify_every=1, verify_tolerance=1e-3, backoff=0.01)  # fp32 on both sides
+        policy.model.layers[1].mlp.up_proj.weight.add_(
+            0.1
+            * torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0))
+        )
+    rollout = SGLangRollout(
+        base_url=server.url, verify_every=1, verify_tolerance=1e-3, backoff=0.01
+    )  # fp32 on both sides
     try:
         rollout.setup(tokenizer)
         with pytest.raises(SGLangError, match=f"{server.url} does not hold the weights just pushed"):

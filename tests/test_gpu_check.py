@@ -18,7 +18,14 @@ NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}  #
 
 def test_without_cuda_it_stops_at_once_and_says_what_to_run(tmp_path):
     start = time.monotonic()
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env={**NO_GPU, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"],
+        cwd=ROOT,
+        env={**NO_GPU, "OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and time.monotonic() - start < 60
     assert "no CUDA device here" in done.stderr and "bash benchmarks/gpu_check.sh --cpu-dry-run" in done.stderr
     assert not (tmp_path / "gpu_check.md").exists()  # nothing measured, no table pretending otherwise
@@ -51,5 +58,11 @@ def test_processes_the_tests_start_keep_the_packages_the_parent_imports_by_pytho
     (tmp_path / "site" / "carried_probe.py").write_text("VALUE = 7\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     code = "import carried_probe, tests.fixtures.sglang_server; print(carried_probe.VALUE)"
-    out = subprocess.run([sys.executable, "-c", code], cwd="/", env={**os.environ, "PYTHONPATH": pythonpath()}, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": pythonpath()},
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr[-2000:]

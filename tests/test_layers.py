@@ -37,7 +37,8 @@ def test_components_import_only_the_core():
         f"{path.relative_to(ROOT)}:{line} imports {module}"
         for path in _files("components")
         for module, _, line in _imports(path)
-        if module.startswith("lightning_rl") and not (module == "lightning_rl.core" or module.startswith("lightning_rl.core."))
+        if module.startswith("lightning_rl")
+        and not (module == "lightning_rl.core" or module.startswith("lightning_rl.core."))
     ]
     assert not bad, "\n".join(bad)
 

@@ -50,7 +50,10 @@ def _reward_override(reward: dict, tmp_path: Path) -> dict:
         path = save_tiny_reward_model(tmp_path / "tiny-rm", seed=3)
         return {**reward, "init_args": {**(reward.get("init_args") or {}), "path": path}}
     dense = {"class_path": "components.reward.FunctionReward", "init_args": {"fn": f"{__name__}.digit_fraction"}}
-    return {"class_path": "components.reward.Composite", "init_args": {"rewards": [reward, dense], "weights": [1.0, 1.0]}}
+    return {
+        "class_path": "components.reward.Composite",
+        "init_args": {"rewards": [reward, dense], "weights": [1.0, 1.0]},
+    }
 
 
 def _picture_rows(tmp_path: Path) -> Path:
@@ -96,11 +99,19 @@ def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | No
             "default_root_dir": str(tmp_path),
             "enable_progress_bar": False,
             "enable_model_summary": False,
-            "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": str(tmp_path), "name": "run"}},
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": str(tmp_path), "name": "run"},
+            },
             "callbacks": [
                 {
                     "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                    "init_args": {"dirpath": str(tmp_path / "checkpoints"), "save_last": True, "every_n_train_steps": 1, "save_top_k": 0},
+                    "init_args": {
+                        "dirpath": str(tmp_path / "checkpoints"),
+                        "save_last": True,
+                        "every_n_train_steps": 1,
+                        "save_top_k": 0,
+                    },
                 }
             ],
         },
@@ -116,14 +127,18 @@ def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | No
 def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_path, request):
     from lightning_rl.cli import main
     from lightning_rl.core.lora import is_lora, merged_state_dict
-    from tests.lightning_rl.cli_runs import scalars, texts
     from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from tests.lightning_rl.cli_runs import scalars, texts
 
-    policy_path = request.getfixturevalue("tiny_vlm_path") if _is_vlm_preset(preset) else _policy_path(preset, tiny_model_path)
+    policy_path = (
+        request.getfixturevalue("tiny_vlm_path") if _is_vlm_preset(preset) else _policy_path(preset, tiny_model_path)
+    )
     cli = main(["fit", "--config", str(preset), "--config", str(_override(preset, tmp_path, policy_path, hardware))])
     module, trainer = cli.model, cli.trainer
     assert trainer.global_step == 2
-    assert trainer.strategy.root_device.type == ("cuda" if hardware["accelerator"] == "gpu" else "cpu")  # (fit's end moves the models back to CPU)
+    assert trainer.strategy.root_device.type == (
+        "cuda" if hardware["accelerator"] == "gpu" else "cpu"
+    )  # (fit's end moves the models back to CPU)
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
     logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the optimize phase ran: it moved the policy, or (a critic still pretraining, policy frozen) trained the critic
@@ -131,7 +146,9 @@ def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_pat
         assert "critic/loss" in logged
     else:
         initial = load_causal_lm(ModelSpec(path=policy_path)).state_dict()
-        current = merged_state_dict(module.policy) if is_lora(module.policy) else module.policy.state_dict()  # LoRA: adapters folded in
+        current = (
+            merged_state_dict(module.policy) if is_lora(module.policy) else module.policy.state_dict()
+        )  # LoRA: adapters folded in
         assert any(not torch.equal(v.cpu(), initial[k]) for k, v in current.items())
         assert "policy/loss" in logged
     bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
@@ -144,10 +161,14 @@ def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_pat
 
 
 def test_every_preset_is_found_and_every_other_yaml_has_its_own_test():
-    assert {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce", "reinforce_pp", "remax"} <= {p.stem for p in PRESETS}
+    assert {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce", "reinforce_pp", "remax"} <= {
+        p.stem for p in PRESETS
+    }
     tests = [t for t in Path(__file__).parent.rglob("test_*.py") if t.name != Path(__file__).name]
     for config in OTHERS:
-        assert any(config.name in t.read_text() for t in tests), f"configs/{config.name} is shipped but no test instantiates it"
+        assert any(config.name in t.read_text() for t in tests), (
+            f"configs/{config.name} is shipped but no test instantiates it"
+        )
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.helpers import pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,9 @@ def run(monkeypatch, capsys):
             except SystemExit as done:  # --print_config exits 0
                 assert done.code in (0, None), command
             return capsys.readouterr().out
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": pythonpath()})
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": pythonpath()}
+        )
         assert done.returncode == 0, f"{command}\n{(done.stdout + done.stderr)[-3000:]}"
         return done.stdout + done.stderr
 
@@ -79,7 +82,9 @@ def test_running_scaling_out_and_export_commands_as_printed(scratch, run):
     running = bash_block("## Running")
     assert any(c.startswith("python cli.py") for c in running) and any("--dry_run" in c for c in running)
     out = {command: run(command) for command in running}
-    assert "model.sampling" not in out["lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run"]  # ppo_rlhf has no dynamic sampling
+    assert (
+        "model.sampling" not in out["lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run"]
+    )  # ppo_rlhf has no dynamic sampling
     assert "model.critic      ValueCritic" in out["lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run"]
     grpo = scratch / "runs" / "grpo"
     # the run of `--model.optimizer.lr 3e-4` is validated, then continued in its own folder, its config untouched
@@ -117,8 +122,14 @@ def test_the_asynchronous_cpu_route_as_printed(scratch, run):
         port = s.getsockname()[1]
     server_argv = shlex.split(server_command.rstrip("&").replace("--port 30000", f"--port {port}"))
     assert server_argv[:3] == ["python", "-m", "tests.fixtures.sglang_server"]
-    server = subprocess.Popen([sys.executable, *server_argv[1:]], cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "PYTHONPATH": pythonpath()})
+    server = subprocess.Popen(
+        [sys.executable, *server_argv[1:]],
+        cwd=scratch,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": pythonpath()},
+    )
     try:
         _wait_listening(port, server)
         printed = run(f"{fit} --model.rollout.init_args.base_url=http://127.0.0.1:{port}")
@@ -136,8 +147,20 @@ def python_block(heading: str) -> str:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
 
 
-PYTHON_NOISE = ("Tip:", "dataloader_iter", "eval mode", "FLOPs", "Name ", "Epoch 0/", "v_num", "GPU available", "Loading weights",
-                "Seed set to", "`Trainer.fit` stopped", "Traceback")
+PYTHON_NOISE = (
+    "Tip:",
+    "dataloader_iter",
+    "eval mode",
+    "FLOPs",
+    "Name ",
+    "Epoch 0/",
+    "v_num",
+    "GPU available",
+    "Loading weights",
+    "Seed set to",
+    "`Trainer.fit` stopped",
+    "Traceback",
+)
 
 
 @pytest.mark.slow
@@ -149,8 +172,14 @@ def test_the_python_snippet_prints_and_writes_what_the_cli_does(scratch):
     code = python_block("### In Python")
     assert "max_steps=100" in code
     (scratch / "snippet.py").write_text(code.replace("max_steps=100", "max_steps=2"))
-    done = subprocess.run([sys.executable, "snippet.py"], cwd=scratch, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "snippet.py"],
+        cwd=scratch,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     printed = done.stdout + done.stderr
     assert done.returncode == 0, printed[-3000:]
     assert not [noise for noise in PYTHON_NOISE if noise in printed], printed
@@ -162,7 +191,9 @@ def test_the_python_snippet_prints_and_writes_what_the_cli_does(scratch):
     tags = events.Tags()["scalars"]
     assert "hp_metric" not in tags and {"reward/mean", "val/reward", "total/samples"} <= set(tags)
     assert torch.load(run.parent / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
-    assert not (run.parent / "latest" / "config.yaml").is_symlink()  # no config.yaml to link to: the script is the record
+    assert not (
+        run.parent / "latest" / "config.yaml"
+    ).is_symlink()  # no config.yaml to link to: the script is the record
 
 
 @pytest.mark.slow
@@ -171,7 +202,10 @@ def test_the_sft_warm_start_commands_as_printed(scratch, run):
     sft, export, rl = bash_block("### Supervised fine-tuning")
     assert sft.startswith("python -m lightning_rl.recipes.sft fit --config configs/sft.yaml")
     run(sft)
-    assert torch.load(scratch / "runs" / "sft" / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    assert (
+        torch.load(scratch / "runs" / "sft" / "latest" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+        == 2
+    )
     run(export)
     assert (scratch / "runs" / "sft" / "hf" / "policy" / "model.safetensors").exists()
     run(rl)
@@ -186,6 +220,8 @@ def test_the_own_data_example_names_the_shipped_model_and_how_to_name_a_hub_mode
     section = README[README.index("### Your own data and reward") :]
     config = yaml.safe_load(re.findall(r"```yaml\n(.*?)```", section, flags=re.S)[0])
     path = config["model"]["policy"]["path"]
-    assert (ROOT / path / "config.json").exists() and (ROOT / path / "tokenizer.json").exists()  # runs on a CPU newcomer's clone
+    assert (ROOT / path / "config.json").exists() and (
+        ROOT / path / "tokenizer.json"
+    ).exists()  # runs on a CPU newcomer's clone
     assert config["data"]["chat_template"] is False  # the shipped tokenizer has no chat template
     assert "--model.policy.path Qwen/" in section[: section.index("\n## ")]

@@ -1,4 +1,4 @@
-from .base import Advantages, AdvantageEstimator
+from .base import AdvantageEstimator, Advantages
 from .gae import GAE
 from .group import GroupNormalized
 from .leave_one_out import LeaveOneOut

@@ -55,7 +55,9 @@ class AdvantageEstimator(ABC):
         batch.require(self.requires, type(self).__name__)
         advantages, returns = self.estimate(batch)
         if self.whiten != "none":
-            advantages = masked_whiten(advantages, batch.loss_mask, self.shift_mean, global_stats=self.whiten == "global")
+            advantages = masked_whiten(
+                advantages, batch.loss_mask, self.shift_mean, global_stats=self.whiten == "global"
+            )
         if self.clip is not None:
             advantages = advantages.clamp(-self.clip, self.clip)
         return Advantages(advantages, returns)
@@ -64,4 +66,6 @@ class AdvantageEstimator(ABC):
 def reject_greedy_rows(batch: RolloutBatch, who: str) -> None:
     """Fail naming ``who`` when the batch holds greedy baseline rows (only ReMax reads them)."""
     if batch.is_greedy is not None and bool(batch.is_greedy.any()):
-        raise ValueError(f"{who} got greedy baseline rows; they belong to components.advantage.ReMax (set greedy_baseline=false on the rollout)")
+        raise ValueError(
+            f"{who} got greedy baseline rows; they belong to components.advantage.ReMax (set greedy_baseline=false on the rollout)"
+        )

@@ -28,7 +28,7 @@ from torch import Tensor
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import reverse_scan, steps_first
 
-from .base import Advantages, AdvantageEstimator, Whiten
+from .base import AdvantageEstimator, Advantages, Whiten
 
 
 class GAE(AdvantageEstimator):
@@ -87,7 +87,9 @@ class GAE(AdvantageEstimator):
         mask = batch.action_tokens  # (B, R)
         for name in ("token_rewards", "values"):
             if getattr(batch, name).shape != mask.shape:
-                raise ValueError(f"GAE: {name} has shape {tuple(getattr(batch, name).shape)}, expected (B, R) = {tuple(mask.shape)}")
+                raise ValueError(
+                    f"GAE: {name} has shape {tuple(getattr(batch, name).shape)}, expected (B, R) = {tuple(mask.shape)}"
+                )
         lam = self.actor_lambda(mask.sum(-1))  # (B,)
         lam_critic = lam if self.lam_critic is None else torch.full_like(lam, self.lam_critic)
         rewards, values, steps = batch.token_rewards, batch.values, mask

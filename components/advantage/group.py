@@ -9,7 +9,7 @@ import torch
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
+from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
 
 
 class GroupNormalized(AdvantageEstimator):
@@ -61,7 +61,11 @@ class GroupNormalized(AdvantageEstimator):
         centered = offsets - offsets.mean(-1, keepdim=True)
         correction = 1 if self.bessel else 0
         if self.scale == "group":
-            std = offsets.std(-1, keepdim=True, correction=correction) if grouped.shape[1] > correction else torch.zeros_like(offsets[:, :1])
+            std = (
+                offsets.std(-1, keepdim=True, correction=correction)
+                if grouped.shape[1] > correction
+                else torch.zeros_like(offsets[:, :1])
+            )
             centered = centered / (std + self.eps)
         elif self.scale == "batch":
             std = rewards.std(correction=correction) if rewards.numel() > correction else torch.zeros(())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
+from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
 
 
 class LeaveOneOut(AdvantageEstimator):
@@ -37,7 +37,9 @@ class LeaveOneOut(AdvantageEstimator):
         grouped = group_view(rewards, batch.group_ids)  # (n_groups, G)
         g = grouped.shape[1]
         if g < 2 and grouped.numel():  # an empty batch (dynamic sampling kept nothing) has nothing to estimate
-            raise ValueError("LeaveOneOut needs at least 2 samples per prompt for a leave-one-out baseline; set model.rollout.init_args.group_size >= 2")
+            raise ValueError(
+                "LeaveOneOut needs at least 2 samples per prompt for a leave-one-out baseline; set model.rollout.init_args.group_size >= 2"
+            )
         # measured from the group's first reward (the advantage is shift-invariant), so identical rewards give 0 exactly
         offsets = grouped - grouped[:, :1]  # (n_groups, G)
         baseline = (offsets.sum(-1, keepdim=True) - offsets) / (g - 1)  # (n_groups, G)

@@ -10,7 +10,7 @@ from torch import nn
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum, broadcast_to_tokens, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
+from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
 
 
 class ReinforceBaseline(AdvantageEstimator, nn.Module):
@@ -27,7 +27,14 @@ class ReinforceBaseline(AdvantageEstimator, nn.Module):
     each call is one step of it (the module calls the estimator once per iteration).
     """
 
-    def __init__(self, baseline: Literal["batch", "ema"] = "ema", decay: float = 0.9, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):
+    def __init__(
+        self,
+        baseline: Literal["batch", "ema"] = "ema",
+        decay: float = 0.9,
+        whiten: Whiten = "none",
+        shift_mean: bool = True,
+        clip: float | None = None,
+    ):
         """
         Args:
             baseline: batch (this batch's mean reward) or ema (moving average of earlier batches' means).

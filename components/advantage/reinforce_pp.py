@@ -8,7 +8,7 @@ from torch import Tensor
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import group_view, reverse_scan, sequence_rewards, steps_first
 
-from .base import Advantages, AdvantageEstimator, Whiten, reject_greedy_rows
+from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
 
 
 def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
@@ -39,7 +39,14 @@ class ReinforcePlusPlus(AdvantageEstimator):
     group mean is taken over the returns, so KL placement stays the config's choice.
     """
 
-    def __init__(self, gamma: float = 1.0, group_baseline: bool = False, whiten: Whiten = "global", shift_mean: bool = True, clip: float | None = None):
+    def __init__(
+        self,
+        gamma: float = 1.0,
+        group_baseline: bool = False,
+        whiten: Whiten = "global",
+        shift_mean: bool = True,
+        clip: float | None = None,
+    ):
         """
         Args:
             gamma: discount of the reward-to-go (1 in the paper and in LLM practice).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
-from .base import Advantages, AdvantageEstimator, Whiten
+from .base import AdvantageEstimator, Advantages, Whiten
 
 
 class ReMax(AdvantageEstimator):
@@ -41,7 +41,9 @@ class ReMax(AdvantageEstimator):
     def estimate(self, batch: RolloutBatch) -> Advantages:
         greedy = group_view(batch.is_greedy.bool(), batch.group_ids)  # (n_groups, G + 1)
         if not bool((greedy.sum(-1) == 1).all()):
-            raise ValueError("ReMax: every group must hold exactly one greedy row (HFRollout greedy_baseline: true appends one per prompt)")
+            raise ValueError(
+                "ReMax: every group must hold exactly one greedy row (HFRollout greedy_baseline: true appends one per prompt)"
+            )
         scores = group_view(batch.scores.float(), batch.group_ids)  # (n_groups, G + 1)
         baseline = (scores * greedy).sum(-1, keepdim=True)  # (n_groups, 1)
         returns = group_view(sequence_rewards(batch), batch.group_ids)  # (n_groups, G + 1)

@@ -6,4 +6,16 @@ from .sandbox_fusion import SandboxFusionTool
 from .tool_env import ToolEnvironment
 from .tools import Calculator, Tool, ToolError
 
-__all__ = ["Environment", "Step", "Turn", "ToolProtocol", "ToolEnvironment", "Tool", "ToolError", "Calculator", "FunctionTool", "PythonTool", "SandboxFusionTool"]
+__all__ = [
+    "Environment",
+    "Step",
+    "Turn",
+    "ToolProtocol",
+    "ToolEnvironment",
+    "Tool",
+    "ToolError",
+    "Calculator",
+    "FunctionTool",
+    "PythonTool",
+    "SandboxFusionTool",
+]

@@ -58,23 +58,31 @@ def checked_step(env: Environment, step: Any) -> Step:
     """``step`` if it keeps the contract; else one error naming ``env`` (an environment's bug, reported where it is made)."""
     who = f"{type(env).__name__}.step"
     if not isinstance(step, Step):
-        raise TypeError(f"{who} returned a {type(step).__name__}; it must return components.env.Step(observation, reward, done)")
+        raise TypeError(
+            f"{who} returned a {type(step).__name__}; it must return components.env.Step(observation, reward, done)"
+        )
     if not isinstance(step.done, bool):
         raise TypeError(f"{who} returned done={step.done!r}; it must be True or False")
     if step.reward is not None and not (isinstance(step.reward, (int, float)) and math.isfinite(step.reward)):
         raise TypeError(f"{who} returned reward={step.reward!r}; it must be a finite number or None")
     if not step.done and not (isinstance(step.observation, str) or _is_ids(step.observation)):
-        raise TypeError(f"{who} returned observation={step.observation!r:.80} with done=False; an episode that goes on needs a str or a list of token ids")
+        raise TypeError(
+            f"{who} returned observation={step.observation!r:.80} with done=False; an episode that goes on needs a str or a list of token ids"
+        )
     if isinstance(step.observation, str) and not step.done:
         try:
             step.observation.encode("utf-8")
         except UnicodeEncodeError as err:  # a tokenizer would fail on it, far from the culprit
-            raise ValueError(f"{who} returned an observation that is not valid text ({err.reason} at character {err.start}: "
-                             f"{step.observation[max(0, err.start - 20) : err.end + 20]!r}); decode bytes with errors='replace'") from None
+            raise ValueError(
+                f"{who} returned an observation that is not valid text ({err.reason} at character {err.start}: "
+                f"{step.observation[max(0, err.start - 20) : err.end + 20]!r}); decode bytes with errors='replace'"
+            ) from None
     counts = (step.tool_calls, step.tool_errors)
     if not all(_is_int(c) and c >= 0 for c in counts) or step.tool_errors > step.tool_calls:
-        raise TypeError(f"{who} returned tool_calls={step.tool_calls!r}, tool_errors={step.tool_errors!r}; they must be integers "
-                        "with 0 <= tool_errors <= tool_calls")
+        raise TypeError(
+            f"{who} returned tool_calls={step.tool_calls!r}, tool_errors={step.tool_errors!r}; they must be integers "
+            "with 0 <= tool_errors <= tool_calls"
+        )
     return step
 
 

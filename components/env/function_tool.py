@@ -44,7 +44,9 @@ class FunctionTool(Tool):
             raise ValueError(f"FunctionTool: timeout_s must be > 0 (or null), got {timeout_s}")
         try:
             pickle.dumps(fn)
-            if getattr(fn, "__module__", type(fn).__module__) == "__main__":  # the worker's __main__ is not the trainer's script
+            if (
+                getattr(fn, "__module__", type(fn).__module__) == "__main__"
+            ):  # the worker's __main__ is not the trainer's script
                 raise ValueError("it is defined in the script being run")
         except Exception as err:
             raise ValueError(
@@ -63,7 +65,9 @@ class FunctionTool(Tool):
             raise ToolError(f"arguments are not valid JSON: {err.msg}") from None
         message = ("kwargs", parsed) if isinstance(parsed, dict) else ("text", arguments)
         with self._lock:
-            worker = self._worker = self._worker if self._worker is not None and self._worker.alive() else _Worker(self.fn)
+            worker = self._worker = (
+                self._worker if self._worker is not None and self._worker.alive() else _Worker(self.fn)
+            )
             try:
                 worker.calls.send(message)
                 answered = worker.answers.poll(self.timeout_s)
@@ -73,7 +77,11 @@ class FunctionTool(Tool):
             if status in ("timeout", "died"):
                 worker.kill()
                 self._worker = None
-                raise ToolError(f"no answer within {self.timeout_s} s" if status == "timeout" else f"the tool's process ended during the call ({value})")
+                raise ToolError(
+                    f"no answer within {self.timeout_s} s"
+                    if status == "timeout"
+                    else f"the tool's process ended during the call ({value})"
+                )
         if status == "error":
             raise ToolError(value)
         return value
@@ -92,12 +100,18 @@ class _Worker:
         calls_r, calls_w = os.pipe()
         answers_r, answers_w = os.pipe()
         self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), str(calls_r), str(answers_w)], pass_fds=(calls_r, answers_w), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C is the trainer's
+            [sys.executable, str(WORKER), str(calls_r), str(answers_w)],
+            pass_fds=(calls_r, answers_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C is the trainer's
         )
         os.close(calls_r)
         os.close(answers_w)
-        self._reaping = threading.Lock()  # a pid is killed only before it is reaped (after, it may be another process's)
+        self._reaping = (
+            threading.Lock()
+        )  # a pid is killed only before it is reaped (after, it may be another process's)
         self.calls, self.answers = Connection(calls_w, readable=False), Connection(answers_r, writable=False)
         try:
             self.calls.send(sys.path)

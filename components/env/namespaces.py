@@ -33,13 +33,28 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 28, 38, 47
-SECURE_NOROOT_LOCKED_ALL = 0b11111111  # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (off), NO_CAP_AMBIENT_RAISE: each set and locked
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = (
+    1,
+    4,
+    24,
+    28,
+    38,
+    47,
+)
+SECURE_NOROOT_LOCKED_ALL = (
+    0b11111111  # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (off), NO_CAP_AMBIENT_RAISE: each set and locked
+)
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 NOBODY = 65534
 # statvfs flag -> the mount flag a remount must repeat (a user namespace may not clear the flags its mounts came with)
-LOCKED_FLAGS = {os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC, os.ST_NOATIME: MS_NOATIME,
-                os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}
+LOCKED_FLAGS = {
+    os.ST_NOSUID: MS_NOSUID,
+    os.ST_NODEV: MS_NODEV,
+    os.ST_NOEXEC: MS_NOEXEC,
+    os.ST_NOATIME: MS_NOATIME,
+    os.ST_NODIRATIME: MS_NODIRATIME,
+    os.ST_RELATIME: MS_RELATIME,
+}
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -56,7 +71,9 @@ def check(result: int, what: str) -> None:
 
 def mount(source, target: str, fstype=None, flags: int = 0, data=None) -> None:
     encode = lambda s: None if s is None else s.encode()  # noqa: E731
-    check(libc.mount(encode(source), target.encode(), encode(fstype), flags, encode(data)), f"mount {source} on {target}")
+    check(
+        libc.mount(encode(source), target.encode(), encode(fstype), flags, encode(data)), f"mount {source} on {target}"
+    )
 
 
 def prctl(option: int, arg: int = 0) -> None:
@@ -86,7 +103,12 @@ def mount_points_under(target: str) -> list[str]:
     with open("/proc/self/mountinfo") as info:
         for line in info:
             point = line.split()[4]
-            for escaped, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):  # how mountinfo writes them
+            for escaped, char in (
+                ("\\040", " "),
+                ("\\011", "\t"),
+                ("\\012", "\n"),
+                ("\\134", "\\"),
+            ):  # how mountinfo writes them
                 point = point.replace(escaped, char)
             if point == target or point.startswith(target.rstrip("/") + "/"):
                 points.append(point)
@@ -112,7 +134,9 @@ def build_root(spec: dict) -> None:
     os.makedirs(root + "/proc")
     try:
         mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's processes only
-    except PermissionError:  # a container that masks parts of the host's /proc forbids a new one: none, rather than the host's
+    except (
+        PermissionError
+    ):  # a container that masks parts of the host's /proc forbids a new one: none, rather than the host's
         pass
     os.makedirs(root + "/tmp")
     mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['scratch_mb']}m,mode=1777")
@@ -166,7 +190,10 @@ def init(spec: dict, status_fd: int) -> int:
     while True:
         pid, status = os.wait()
         if pid == program:
-            report(status_fd, f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}")
+            report(
+                status_fd,
+                f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}",
+            )
             return 0
 
 
@@ -176,7 +203,14 @@ def holder(spec: dict, status_fd: int, ready_w: int, go_r: int) -> int:
     os.write(ready_w, b"1")
     if os.read(go_r, 1) != b"1":
         return 1  # the launcher could not map us; it reported why
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | (0 if spec["network"] else CLONE_NEWNET)
+    flags = (
+        CLONE_NEWNS
+        | CLONE_NEWPID
+        | CLONE_NEWIPC
+        | CLONE_NEWUTS
+        | CLONE_NEWCGROUP
+        | (0 if spec["network"] else CLONE_NEWNET)
+    )
     check(libc.unshare(flags), "unshare(mount, PID, IPC, UTS, cgroup, network namespaces)")
     pid = os.fork()
     if pid == 0:

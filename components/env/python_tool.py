@@ -6,7 +6,16 @@ import sys
 import warnings
 from typing import Literal
 
-from .sandbox import OUTPUT_BYTES, UNISOLATED_EXPOSES, Outcome, SandboxError, kill_all, namespaces_unavailable, run_isolated, run_unisolated
+from .sandbox import (
+    OUTPUT_BYTES,
+    UNISOLATED_EXPOSES,
+    Outcome,
+    SandboxError,
+    kill_all,
+    namespaces_unavailable,
+    run_isolated,
+    run_unisolated,
+)
 from .tools import Tool, ToolError
 
 MAX_PROGRAM_CHARS = 100_000
@@ -55,7 +64,9 @@ class PythonTool(Tool):
             scratch_mb: size of a sandboxed program's ``/tmp``, the only place it can write (memory-backed).
         """
         if timeout_s <= 0 or memory_mb < 32 or max_processes < 1 or scratch_mb < 1:
-            raise ValueError(f"PythonTool: need timeout_s > 0, memory_mb >= 32, max_processes >= 1 and scratch_mb >= 1, got {timeout_s}, {memory_mb}, {max_processes}, {scratch_mb}")
+            raise ValueError(
+                f"PythonTool: need timeout_s > 0, memory_mb >= 32, max_processes >= 1 and scratch_mb >= 1, got {timeout_s}, {memory_mb}, {max_processes}, {scratch_mb}"
+            )
         if isolation not in ("namespaces", "none"):
             raise ValueError(f"PythonTool: isolation must be namespaces or none, got {isolation!r}")
         if isolation == "namespaces" and (reason := namespaces_unavailable()) is not None:
@@ -68,7 +79,12 @@ class PythonTool(Tool):
         if isolation == "none":
             warnings.warn(f"PythonTool(isolation: none): {UNISOLATED_EXPOSES}. Only trusted code should run this way")
         self.name, self.timeout_s, self.memory_mb, self.max_output_chars = name, timeout_s, memory_mb, max_output_chars
-        self.isolation, self.network, self.max_processes, self.scratch_mb = isolation, network, max_processes, scratch_mb
+        self.isolation, self.network, self.max_processes, self.scratch_mb = (
+            isolation,
+            network,
+            max_processes,
+            scratch_mb,
+        )
         self._running: set = set()  # the processes of the calls under way, which close() kills
 
     def __call__(self, arguments: str) -> str:
@@ -80,7 +96,16 @@ class PythonTool(Tool):
             outcome = run_unisolated(argv, self.timeout_s, self.memory_mb, read, self._running)
         else:
             try:
-                outcome = run_isolated(argv, self.timeout_s, self.memory_mb, self.max_processes, self.scratch_mb, self.network, read, self._running)
+                outcome = run_isolated(
+                    argv,
+                    self.timeout_s,
+                    self.memory_mb,
+                    self.max_processes,
+                    self.scratch_mb,
+                    self.network,
+                    read,
+                    self._running,
+                )
             except SandboxError as err:
                 raise ToolError(str(err)) from None
         return self._answer(outcome)

@@ -33,8 +33,26 @@ OUTPUT_BYTES = 1 << 20
 """Most bytes a program may write to one file (its standard output included)."""
 
 LAUNCHER = Path(__file__).with_name("namespaces.py")
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
-NETWORK_PATHS = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates")  # names and certificates
+SYSTEM_PATHS = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+)
+NETWORK_PATHS = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+)  # names and certificates
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 PROGRAM_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 LAUNCH_GRACE_S = 10.0
@@ -53,19 +71,53 @@ class Outcome(NamedTuple):
     stderr: str
 
 
-def run_isolated(argv: list[str], timeout_s: float, memory_mb: int, max_processes: int, scratch_mb: int,
-                 network: bool = False, max_chars: int = 8000, running: set | None = None) -> Outcome:
+def run_isolated(
+    argv: list[str],
+    timeout_s: float,
+    memory_mb: int,
+    max_processes: int,
+    scratch_mb: int,
+    network: bool = False,
+    max_chars: int = 8000,
+    running: set | None = None,
+) -> Outcome:
     """``argv`` in the sandbox (module docstring). ``running`` collects the launcher while it runs (to kill it from
     another thread); output is read back as at most ``max_chars`` characters of each stream."""
-    limits = {"RLIMIT_AS": memory_mb << 20, "RLIMIT_CPU": math.ceil(timeout_s) + 1, "RLIMIT_FSIZE": OUTPUT_BYTES,
-              "RLIMIT_NPROC": max_processes, "RLIMIT_CORE": 0}
+    limits = {
+        "RLIMIT_AS": memory_mb << 20,
+        "RLIMIT_CPU": math.ceil(timeout_s) + 1,
+        "RLIMIT_FSIZE": OUTPUT_BYTES,
+        "RLIMIT_NPROC": max_processes,
+        "RLIMIT_CORE": 0,
+    }
     status_r, status_w = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="sandbox-root-") as root, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        spec = {"root": root, "mounts": mounts(network), "devices": [d for d in DEVICES if os.path.exists(d)], "scratch_mb": scratch_mb,
-                "network": network, "argv": argv, "env": PROGRAM_ENV, "limits": limits, "timeout_s": timeout_s, "status_fd": status_w}
+    with (
+        tempfile.TemporaryDirectory(prefix="sandbox-root-") as root,
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+    ):
+        spec = {
+            "root": root,
+            "mounts": mounts(network),
+            "devices": [d for d in DEVICES if os.path.exists(d)],
+            "scratch_mb": scratch_mb,
+            "network": network,
+            "argv": argv,
+            "env": PROGRAM_ENV,
+            "limits": limits,
+            "timeout_s": timeout_s,
+            "status_fd": status_w,
+        }
         try:
-            launcher = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER)], stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                        pass_fds=(status_w,), start_new_session=True, env={"PATH": PROGRAM_ENV["PATH"]})
+            launcher = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(LAUNCHER)],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                pass_fds=(status_w,),
+                start_new_session=True,
+                env={"PATH": PROGRAM_ENV["PATH"]},
+            )
         finally:
             os.close(status_w)
         with os.fdopen(status_r, "rb") as status_file:
@@ -81,22 +133,40 @@ def run_isolated(argv: list[str], timeout_s: float, memory_mb: int, max_processe
             status = status_file.read().decode(errors="replace").splitlines()  # every writer has exited: no wait
         if not status:
             killed = launcher.returncode is not None and launcher.returncode < 0
-            raise SandboxError(f"the sandbox was killed (signal {-launcher.returncode}): the tool was closed" if killed else f"the launcher ended with exit status {launcher.returncode}")
+            raise SandboxError(
+                f"the sandbox was killed (signal {-launcher.returncode}): the tool was closed"
+                if killed
+                else f"the launcher ended with exit status {launcher.returncode}"
+            )
         if any(line.startswith("error") for line in status):
             raise SandboxError(next(line for line in status if line.startswith("error")))
         kind, _, code = status[-1].partition(" ")
         return Outcome(kind, int(code or 0), _read(out, max_chars), _read(err, max_chars))
 
 
-def run_unisolated(argv: list[str], timeout_s: float, memory_mb: int, max_chars: int = 8000, running: set | None = None) -> Outcome:
+def run_unisolated(
+    argv: list[str], timeout_s: float, memory_mb: int, max_chars: int = 8000, running: set | None = None
+) -> Outcome:
     """``argv`` with the trainer's rights, limited by rlimits, in a new session whose process group dies at the end."""
+
     def limit() -> None:  # in the child, before exec
-        for name, value in (("RLIMIT_AS", memory_mb << 20), ("RLIMIT_CPU", math.ceil(timeout_s) + 1), ("RLIMIT_FSIZE", OUTPUT_BYTES)):
+        for name, value in (
+            ("RLIMIT_AS", memory_mb << 20),
+            ("RLIMIT_CPU", math.ceil(timeout_s) + 1),
+            ("RLIMIT_FSIZE", OUTPUT_BYTES),
+        ):
             resource.setrlimit(getattr(resource, name), (value, value))
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, preexec_fn=limit, start_new_session=True,
-                                 env={"PATH": os.environ.get("PATH", "")})
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            preexec_fn=limit,
+            start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "")},
+        )
         if running is not None:
             running.add(child)
         try:
@@ -111,7 +181,11 @@ def run_unisolated(argv: list[str], timeout_s: float, memory_mb: int, max_chars:
         if timed_out:
             return Outcome("timeout", 0, "", "")
         code = child.returncode
-        return Outcome("signal", -code, "", _read(err, max_chars)) if code < 0 else Outcome("exit", code, _read(out, max_chars), _read(err, max_chars))
+        return (
+            Outcome("signal", -code, "", _read(err, max_chars))
+            if code < 0
+            else Outcome("exit", code, _read(out, max_chars), _read(err, max_chars))
+        )
 
 
 class SandboxError(RuntimeError):
@@ -124,7 +198,9 @@ def namespaces_unavailable() -> str | None:
     if not sys.platform.startswith("linux"):
         return f"Linux namespaces are not available on {sys.platform}"
     try:
-        outcome = run_isolated([sys.executable, "-I", "-S", "-c", "pass"], timeout_s=30.0, memory_mb=256, max_processes=4, scratch_mb=1)
+        outcome = run_isolated(
+            [sys.executable, "-I", "-S", "-c", "pass"], timeout_s=30.0, memory_mb=256, max_processes=4, scratch_mb=1
+        )
     except (SandboxError, OSError) as err:
         return str(err)
     return None if outcome == ("exit", 0, "", "") else f"a test program ended with {outcome}"
@@ -147,12 +223,28 @@ def _kill(process: subprocess.Popen) -> None:
 def mounts(network: bool) -> list[tuple[str, str]]:
     """The new root's mounts, parents first: ``("bind", path)`` read-only, what the interpreter needs; ``("hide", path)``
     an empty folder over the trainer's home or working folder where they lie under a bound path (e.g. /usr/src/app)."""
-    interpreter = [sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))]
-    paths = sorted({os.path.abspath(p) for p in (*SYSTEM_PATHS, *(NETWORK_PATHS if network else ()), *interpreter) if os.path.exists(p)})
+    interpreter = [
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        sys.prefix,
+        sys.exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    ]
+    paths = sorted(
+        {
+            os.path.abspath(p)
+            for p in (*SYSTEM_PATHS, *(NETWORK_PATHS if network else ()), *interpreter)
+            if os.path.exists(p)
+        }
+    )
     private = {os.path.abspath(os.path.expanduser("~")), os.getcwd()}
     hidden = sorted(p for p in private if any(_under(p, q) for q in paths))
     # a path below a bound one is visible through it, unless a hidden folder lies between them
-    binds = [p for p in paths if not any(_under(p, q) and not any(_under(p, h) and _under(h, q) for h in hidden) for q in paths if q != p)]
+    binds = [
+        p
+        for p in paths
+        if not any(_under(p, q) and not any(_under(p, h) and _under(h, q) for h in hidden) for q in paths if q != p)
+    ]
     return sorted([("bind", p) for p in binds] + [("hide", p) for p in hidden], key=lambda m: m[1].split("/"))
 
 

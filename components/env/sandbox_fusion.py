@@ -30,7 +30,15 @@ class SandboxFusionTool(Tool):
     server is expected on the cluster's own network).
     """
 
-    def __init__(self, url: str, name: str = "python", language: str = "python", timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 2000):
+    def __init__(
+        self,
+        url: str,
+        name: str = "python",
+        language: str = "python",
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        max_output_chars: int = 2000,
+    ):
         """
         Args:
             url: the server, e.g. ``http://sandbox:8080``.
@@ -50,8 +58,13 @@ class SandboxFusionTool(Tool):
         self._warned = False
 
     def __call__(self, arguments: str) -> str:
-        request = {"code": arguments, "language": self.language, "run_timeout": self.timeout_s, "compile_timeout": self.timeout_s,
-                   "memory_limit_MB": self.memory_mb}
+        request = {
+            "code": arguments,
+            "language": self.language,
+            "run_timeout": self.timeout_s,
+            "compile_timeout": self.timeout_s,
+            "memory_limit_MB": self.memory_mb,
+        }
         answer = self._post(request)
         run, compiled = answer.get("run_result") or {}, answer.get("compile_result") or {}
         if answer.get("status") == "Success":
@@ -65,12 +78,16 @@ class SandboxFusionTool(Tool):
         raise ToolError((stderr or [f"exit status {failed.get('return_code')}"])[-1][: self.max_output_chars])
 
     def _post(self, payload: dict) -> dict:
-        request = urllib.request.Request(f"{self.url}/run_code", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/run_code", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with self._opener.open(request, timeout=2 * self.timeout_s + REQUEST_SLACK_S) as response:
                 answer = json.loads(response.read())
         except urllib.error.HTTPError as err:
-            raise self._server_error(f"refused the request with HTTP {err.code}: {err.read().decode(errors='replace')[:300]}") from None
+            raise self._server_error(
+                f"refused the request with HTTP {err.code}: {err.read().decode(errors='replace')[:300]}"
+            ) from None
         except (urllib.error.URLError, OSError, socket.timeout) as err:
             raise self._server_error(f"could not be reached ({getattr(err, 'reason', err)})") from None
         except json.JSONDecodeError:

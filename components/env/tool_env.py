@@ -71,7 +71,10 @@ class ToolEnvironment(Environment):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as err:  # e.g. bytes decoded with surrogateescape: no tokenizer can encode it
-            return f"the tool's {'error' if failed else 'result'} is not valid text ({err.reason} at character {err.start})", True
+            return (
+                f"the tool's {'error' if failed else 'result'} is not valid text ({err.reason} at character {err.start})",
+                True,
+            )
         return text, failed
 
     def _answer(self, call, index: int) -> tuple[str, bool]:
@@ -88,7 +91,10 @@ class ToolEnvironment(Environment):
         elif call.name is not None:
             return f"unknown tool {call.name!r}; the tools are {sorted(self.tools)}", True
         else:
-            return f"no tool named in {call.body[:40]!r}; write name(arguments) with a tool from {sorted(self.tools)}", True
+            return (
+                f"no tool named in {call.body[:40]!r}; write name(arguments) with a tool from {sorted(self.tools)}",
+                True,
+            )
         try:
             result = tool(arguments)
         except Exception as err:  # the model's call failed, not the run: it reads why

@@ -10,7 +10,22 @@ from .reasoning_gym import ReasoningGymScore
 from .result import ResultScore
 from .verifier import MathVerify
 
-__all__ = ["Reward", "RewardInputs", "as_scores", "FunctionReward", "ExactMatch", "Composite", "Format", "MathVerify", "MissingEOSPenalty", "OverlongPenalty", "PooledReward", "ReasoningGymScore", "ResultScore"]
+__all__ = [
+    "Reward",
+    "RewardInputs",
+    "as_scores",
+    "FunctionReward",
+    "ExactMatch",
+    "Composite",
+    "Format",
+    "MathVerify",
+    "MissingEOSPenalty",
+    "OverlongPenalty",
+    "PooledReward",
+    "ReasoningGymScore",
+    "ResultScore",
+]
 from .model import RewardModel  # noqa: E402
 from .shaping import Shaped  # noqa: E402
+
 __all__ += ["RewardModel", "Shaped"]

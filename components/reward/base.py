@@ -27,8 +27,10 @@ class Scores(NamedTuple):
 def columns(batch: RolloutBatch, who: str) -> RewardInputs:
     """The batch's per-sample columns, or an error naming ``who`` when the batch carries none."""
     if batch.columns is None:
-        raise ValueError(f"{who} reads the batch's columns (completions, dataset columns), but this RolloutBatch has none: "
-                         "build it with columns={'completions': [...], ...}")
+        raise ValueError(
+            f"{who} reads the batch's columns (completions, dataset columns), but this RolloutBatch has none: "
+            "build it with columns={'completions': [...], ...}"
+        )
     return batch.columns
 
 
@@ -36,7 +38,9 @@ def column(batch: RolloutBatch, key: str, who: str) -> list:
     """One per-sample column, or an error naming the column, ``who`` reads it and what the data provides."""
     values = columns(batch, who)
     if key not in values:
-        raise KeyError(f"{who} reads the dataset column '{key}', which the data does not provide; columns: {sorted(values)}")
+        raise KeyError(
+            f"{who} reads the dataset column '{key}', which the data does not provide; columns: {sorted(values)}"
+        )
     return values[key]
 
 
@@ -71,10 +75,16 @@ def as_scores(values: Any, batch_size: int, who: str, meta: RewardInputs | None 
     Accepted: a list / tuple of numbers (Python, numpy or one-element tensors), a tensor or numpy array
     with B elements ((B,) or (B, 1))."""
     if type(values).__module__ == "numpy" and hasattr(values, "shape"):  # an array (or a numpy scalar: rejected below)
-        values = torch.from_numpy(values.reshape(-1) if values.ndim else values.reshape(1)) if values.dtype.kind in "biuf" else values
+        values = (
+            torch.from_numpy(values.reshape(-1) if values.ndim else values.reshape(1))
+            if values.dtype.kind in "biuf"
+            else values
+        )
     if isinstance(values, Tensor):
         if values.numel() != batch_size:
-            raise ValueError(f"reward {who} must return {batch_size} scores (one per sample), got a tensor or array of shape {tuple(values.shape)}")
+            raise ValueError(
+                f"reward {who} must return {batch_size} scores (one per sample), got a tensor or array of shape {tuple(values.shape)}"
+            )
         values = values.detach().float().flatten().cpu().tolist()
     if not isinstance(values, (list, tuple)) or len(values) != batch_size:
         got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
@@ -84,7 +94,9 @@ def as_scores(values: Any, batch_size: int, who: str, meta: RewardInputs | None 
         bad = v is None or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))
         if bad:
             completion = f" for completion {meta['completions'][i]!r}" if meta and "completions" in meta else ""
-            raise ValueError(f"reward {who} returned {v!r} at sample {i}{completion}; every score must be a finite number")
+            raise ValueError(
+                f"reward {who} returned {v!r} at sample {i}{completion}; every score must be a finite number"
+            )
     return torch.tensor([float(v) for v in values], dtype=torch.float32)
 
 

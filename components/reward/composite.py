@@ -30,7 +30,9 @@ class Composite(Reward):
             raise ValueError("Composite: give at least one reward in `rewards`")
         weights = [1.0] * len(rewards) if weights is None else list(weights)
         if len(weights) != len(rewards):
-            raise ValueError(f"Composite: {len(rewards)} rewards but {len(weights)} weights; give one weight per reward")
+            raise ValueError(
+                f"Composite: {len(rewards)} rewards but {len(weights)} weights; give one weight per reward"
+            )
         if names is None:  # class names, numbered where a class repeats: ExactMatch, ExactMatch_2
             seen: dict[str, int] = {}
             names = []
@@ -39,7 +41,9 @@ class Composite(Reward):
                 names.append(reward.name if seen[reward.name] == 1 else f"{reward.name}_{seen[reward.name]}")
         names = list(names)
         if len(names) != len(rewards) or len(set(names)) != len(names):
-            raise ValueError(f"Composite: names must be one distinct name per reward, got {names}; give `names` explicitly")
+            raise ValueError(
+                f"Composite: names must be one distinct name per reward, got {names}; give `names` explicitly"
+            )
         self.rewards, self.weights, self.names = list(rewards), [float(w) for w in weights], names
         self.requires = frozenset().union(*(r.requires for r in self.rewards))
 

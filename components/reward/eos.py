@@ -36,5 +36,7 @@ class MissingEOSPenalty(Reward):
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         batch.require(["truncated"], self.name)
-        scores = as_scores(self.reward(batch), batch.batch_size, self.reward.name, batch.columns).to(batch.response_ids.device)
+        scores = as_scores(self.reward(batch), batch.batch_size, self.reward.name, batch.columns).to(
+            batch.response_ids.device
+        )
         return torch.where(batch.truncated.bool(), torch.full_like(scores, self.penalty), scores)

@@ -35,5 +35,8 @@ class Format(Reward):
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         match = self.pattern.fullmatch if self.full_match else self.pattern.search
-        scores = [self.bonus if match(c.strip() if self.full_match else c) else self.miss for c in column(batch, "completions", self.name)]
+        scores = [
+            self.bonus if match(c.strip() if self.full_match else c) else self.miss
+            for c in column(batch, "completions", self.name)
+        ]
         return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)

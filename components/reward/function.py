@@ -34,7 +34,9 @@ class FunctionReward(Reward):
 
     @property
     def name(self) -> str:
-        return f"FunctionReward({getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))})"
+        return (
+            f"FunctionReward({getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))})"
+        )
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         meta = columns(batch, self.name)

@@ -15,7 +15,9 @@ from .base import Reward, column
 class ExactMatch(Reward):
     """1.0 if the (extracted, stripped) completion equals the reference answer, else 0.0."""
 
-    def __init__(self, answer_key: str = "answer", extract: str | None = None, correct: float = 1.0, wrong: float = 0.0):
+    def __init__(
+        self, answer_key: str = "answer", extract: str | None = None, correct: float = 1.0, wrong: float = 0.0
+    ):
         """
         Args:
             answer_key: dataset column holding the reference answer.

@@ -39,7 +39,9 @@ def scalar_head(scorer: nn.Module) -> tuple[nn.Module, nn.Linear]:
     return getattr(scorer, scorer.base_model_prefix), head
 
 
-def last_token_scores(scorer: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None) -> Tensor:
+def last_token_scores(
+    scorer: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None
+) -> Tensor:
     """Scalar score at each row's last attention-mask position, fp32. Shapes: (B, S), (B, S) -> (B,).
 
     Position ids default to the attention mask's running count, so left padding does not shift them.
@@ -47,7 +49,9 @@ def last_token_scores(scorer: nn.Module, input_ids: Tensor, attention_mask: Tens
     backbone, head = scalar_head(scorer)
     if position_ids is None:
         position_ids = mask_positions(attention_mask)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
+    hidden = backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
     positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
     last = (positions * attention_mask.long()).argmax(-1)  # (B,)
     states = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
@@ -105,7 +109,9 @@ class RewardModel(ScoreNormalizer, Reward):
 
         what = "model.reward.init_args.path"
         if self.path == TINY_REWARD_MODEL_PATH and not os.path.isdir(self.path):
-            raise FileNotFoundError(f"{what}: the built-in task's reward model is not built yet; run python scripts/make_reward_model.py (writes {self.path})")
+            raise FileNotFoundError(
+                f"{what}: the built-in task's reward model is not built yet; run python scripts/make_reward_model.py (writes {self.path})"
+            )
         model, info = load_pretrained(
             AutoModelForSequenceClassification.from_pretrained, self.path, what,
             num_labels=1, dtype=DTYPES[self.dtype], trust_remote_code=self.trust_remote_code, output_loading_info=True,
@@ -127,7 +133,9 @@ class RewardModel(ScoreNormalizer, Reward):
         from transformers import AutoTokenizer
 
         if AutoTokenizer.from_pretrained(path).get_vocab() != tokenizer.get_vocab():
-            raise ValueError(f"{what}: the reward model's tokenizer differs from the policy's; it scores the policy's token ids as they are")
+            raise ValueError(
+                f"{what}: the reward model's tokenizer differs from the policy's; it scores the policy's token ids as they are"
+            )
 
     def train(self, mode: bool = True) -> "RewardModel":
         """Train mode only lets running statistics update; the transformer stays in eval mode."""
@@ -140,13 +148,17 @@ class RewardModel(ScoreNormalizer, Reward):
     def forward(self, batch: RolloutBatch) -> Tensor:
         """Scores of prompt + response. Shape: (B,) float32 on the batch's device."""
         if self.model is None:
-            raise RuntimeError("RewardModel.setup(tokenizer) must run before scoring (RLModule.configure_model does it)")
+            raise RuntimeError(
+                "RewardModel.setup(tokenizer) must run before scoring (RLModule.configure_model does it)"
+            )
         batch.require(self.requires, "RewardModel")
         device = batch.response_ids.device
         if next(self.model.parameters()).device != device:
             self.to(device)
         parts = []
         for chunk in batch.split(self.batch_size):
-            input_ids, attention_mask, position_ids = sequence_inputs(chunk.prompt_ids, chunk.prompt_mask, chunk.response_ids, chunk.response_mask)
+            input_ids, attention_mask, position_ids = sequence_inputs(
+                chunk.prompt_ids, chunk.prompt_mask, chunk.response_ids, chunk.response_mask
+            )
             parts.append(last_token_scores(self.model, input_ids, attention_mask, position_ids))
         return self.normalized(torch.cat(parts))

@@ -31,7 +31,9 @@ class OverlongPenalty(Reward):
             penalty: the penalty at ``max_length`` (DAPO: 1.0).
         """
         if not 0 < buffer <= max_length:
-            raise ValueError(f"OverlongPenalty: need 0 < buffer <= max_length, got buffer={buffer}, max_length={max_length}")
+            raise ValueError(
+                f"OverlongPenalty: need 0 < buffer <= max_length, got buffer={buffer}, max_length={max_length}"
+            )
         self.max_length, self.buffer, self.penalty = max_length, buffer, penalty
 
     def __call__(self, batch: RolloutBatch) -> Tensor:

@@ -92,7 +92,12 @@ class PooledReward(Reward):
         meta = columns(batch, self.name)
         n = batch.batch_size
         pool = self._get_pool()
-        calls = [pool.apply_async(_score_sample, (self.fn, {**{k: [v[i]] for k, v in meta.items()}, **self.kwargs}, self.timeout_s)) for i in range(n)]
+        calls = [
+            pool.apply_async(
+                _score_sample, (self.fn, {**{k: [v[i]] for k, v in meta.items()}, **self.kwargs}, self.timeout_s)
+            )
+            for i in range(n)
+        ]
         # every call interrupts itself after timeout_s; this bounds the batch when one cannot
         bound = time.monotonic() + self.timeout_s * math.ceil(n / self.workers) + GRACE_S
         scores, timeouts, errors, stuck = [], 0, 0, False
@@ -102,16 +107,30 @@ class PooledReward(Reward):
             except multiprocessing.TimeoutError:
                 status, value, stuck = "timeout", None, True
             if status == "ok":
-                scores.append(float(as_scores(value if hasattr(value, "__len__") else [value], 1, self.name, {"completions": meta["completions"][i : i + 1]} if "completions" in meta else None)[0]))
+                scores.append(
+                    float(
+                        as_scores(
+                            value if hasattr(value, "__len__") else [value],
+                            1,
+                            self.name,
+                            {"completions": meta["completions"][i : i + 1]} if "completions" in meta else None,
+                        )[0]
+                    )
+                )
                 continue
             timeouts, errors = timeouts + (status == "timeout"), errors + (status == "error")
             if self.on_failure == "raise":
                 self.close()
                 what = f"took longer than timeout_s={self.timeout_s} s" if status == "timeout" else f"raised {value}"
                 completion = f" (completion {meta['completions'][i]!r})" if "completions" in meta else ""
-                raise RuntimeError(f"reward {self.name} {what} at sample {i}{completion}; set on_failure: score to give such samples failure_score instead")
+                raise RuntimeError(
+                    f"reward {self.name} {what} at sample {i}{completion}; set on_failure: score to give such samples failure_score instead"
+                )
             scores.append(self.failure_score)
         if stuck:  # a worker is still busy with a call that ignored its timeout: start afresh next time
             self.close()
-        self.last_metrics = {"reward/timeout_frac": torch.tensor(timeouts / max(n, 1)), "reward/error_frac": torch.tensor(errors / max(n, 1))}
+        self.last_metrics = {
+            "reward/timeout_frac": torch.tensor(timeouts / max(n, 1)),
+            "reward/error_frac": torch.tensor(errors / max(n, 1)),
+        }
         return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)

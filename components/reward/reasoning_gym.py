@@ -36,7 +36,9 @@ class ReasoningGymScore(Reward):
             try:
                 import reasoning_gym
             except ImportError:
-                raise ImportError("ReasoningGymScore scores with reasoning-gym: pip install 'lightning-rl[agents]'") from None
+                raise ImportError(
+                    "ReasoningGymScore scores with reasoning-gym: pip install 'lightning-rl[agents]'"
+                ) from None
             self._scorers[task] = reasoning_gym.get_score_answer_fn(task)
         return self._scorers[task]
 
@@ -48,7 +50,9 @@ class ReasoningGymScore(Reward):
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         scores = []
-        for completion, record in zip(column(batch, "completions", self.name), column(batch, self.entry_key, self.name)):
+        for completion, record in zip(
+            column(batch, "completions", self.name), column(batch, self.entry_key, self.name)
+        ):
             record = json.loads(record) if isinstance(record, str) else record
             answer = self._answer(completion)
             scores.append(0.0 if answer is None else float(self._scorer(record["task"])(answer, record["entry"])))

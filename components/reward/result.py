@@ -25,9 +25,15 @@ class ResultScore(Reward):
     def __call__(self, batch: RolloutBatch) -> Tensor:
         scores = []
         for i, result in enumerate(column(batch, "result", self.name)):
-            value = result if self.key is None or result is None else (result.get(self.key) if isinstance(result, dict) else None)
+            value = (
+                result
+                if self.key is None or result is None
+                else (result.get(self.key) if isinstance(result, dict) else None)
+            )
             if result is not None and not isinstance(value, (int, float)):
-                raise ValueError(f"ResultScore: row {i}'s result {result!r:.100} has no number{'' if self.key is None else f' under {self.key!r}'}; "
-                                 "return one from the agent, or set model.reward.init_args.key")
+                raise ValueError(
+                    f"ResultScore: row {i}'s result {result!r:.100} has no number{'' if self.key is None else f' under {self.key!r}'}; "
+                    "return one from the agent, or set model.reward.init_args.key"
+                )
             scores.append(self.failure if result is None else float(value))
         return torch.tensor(scores, dtype=torch.float32, device=batch.response_ids.device)

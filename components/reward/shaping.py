@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum
 
-from .base import Reward, Scores, as_scores
+from .base import Reward, Scores
 
 Normalize = Literal["none", "static", "running"]
 
@@ -83,7 +83,11 @@ class ScoreNormalizer(nn.Module):
         x = scores.double()
         if self.running_count.device != x.device:
             self.to(x.device)
-        n_b, total, squares = all_reduce_sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), x.square().sum()]))
+        n_b, total, squares = all_reduce_sum(
+            torch.stack(
+                [torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device), x.sum(), x.square().sum()]
+            )
+        )
         mean_b = total / n_b.clamp_min(1.0)
         m2_b = (squares - n_b * mean_b.square()).clamp_min(0.0)
         n = self.running_count + n_b
@@ -97,7 +101,14 @@ class Shaped(ScoreNormalizer, Reward):
     """Any reward, normalised and clipped as in the module docstring (e.g. a verifier's or an LLM judge's
     scores on an arbitrary scale, or a Composite whose parts add up past the range the advantages expect)."""
 
-    def __init__(self, reward: Reward, normalize: Normalize = "none", mean: float = 0.0, std: float = 1.0, clip: float | None = None):
+    def __init__(
+        self,
+        reward: Reward,
+        normalize: Normalize = "none",
+        mean: float = 0.0,
+        std: float = 1.0,
+        clip: float | None = None,
+    ):
         """
         Args:
             reward: the reward to shape (a class_path / init_args entry in YAML).

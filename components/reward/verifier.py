@@ -22,7 +22,9 @@ class MathVerify(Reward):
     set ``timeout_seconds=None`` when rewards run in other threads.
     """
 
-    def __init__(self, answer_key: str = "answer", correct: float = 1.0, wrong: float = 0.0, timeout_seconds: int | None = 5):
+    def __init__(
+        self, answer_key: str = "answer", correct: float = 1.0, wrong: float = 0.0, timeout_seconds: int | None = 5
+    ):
         """
         Args:
             answer_key: dataset column holding the reference answer.
@@ -40,7 +42,9 @@ class MathVerify(Reward):
         latex = text if ("$" in text or "\\boxed" in text) else f"${text}$"
         parsed = parse(latex, parsing_timeout=self.timeout_seconds) or parse(text, parsing_timeout=self.timeout_seconds)
         if not parsed:
-            raise ValueError(f"{self.name}: math-verify cannot parse the reference answer {text!r} (column '{self.answer_key}')")
+            raise ValueError(
+                f"{self.name}: math-verify cannot parse the reference answer {text!r} (column '{self.answer_key}')"
+            )
         return parsed
 
     def __call__(self, batch: RolloutBatch) -> Tensor:

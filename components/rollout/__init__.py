@@ -5,4 +5,13 @@ from .hf import HFRollout
 from .multi_turn import MultiTurnRollout
 from .sglang import SGLangRollout
 
-__all__ = ["Agent", "Rollout", "HFRollout", "SGLangRollout", "MultiTurnRollout", "OpenAIAgent", "VerifiersAgent", "response_mask_from_eos"]
+__all__ = [
+    "Agent",
+    "Rollout",
+    "HFRollout",
+    "SGLangRollout",
+    "MultiTurnRollout",
+    "OpenAIAgent",
+    "VerifiersAgent",
+    "response_mask_from_eos",
+]

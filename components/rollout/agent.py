@@ -31,7 +31,9 @@ class Agent(ABC):
         """Called once the tokenizer and the sampler exist (before any model forward)."""
 
     @abstractmethod
-    def generate(self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
+    def generate(
+        self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None
+    ) -> tuple[RolloutBatch, dict[str, Tensor]]:
         """Episodes for ``prompts`` (``params.samples_per_prompt`` per prompt, each from its data row), sampled by
         ``sampler`` with ``params`` (None = its own); the batch and the episodes' detached metrics."""
 

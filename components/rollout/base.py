@@ -18,7 +18,9 @@ class Rollout(ABC):
     they fill, so components that need a field (``rollout_logprobs`` for TIS/MIS) are checked against it once at setup.
     """
 
-    provides: frozenset[str] = frozenset({"prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids"})
+    provides: frozenset[str] = frozenset(
+        {"prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids"}
+    )
     params: SamplingParams
     samples_in_process: bool = True
     """True when ``generate`` samples from the policy module it is given; False for a sampler with weights of its own (a server)."""

@@ -25,7 +25,9 @@ class ChatTurns:
         self.base = base
         self.prefix = tokenizer.apply_chat_template(base, tokenize=False)
         if _ASSISTANT not in self.prefix:
-            raise ValueError("the tokenizer's chat template does not render an assistant message's content; it cannot frame observations")
+            raise ValueError(
+                "the tokenizer's chat template does not render an assistant message's content; it cannot frame observations"
+            )
         self.after_assistant = self.prefix[self.prefix.rindex(_ASSISTANT) + len(_ASSISTANT) :]  # e.g. "<|im_end|>\n"
         try:  # at setup, not at the first tool call of a run
             self.segment(_OBSERVATION, [])
@@ -37,9 +39,13 @@ class ChatTurns:
 
     def segment(self, observation: str, turn_ids: list[int]) -> str:
         """The text appended after a model turn that ended with ``turn_ids``."""
-        full = self.tokenizer.apply_chat_template([*self.base, {"role": self.role, "content": observation}], tokenize=False, add_generation_prompt=True)
+        full = self.tokenizer.apply_chat_template(
+            [*self.base, {"role": self.role, "content": observation}], tokenize=False, add_generation_prompt=True
+        )
         if not full.startswith(self.prefix):
-            raise ValueError(f"the chat template renders the conversation differently once a {self.role!r} turn follows; it cannot append observations")
+            raise ValueError(
+                f"the chat template renders the conversation differently once a {self.role!r} turn follows; it cannot append observations"
+            )
         glue = self.after_assistant
         if turn_ids:  # the model's own end-of-turn token is already in the transcript
             ended = self.tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)

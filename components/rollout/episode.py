@@ -81,7 +81,11 @@ def response_fields(episodes: list[Episode], pad_token_id: int, device) -> dict[
     b = len(episodes)
     width = max(1, max(len(e.ids) for e in episodes))
     response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)  # (B, R)
-    response_mask, action_mask, env_rewards = torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width, dtype=torch.long), torch.zeros(b, width)
+    response_mask, action_mask, env_rewards = (
+        torch.zeros(b, width, dtype=torch.long),
+        torch.zeros(b, width, dtype=torch.long),
+        torch.zeros(b, width),
+    )
     logprobs = torch.zeros(b, width) if all(e.logprobs is not None for e in episodes) else None
     versions = torch.zeros(b, width, dtype=torch.long)  # (B, R)
     newest = max((v for e in episodes for v in e.versions), default=0)
@@ -100,7 +104,9 @@ def response_fields(episodes: list[Episode], pad_token_id: int, device) -> dict[
         rollout_logprobs=None if logprobs is None else logprobs.to(device),
         truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool, device=device),
         # an episode without a model token has nothing to be stale: it gets the newest version of the batch
-        versions=torch.tensor([min((v for v, a in zip(e.versions, e.action) if a), default=newest) for e in episodes], device=device),
+        versions=torch.tensor(
+            [min((v for v, a in zip(e.versions, e.action) if a), default=newest) for e in episodes], device=device
+        ),
         token_versions=versions.to(device),
     )
 

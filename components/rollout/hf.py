@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
-from lightning_rl.core.sampling import SamplingParams
 from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positions, row_positions
+from lightning_rl.core.sampling import SamplingParams
 
 from .base import Rollout, response_mask_from_eos
 
@@ -61,14 +61,25 @@ class HFRollout(Rollout):
                 quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
         """
         try:
-            self.params = SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, tuple(stop_token_ids or ()), False, greedy_baseline)
+            self.params = SamplingParams(
+                group_size,
+                max_new_tokens,
+                temperature,
+                top_p,
+                top_k,
+                tuple(stop_token_ids or ()),
+                False,
+                greedy_baseline,
+            )
         except ValueError as err:
             raise ValueError(f"HFRollout: {err}") from None
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows
-        self.provides = Rollout.provides | ({"rollout_logprobs"} if return_logprobs else set()) | (
-            {"is_greedy", "sample_mask"} if greedy_baseline else set()
+        self.provides = (
+            Rollout.provides
+            | ({"rollout_logprobs"} if return_logprobs else set())
+            | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         )
 
     @staticmethod
@@ -77,7 +88,8 @@ class HFRollout(Rollout):
         from transformers.generation import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
         return LogitsProcessorList(
-            ([TopKLogitsWarper(params.top_k)] if params.top_k > 0 else []) + ([TopPLogitsWarper(params.top_p)] if params.top_p < 1.0 else [])
+            ([TopKLogitsWarper(params.top_k)] if params.top_k > 0 else [])
+            + ([TopPLogitsWarper(params.top_p)] if params.top_p < 1.0 else [])
         )
 
     def _pick(self, logits: Tensor, temperature: float, rows: Tensor, batch: int, truncation) -> Tensor:
@@ -95,8 +107,16 @@ class HFRollout(Rollout):
         probs[rows] = torch.softmax(scores, dim=-1)
         return torch.multinomial(probs, num_samples=1).squeeze(1)
 
-    def _sample(self, policy: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, temperature: float, repeats: int = 1,
-                image_inputs: list | None = None):
+    def _sample(
+        self,
+        policy: nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        params: SamplingParams,
+        temperature: float,
+        repeats: int = 1,
+        image_inputs: list | None = None,
+    ):
         """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups; ``image_inputs``:
         each prompt row's image tensors (None: text only). Returns response ids (rows, R) right-padded with pad, and the
         sampler's log-probs (rows, R) or None."""
@@ -106,18 +126,42 @@ class HFRollout(Rollout):
         # all-gathered parameters must stay ordinary tensors
         with torch.no_grad() if forward.synced else torch.inference_mode():
             parts = [
-                self._sample_chunk(forward, prompt_ids[i : i + per_call], prompt_mask[i : i + per_call], params, temperature, repeats,
-                                   None if image_inputs is None else image_inputs[i : i + per_call])
+                self._sample_chunk(
+                    forward,
+                    prompt_ids[i : i + per_call],
+                    prompt_mask[i : i + per_call],
+                    params,
+                    temperature,
+                    repeats,
+                    None if image_inputs is None else image_inputs[i : i + per_call],
+                )
                 for i in range(0, prompt_ids.shape[0], per_call)
             ]
             width = max(ids.shape[1] for ids, _ in parts)
-            response_ids = torch.cat([nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_token_id) for ids, _ in parts])
-            logprobs = torch.cat([nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in parts]) if self.return_logprobs else None
+            response_ids = torch.cat(
+                [nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_token_id) for ids, _ in parts]
+            )
+            logprobs = (
+                torch.cat([nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in parts])
+                if self.return_logprobs
+                else None
+            )
         # ordinary tensors again: the trainer's forward and loss save these for backward
         return response_ids.clone(), None if logprobs is None else logprobs.clone()
 
-    def _sample_chunk(self, forward: _Forward, ids: Tensor, mask: Tensor, params: SamplingParams, temperature: float, repeats: int, images: list | None = None):
-        positions = row_positions(forward.policy, ids, mask, images)  # (n, P), or (3, n, P) with multimodal rotary positions
+    def _sample_chunk(
+        self,
+        forward: _Forward,
+        ids: Tensor,
+        mask: Tensor,
+        params: SamplingParams,
+        temperature: float,
+        repeats: int,
+        images: list | None = None,
+    ):
+        positions = row_positions(
+            forward.policy, ids, mask, images
+        )  # (n, P), or (3, n, P) with multimodal rotary positions
         logits, cache = forward.prefill(ids, mask, positions, images)  # (n, V)
         if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
             logits = logits.repeat_interleave(repeats, dim=0)  # (b, V)
@@ -135,7 +179,9 @@ class HFRollout(Rollout):
         while True:
             if not done:
                 z = logits.float()  # (b, V)
-                token = torch.where(running, self._pick(z, temperature, rows, batch, truncation), self.pad_token_id)  # finished rows take pad
+                token = torch.where(
+                    running, self._pick(z, temperature, rows, batch, truncation), self.pad_token_id
+                )  # finished rows take pad
                 tokens.append(token)
                 if self.return_logprobs:
                     picked = torch.log_softmax(z / t_logprob, dim=-1).gather(-1, token[rows, None]).squeeze(-1)
@@ -165,16 +211,22 @@ class HFRollout(Rollout):
         policy.eval()
         try:
             images = prompts.image_inputs
-            response_ids, logprobs = self._sample(policy, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g, image_inputs=images)  # (P_n * G, R)
+            response_ids, logprobs = self._sample(
+                policy, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g, image_inputs=images
+            )  # (P_n * G, R)
             if params.with_baseline:
-                greedy_ids, greedy_logprobs = self._sample(policy, prompt_ids, prompt_mask, params, 0.0, image_inputs=images)
+                greedy_ids, greedy_logprobs = self._sample(
+                    policy, prompt_ids, prompt_mask, params, 0.0, image_inputs=images
+                )
                 response_ids = _append_to_groups(response_ids, greedy_ids, g, self.pad_token_id)
                 if logprobs is not None:
                     logprobs = _append_to_groups(logprobs, greedy_logprobs, g, 0.0)
         finally:
             policy.train(was_training)
         response_mask, truncated = response_mask_from_eos(response_ids, params.eos_ids(self.eos_token_id))
-        is_greedy = (torch.arange(rows, device=prompt_ids.device) == g).repeat(n_prompts) if params.with_baseline else None
+        is_greedy = (
+            (torch.arange(rows, device=prompt_ids.device) == g).repeat(n_prompts) if params.with_baseline else None
+        )
         return RolloutBatch(
             **prompts.per_row(rows),
             response_ids=response_ids,
@@ -202,12 +254,27 @@ class _Forward:
         self.keep_last = {"logits_to_keep": 1} if forward_accepts(policy, "logits_to_keep") else {}
         self.synced = _sharded(policy)
 
-    def prefill(self, ids: Tensor, mask: Tensor, positions: Tensor, images: list | None = None) -> tuple[Tensor, object]:
-        out = self.policy(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self.keep_last, **image_kwargs(images, ids.device))
+    def prefill(
+        self, ids: Tensor, mask: Tensor, positions: Tensor, images: list | None = None
+    ) -> tuple[Tensor, object]:
+        out = self.policy(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **self.keep_last,
+            **image_kwargs(images, ids.device),
+        )
         return out.logits[:, -1], getattr(out, self.cache_kw)  # (n, V), the KV cache
 
     def step(self, token: Tensor, attention: Tensor, position: Tensor, cache) -> Tensor:
-        out = self.policy(input_ids=token[:, None], attention_mask=attention, position_ids=position, use_cache=True, **{self.cache_kw: cache})
+        out = self.policy(
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=position,
+            use_cache=True,
+            **{self.cache_kw: cache},
+        )
         return out.logits[:, -1]  # (b, V)
 
     def any_rank_running(self, running: bool) -> bool:
@@ -234,6 +301,8 @@ def _sharded(policy: nn.Module) -> bool:
 def _append_to_groups(rows: Tensor, extra: Tensor, g: int, value) -> Tensor:
     """One ``extra`` row after each group of ``g`` rows. Shapes: (P_n * G, R1), (P_n, R2) -> (P_n * (G + 1), max(R1, R2))."""
     width = max(rows.shape[1], extra.shape[1])
-    rows = nn.functional.pad(rows, (0, width - rows.shape[1]), value=value).reshape(extra.shape[0], g, width)  # (P_n, G, W)
+    rows = nn.functional.pad(rows, (0, width - rows.shape[1]), value=value).reshape(
+        extra.shape[0], g, width
+    )  # (P_n, G, W)
     extra = nn.functional.pad(extra, (0, width - extra.shape[1]), value=value)
     return torch.cat([rows, extra[:, None]], dim=1).reshape(-1, width)

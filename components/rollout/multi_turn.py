@@ -51,7 +51,14 @@ class MultiTurnRollout(Agent):
     as environment tokens (``action_mask`` 0). See the module docstring for the loop and its limits.
     """
 
-    def __init__(self, env: Environment, max_turns: int = 4, max_total_tokens: int = 256, chat_template: bool = False, observation_role: str = "tool"):
+    def __init__(
+        self,
+        env: Environment,
+        max_turns: int = 4,
+        max_total_tokens: int = 256,
+        chat_template: bool = False,
+        observation_role: str = "tool",
+    ):
         """
         Args:
             env: the environment (e.g. components.env.ToolEnvironment); one episode per sampled response.
@@ -61,7 +68,9 @@ class MultiTurnRollout(Agent):
             observation_role: the chat role of an observation, with ``chat_template`` (``tool`` or ``user``).
         """
         if max_turns < 1 or max_total_tokens < 1:
-            raise ValueError(f"MultiTurnRollout: max_turns ({max_turns}) and max_total_tokens ({max_total_tokens}) must be >= 1")
+            raise ValueError(
+                f"MultiTurnRollout: max_turns ({max_turns}) and max_total_tokens ({max_total_tokens}) must be >= 1"
+            )
         self.env, self.max_turns, self.max_total_tokens = env, max_turns, max_total_tokens
         self.chat_template, self.observation_role = chat_template, observation_role
         self.tokenizer, self.chat, self.stop_ids = None, None, []
@@ -70,7 +79,9 @@ class MultiTurnRollout(Agent):
     def setup(self, tokenizer, sampler: Rollout) -> None:
         """Resolve the environment's stop texts to token ids and check the sampler can drive episodes."""
         if sampler.params.greedy_baseline:
-            raise ValueError("model.agent (MultiTurnRollout) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false")
+            raise ValueError(
+                "model.agent (MultiTurnRollout) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
+            )
         self.tokenizer = tokenizer
         self.stop_ids = []
         for text in getattr(self.env, "stop_texts", ()):
@@ -87,19 +98,29 @@ class MultiTurnRollout(Agent):
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
-    def generate(self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
+    def generate(
+        self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None
+    ) -> tuple[RolloutBatch, dict[str, Tensor]]:
         """Episodes for ``prompts`` (each starts from its prompt's data row), sampled by ``sampler`` with ``params``
         (None = its own). Returns the batch, whose columns hold ``completions`` (each episode's last model turn, what a
         reward judges) and ``transcripts`` (everything, observations marked), and the episodes' metrics."""
         if self.tokenizer is None:
-            raise RuntimeError("MultiTurnRollout.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)")
+            raise RuntimeError(
+                "MultiTurnRollout.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)"
+            )
         if prompts.images is not None:  # later turns re-encode the transcript as text: the images would be lost
-            raise ValueError("model.agent (multi-turn episodes) does not take prompts with images yet; drop model.agent or the data's image column")
+            raise ValueError(
+                "model.agent (multi-turn episodes) does not take prompts with images yet; drop model.agent or the data's image column"
+            )
         params = params or sampler.params
         n, prompt_ids = len(prompts), prompts.prompt_ids
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompts.prompt_mask.cpu())]
         stops = tuple(dict.fromkeys([*params.stop_token_ids, *self.stop_ids]))
-        turn = sampler.generate(prompts, policy, replace(params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)))
+        turn = sampler.generate(
+            prompts,
+            policy,
+            replace(params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)),
+        )
         g = turn.batch_size // n
         rows = prompts.rows()
         episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
@@ -113,16 +134,23 @@ class MultiTurnRollout(Agent):
                     break
                 index += 1
                 sampled = active or [0]  # a rank whose episodes all ended samples a stand-in turn, discarded by _absorb
-                context_ids, context_mask = left_pad([episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device)
+                context_ids, context_mask = left_pad(
+                    [episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device
+                )
                 # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
                 room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
-                turn_params = replace(params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room))
+                turn_params = replace(
+                    params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room)
+                )
                 turn = sampler.generate(Prompts(context_ids, context_mask), policy, turn_params)
         finally:
             self._running.discard(run)
             self._cancelled.discard(run)
         batch = episode_batch(episodes, prompts, g, sampler.pad_token_id)
-        batch = batch.with_columns(completions=[self._decode(e.last_turn) for e in episodes], transcripts=[transcript(e, self._decode) for e in episodes])
+        batch = batch.with_columns(
+            completions=[self._decode(e.last_turn) for e in episodes],
+            transcripts=[transcript(e, self._decode) for e in episodes],
+        )
         return batch, episode_metrics(episodes)
 
     def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int, run: object = None) -> None:
@@ -139,7 +167,9 @@ class MultiTurnRollout(Agent):
             cut = len(ids) > room
             ids = ids[:room]
             finish = "length" if cut or bool(turn.truncated[row]) else "stop"
-            episode.add(ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)], version_rows[row][: len(ids)])
+            episode.add(
+                ids, 1, None if logprob_rows is None else logprob_rows[row][: len(ids)], version_rows[row][: len(ids)]
+            )
             episode.turns, episode.last_turn = episode.turns + 1, ids
             if cut or run in self._cancelled:
                 episode.end(truncated=True)
@@ -165,7 +195,9 @@ class MultiTurnRollout(Agent):
             vocab = len(self.tokenizer)
             bad = [t for t in observation if not 0 <= t < vocab]
             if bad:
-                raise ValueError(f"{type(self.env).__name__}.step returned observation token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+                raise ValueError(
+                    f"{type(self.env).__name__}.step returned observation token ids outside the vocabulary [0, {vocab}): {bad[:5]}"
+                )
             return list(observation)
         if self.chat is not None:
             return self.chat.observation_ids(observation, turn_ids)

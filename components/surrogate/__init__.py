@@ -5,4 +5,12 @@ from .covariance import CovariancePG
 from .decoupled import DecoupledClip
 from .policy_gradient import PolicyGradient
 
-__all__ = ["Surrogate", "OffPolicyCorrection", "ClippedSurrogate", "CISPO", "PolicyGradient", "CovariancePG", "DecoupledClip"]
+__all__ = [
+    "Surrogate",
+    "OffPolicyCorrection",
+    "ClippedSurrogate",
+    "CISPO",
+    "PolicyGradient",
+    "CovariancePG",
+    "DecoupledClip",
+]

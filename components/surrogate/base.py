@@ -32,7 +32,13 @@ class OffPolicyCorrection:
 
     requires = frozenset({"old_logprobs", "rollout_logprobs"})
 
-    def __init__(self, mode: Literal["tis", "mis", "reject"] = "tis", cap: float = 2.0, lower: float | None = None, level: Literal["token", "sequence"] = "token"):
+    def __init__(
+        self,
+        mode: Literal["tis", "mis", "reject"] = "tis",
+        cap: float = 2.0,
+        lower: float | None = None,
+        level: Literal["token", "sequence"] = "token",
+    ):
         """
         Args:
             mode: tis (truncate w at ``cap``), mis (w, zeroed outside [lower, cap]) or reject (1, zeroed outside).
@@ -41,7 +47,9 @@ class OffPolicyCorrection:
             level: token (per-token w) or sequence (product over the sequence's valid tokens).
         """
         if mode not in ("tis", "mis", "reject") or level not in ("token", "sequence"):
-            raise ValueError(f"OffPolicyCorrection: mode must be tis|mis|reject and level token|sequence, got {mode!r}, {level!r}")
+            raise ValueError(
+                f"OffPolicyCorrection: mode must be tis|mis|reject and level token|sequence, got {mode!r}, {level!r}"
+            )
         if cap <= 0:
             raise ValueError(f"OffPolicyCorrection: cap must be > 0, got {cap}")
         self.mode, self.cap, self.lower, self.level = mode, cap, lower, level
@@ -60,7 +68,10 @@ class OffPolicyCorrection:
             keep = ((w <= self.cap) & (w >= (self.lower if self.lower is not None else 0.0))).float()
             weight = w * keep if self.mode == "mis" else keep
             affected = 1.0 - keep
-        metrics = {"offpolicy/weight_mean": masked_mean(w, mask), "offpolicy/affected_frac": masked_mean(affected, mask)}
+        metrics = {
+            "offpolicy/weight_mean": masked_mean(w, mask),
+            "offpolicy/affected_frac": masked_mean(affected, mask),
+        }
         return weight.detach(), {k: v.detach() for k, v in metrics.items()}
 
 
@@ -86,7 +97,9 @@ class Surrogate(ABC):
 
     def __call__(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         if logprobs.shape != batch.response_ids.shape:
-            raise ValueError(f"{type(self).__name__}: logprobs {tuple(logprobs.shape)} must match response_ids {tuple(batch.response_ids.shape)}")
+            raise ValueError(
+                f"{type(self).__name__}: logprobs {tuple(logprobs.shape)} must match response_ids {tuple(batch.response_ids.shape)}"
+            )
         loss, metrics = self.per_token_loss(logprobs, batch)
         if self.correction is not None:
             weight, extra = self.correction(batch)

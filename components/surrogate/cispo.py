@@ -24,7 +24,9 @@ class CISPO(Surrogate):
     normalisation is the aggregator's job (`TokenMean`).
     """
 
-    def __init__(self, eps_low: float | None = None, eps_high: float = 0.28, correction: OffPolicyCorrection | None = None):
+    def __init__(
+        self, eps_low: float | None = None, eps_high: float = 0.28, correction: OffPolicyCorrection | None = None
+    ):
         """
         Args:
             eps_low: weight >= 1 - eps_low; None = no lower bound (the paper's setting).
@@ -33,7 +35,9 @@ class CISPO(Surrogate):
         """
         super().__init__(correction)
         if eps_high <= 0 or (eps_low is not None and not 0 < eps_low <= 1):
-            raise ValueError(f"CISPO: need eps_high > 0 and eps_low in (0, 1] or None; got eps_low={eps_low}, eps_high={eps_high}")
+            raise ValueError(
+                f"CISPO: need eps_high > 0 and eps_low in (0, 1] or None; got eps_low={eps_low}, eps_high={eps_high}"
+            )
         self.eps_low, self.eps_high = eps_low, eps_high
 
     def per_token_loss(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:

@@ -54,12 +54,16 @@ class CovariancePG(Surrogate):
         if mode not in ("clip_cov", "kl_cov"):
             raise ValueError(f"CovariancePG: mode must be clip_cov or kl_cov, got {mode!r}")
         if not 0 < ratio <= 1 or cov_low > cov_high or beta < 0:
-            raise ValueError(f"CovariancePG: need 0 < ratio <= 1, cov_low <= cov_high, beta >= 0; got {ratio}, {cov_low}, {cov_high}, {beta}")
+            raise ValueError(
+                f"CovariancePG: need 0 < ratio <= 1, cov_low <= cov_high, beta >= 0; got {ratio}, {cov_low}, {cov_high}, {beta}"
+            )
         self.mode, self.ratio, self.cov_low, self.cov_high, self.beta = mode, ratio, cov_low, cov_high, beta
 
     @property
     def inert_on_policy(self) -> str | None:
-        return "its KL-Cov penalty beta |log pi_theta - log pi_old|" if self.mode == "kl_cov" and self.beta > 0 else None
+        return (
+            "its KL-Cov penalty beta |log pi_theta - log pi_old|" if self.mode == "kl_cov" and self.beta > 0 else None
+        )
 
     def covariance(self, logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """Cov_t over the valid tokens, 0 elsewhere. Shape: (B, R)."""

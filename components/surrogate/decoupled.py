@@ -54,7 +54,9 @@ class DecoupledClip(ClippedSurrogate):
             )
         super().__init__(eps_low, eps_high, dual_clip, level, correction)
         if behaviour_cap <= 0 or behaviour_mode not in ("mask", "truncate"):
-            raise ValueError(f"DecoupledClip: behaviour_cap must be > 0 and behaviour_mode mask|truncate, got {behaviour_cap}, {behaviour_mode!r}")
+            raise ValueError(
+                f"DecoupledClip: behaviour_cap must be > 0 and behaviour_mode mask|truncate, got {behaviour_cap}, {behaviour_mode!r}"
+            )
         # w = pi_prox / pi_behav is the trainer/sampler weight of TIS (truncate) and MIS without a lower bound (mask)
         self.behaviour = OffPolicyCorrection(mode="mis" if behaviour_mode == "mask" else "tis", cap=behaviour_cap)
         self.behaviour_cap, self.behaviour_mode = behaviour_cap, behaviour_mode

@@ -52,24 +52,28 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from lightning_rl.checkpoint import with_atomic_checkpoints  # noqa: E402
 from lightning_rl.cli.console import quiet  # noqa: E402
+from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
+from lightning_rl.cli.suggest import hint  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
-from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
 from lightning_rl.loop.runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
-from lightning_rl.cli.suggest import hint  # noqa: E402
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
 EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
-NEW_RUN_HELP = ("With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
-                "the checkpoint belongs to (runs/<name>/version_N)")
+NEW_RUN_HELP = (
+    "With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
+    "the checkpoint belongs to (runs/<name>/version_N)"
+)
 DEBUG = "LIGHTNING_RL_DEBUG"
 
 
 def debugging() -> bool:
     """``LIGHTNING_RL_DEBUG=1`` (or jsonargparse's ``JSONARGPARSE_DEBUG``): errors raise with their trace."""
-    return any(os.environ.get(name, "").lower() not in ("", "0", "false", "no") for name in (DEBUG, "JSONARGPARSE_DEBUG"))
+    return any(
+        os.environ.get(name, "").lower() not in ("", "0", "false", "no") for name in (DEBUG, "JSONARGPARSE_DEBUG")
+    )
 
 
 class RLArgumentParser(LightningArgumentParser):
@@ -83,7 +87,9 @@ class RLArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debugging():
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        message = " ".join(line.strip() for line in message.splitlines())  # jsonargparse indents its causes over several lines
+        message = " ".join(
+            line.strip() for line in message.splitlines()
+        )  # jsonargparse indents its causes over several lines
         sys.stderr.write(f"error: {message}\nevery option: {parser.prog.replace(' [options]', '')} --help\n")
         self.exit(2)
 
@@ -130,7 +136,10 @@ class RunCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         """`fit` and `validate` (`test` / `predict` have no RL meaning here; `export` is handled by ``entry``)."""
-        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}, "validate": {"model", "dataloaders", "datamodule"}}
+        return {
+            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+            "validate": {"model", "dataloaders", "datamodule"},
+        }
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         kwargs.setdefault("allow_abbrev", False)  # --trainer.max_step must not silently mean --trainer.max_steps
@@ -140,7 +149,9 @@ class RunCLI(LightningCLI):
         # the RL progress bar (lightning_rl.cli.progress) unless the bar is off or the config brings its own
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
-        bar = missing_progress_bar([*configured, *callbacks], config.get("enable_progress_bar", True) is not False, self.progress_unit)
+        bar = missing_progress_bar(
+            [*configured, *callbacks], config.get("enable_progress_bar", True) is not False, self.progress_unit
+        )
         return super()._instantiate_trainer(config, [*callbacks, *bar])
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
@@ -155,7 +166,9 @@ class RunCLI(LightningCLI):
         except Exception as err:  # a component, the data module or the Trainer refused its arguments: a config error
             if debugging():
                 raise
-            parser = self._subcommand_parsers.get(self.subcommand, self.parser)  # its prog names the subcommand's --help
+            parser = self._subcommand_parsers.get(
+                self.subcommand, self.parser
+            )  # its prog names the subcommand's --help
             parser.error(config_error(err, self.config.get(self.subcommand) if self.subcommand else self.config))
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -173,7 +186,11 @@ class RunCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         accelerator = str(self._get(self.config_init, "trainer", default={}).get("accelerator", "auto"))
         if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-            build = "a CPU-only build" if torch.version.cuda is None else f"a CUDA {torch.version.cuda} build that sees no GPU"
+            build = (
+                "a CPU-only build"
+                if torch.version.cuda is None
+                else f"a CUDA {torch.version.cuda} build that sees no GPU"
+            )
             raise SystemExit(
                 f"trainer.accelerator={accelerator} but torch {torch.__version__} is {build}. Install the CUDA build, e.g. "
                 'make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" install, or use --trainer.accelerator cpu'
@@ -188,9 +205,13 @@ class RLCLI(RunCLI):
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
-        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.cli.export)
+        export = self.parser_class(
+            description=EXPORT_HELP
+        )  # listed in --help; `entry` runs it (lightning_rl.cli.export)
         parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
-        parser._subcommands_action.add_subcommand("components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP)
+        parser._subcommands_action.add_subcommand(
+            "components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP
+        )
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -207,14 +228,18 @@ class RLCLI(RunCLI):
         super()._run_subcommand(subcommand)
 
 
-def build_cli(cli_class: type[RunCLI], model_class: type, prog: str, description: str, args: list[str] | None, run: bool, **kwargs) -> RunCLI:
+def build_cli(
+    cli_class: type[RunCLI], model_class: type, prog: str, description: str, args: list[str] | None, run: bool, **kwargs
+) -> RunCLI:
     """``cli_class`` over ``model_class`` and `PromptDataModule`, with the trainer defaults of default_trainer.yaml under
     every --config, and the console quieted (lightning_rl.cli.console)."""
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
     asked = args if args is not None else sys.argv[1:]
-    set_parsing_settings(docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked))
+    set_parsing_settings(
+        docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked)
+    )
     quiet()  # the console shows what a researcher can act on (lightning_rl.cli.console)
     return cli_class(
         model_class,
@@ -224,7 +249,10 @@ def build_cli(cli_class: type[RunCLI], model_class: type, prog: str, description
             "prog": prog,
             "description": f"{description} Errors are one line; {DEBUG}=1 shows their trace.",
             "parser_mode": "omegaconf+",
-            **{cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]} for cmd in ("fit", "validate")},
+            **{
+                cmd: {"parser_mode": "omegaconf+", "default_config_files": [DEFAULT_TRAINER_CONFIG]}
+                for cmd in ("fit", "validate")
+            },
         },
         save_config_callback=SaveConfigBeside,
         args=args,
@@ -273,7 +301,6 @@ def _key_of(config, class_path: str, prefix: str = "") -> str | None:
 def _said_in_one_line() -> tuple[type[BaseException], ...]:
     """Errors whose message names the culprit and the fix: the trace would only hide it."""
     from components.rollout.sglang.client import SGLangError
-
     from lightning_rl.data.checks import DataError
     from lightning_rl.loop.health import NonFiniteTrainingError
 

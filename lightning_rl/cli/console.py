@@ -55,7 +55,11 @@ def quiet() -> None:
     (download bars stay: a model fetched from the hub shows its progress). Idempotent."""
     for pattern in QUIET:
         warnings.filterwarnings("ignore", message=pattern)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed", "lightning.fabric.utilities.rank_zero"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.seed",
+        "lightning.fabric.utilities.rank_zero",
+    ):
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropNoise) for f in log.filters):
             log.addFilter(_DropNoise())

@@ -32,12 +32,22 @@ def describe(cli) -> str:
         f"  optimizer steps    {steps} (ppo_epochs {loop.ppo_epochs} x num_mini_batches {loop.num_mini_batches})",
         f"  per optimizer step {per_step * world} samples, at most {per_step * world * rollout.params.max_new_tokens} response tokens",
         f"  iterations         {trainer.max_steps} (trainer.max_steps)",
-        "  sampling           " + (f"asynchronous: {loop.max_staleness} round(s) ahead, on weights at most {loop.max_staleness} version(s) older "
-                                   "(loop.max_staleness); old log-probs recomputed" if loop.max_staleness else "synchronous (loop.max_staleness 0)"),
+        "  sampling           "
+        + (
+            f"asynchronous: {loop.max_staleness} round(s) ahead, on weights at most {loop.max_staleness} version(s) older "
+            "(loop.max_staleness); old log-probs recomputed"
+            if loop.max_staleness
+            else "synchronous (loop.max_staleness 0)"
+        ),
     ]
     model.configure_model()
     lines.append("models:")
-    for name, module in (("policy", model.policy), ("reference", model.reference), ("critic", model.critic), ("reward", model.reward)):
+    for name, module in (
+        ("policy", model.policy),
+        ("reference", model.reference),
+        ("critic", model.critic),
+        ("reward", model.reward),
+    ):
         params = list(module.parameters()) if hasattr(module, "parameters") else []
         if params:
             trainable = sum(p.numel() for p in params if p.requires_grad)
@@ -56,10 +66,14 @@ def _folders(trainer, ckpt_path: str | None, new_run: bool) -> list[str]:
     if logger is not None and versioned(logger):
         run = continued_run(logger, resolve_checkpoint(ckpt_path), "fit", new_run)
         if run is not None:
-            lines.append(f"  logs         {shown_path(run)} (continued from its checkpoint; --new_run starts a new version)")
+            lines.append(
+                f"  logs         {shown_path(run)} (continued from its checkpoint; --new_run starts a new version)"
+            )
         else:
             run = Path(logger.save_dir) / logger.name / "version_<next>"
-            lines.append(f"  logs         {shown_path(run)} ({shown_path(run.parent / LATEST / 'checkpoints')} will link to its checkpoints)")
+            lines.append(
+                f"  logs         {shown_path(run)} ({shown_path(run.parent / LATEST / 'checkpoints')} will link to its checkpoints)"
+            )
     for checkpoint in (c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)):
         moved = run is not None and follows_run(checkpoint.dirpath, logger)
         if moved or checkpoint.dirpath is not None:

@@ -56,7 +56,9 @@ def _strip(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
 
 
 def _cast(state: dict[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
-    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in state.items()}
+    return {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in state.items()
+    }
 
 
 def _build(auto_class, config, state: dict[str, Tensor], what: str):
@@ -67,17 +69,27 @@ def _build(auto_class, config, state: dict[str, Tensor], what: str):
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise ValueError(f"{what}: checkpoint weights do not match {type(model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"{what}: checkpoint weights do not match {type(model).__name__}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     model.tie_weights()
     # non-persistent buffers (e.g. rotary frequencies) are rebuilt by from_pretrained; keep them off the meta device
     for name, buffer in list(model.named_buffers()):
         if buffer.is_meta:
             owner, _, leaf = name.rpartition(".")
-            model.get_submodule(owner).register_buffer(leaf, torch.zeros(buffer.shape, dtype=buffer.dtype), persistent=False)
+            model.get_submodule(owner).register_buffer(
+                leaf, torch.zeros(buffer.shape, dtype=buffer.dtype), persistent=False
+            )
     return model.eval()
 
 
-def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, dtype: torch.dtype | None = None, tokenizer: str | None = None) -> dict[str, Path]:
+def export_state(
+    state: dict[str, Tensor],
+    info: dict[str, Any],
+    out_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    tokenizer: str | None = None,
+) -> dict[str, Path]:
     """Write the models of an ``RLModule`` state dict (``policy.*``, ``critic.*`` keys) under ``out_dir``."""
     from transformers import AutoModelForTokenClassification
 
@@ -96,7 +108,11 @@ def export_state(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | 
     if is_vision_language(config):
         from transformers import AutoImageProcessor
 
-        load_pretrained(AutoImageProcessor.from_pretrained, tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's processor)").save_pretrained(written["policy"])
+        load_pretrained(
+            AutoImageProcessor.from_pretrained,
+            tokenizer or policy_info["tokenizer"],
+            "--tokenizer (the policy's processor)",
+        ).save_pretrained(written["policy"])
     if "critic" in info:
         config = _config(info["critic"]["config"])
         config.num_labels = 1
@@ -119,7 +135,9 @@ def _lora_policy(policy_info: dict[str, Any], adapters: dict[str, Tensor]):
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     fields = {f.name for f in dataclasses.fields(ModelSpec)}
-    spec = ModelSpec(**{**{k: v for k, v in policy_info.items() if k in fields}, "lora": LoraSpec(**policy_info["lora"])})
+    spec = ModelSpec(
+        **{**{k: v for k, v in policy_info.items() if k in fields}, "lora": LoraSpec(**policy_info["lora"])}
+    )
     model = load_causal_lm(spec, "policy (the adapters' base, recorded in the checkpoint)")
     check_base(policy_info.get("base_fingerprint"), model, "the checkpoint's policy", spec.path)
     _load_adapters(model, adapters, "policy")
@@ -129,12 +147,21 @@ def _lora_policy(policy_info: dict[str, Any], adapters: dict[str, Tensor]):
 def _lora_critic(critic_info: dict[str, Any], policy_path: str, trained: dict[str, Tensor]):
     """The critic's backbone reloaded (as ``ValueCritic.build`` does) with its adapters and value head loaded."""
     from components.critic import ValueCritic
-
     from lightning_rl.core.lora import check_base
 
-    critic = ValueCritic(init_from=critic_info["init_from"], path=critic_info["path"], dtype=critic_info["dtype"], lora=LoraSpec(**critic_info["lora"]))
+    critic = ValueCritic(
+        init_from=critic_info["init_from"],
+        path=critic_info["path"],
+        dtype=critic_info["dtype"],
+        lora=LoraSpec(**critic_info["lora"]),
+    )
     critic.build(policy_path, critic_info.get("reward_path"))
-    check_base(critic_info.get("base_fingerprint"), critic.backbone, "the checkpoint's critic", str(critic_info["path"] or critic_info["init_from"]))
+    check_base(
+        critic_info.get("base_fingerprint"),
+        critic.backbone,
+        "the checkpoint's critic",
+        str(critic_info["path"] or critic_info["init_from"]),
+    )
     _load_adapters(critic, trained, "critic")
     return critic
 
@@ -144,7 +171,9 @@ def _load_adapters(model: torch.nn.Module, trained: dict[str, Tensor], what: str
     frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     missing = [k for k in missing if k not in frozen]
     if missing or unexpected:
-        raise ValueError(f"{what}: the checkpoint's adapters do not fit the LoRA spec recorded with them: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"{what}: the checkpoint's adapters do not fit the LoRA spec recorded with them: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 def merge_adapters(state: dict[str, Tensor], info: dict[str, Any]) -> dict[str, Tensor]:
@@ -152,14 +181,20 @@ def merge_adapters(state: dict[str, Tensor], info: dict[str, Any]) -> dict[str, 
     state = dict(state)
     if info["policy"].get("lora") is not None:
         policy = _lora_policy(info["policy"], _strip(state, POLICY))
-        state = {k: v for k, v in state.items() if not k.startswith(POLICY)} | {POLICY + k: v for k, v in merged_state_dict(policy).items()}
+        state = {k: v for k, v in state.items() if not k.startswith(POLICY)} | {
+            POLICY + k: v for k, v in merged_state_dict(policy).items()
+        }
     if "lora" in info.get("critic", {}):
         critic = _lora_critic(info["critic"], info["policy"]["path"], _strip(state, CRITIC))
-        state = {k: v for k, v in state.items() if not k.startswith(CRITIC)} | {CRITIC + k: v for k, v in merged_state_dict(critic).items()}
+        state = {k: v for k, v in state.items() if not k.startswith(CRITIC)} | {
+            CRITIC + k: v for k, v in merged_state_dict(critic).items()
+        }
     return state
 
 
-def export_adapters(state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, tokenizer: str | None = None) -> dict[str, Path]:
+def export_adapters(
+    state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, tokenizer: str | None = None
+) -> dict[str, Path]:
     """Write the LoRA adapters alone: ``policy/`` (peft adapter + tokenizer) and, for a LoRA critic, ``critic/``."""
     from safetensors.torch import save_file
 
@@ -167,24 +202,35 @@ def export_adapters(state: dict[str, Tensor], info: dict[str, Any], out_dir: str
     from lightning_rl.core.models import load_tokenizer
 
     if info["policy"].get("lora") is None:
-        raise ValueError("--adapter_only: this checkpoint's policy was trained without LoRA (model.policy.lora is null); export it without --adapter_only")
+        raise ValueError(
+            "--adapter_only: this checkpoint's policy was trained without LoRA (model.policy.lora is null); export it without --adapter_only"
+        )
     out_dir = Path(out_dir)
     policy_info = info["policy"]
     written = {"policy": out_dir / "policy"}
     # peft picks the model class from task_type, and loads the base from the path written here, from any folder
     base = os.path.expanduser(policy_info["path"])
     base = os.path.abspath(base) if os.path.isdir(base) else policy_info["path"]  # a hub id stays as it is
-    save_adapter(_lora_policy(policy_info, _strip(state, POLICY)), written["policy"], base_path=base, task_type="CAUSAL_LM")
-    load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)").save_pretrained(written["policy"])
+    save_adapter(
+        _lora_policy(policy_info, _strip(state, POLICY)), written["policy"], base_path=base, task_type="CAUSAL_LM"
+    )
+    load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)").save_pretrained(
+        written["policy"]
+    )
     if "lora" in info.get("critic", {}):
         critic = _lora_critic(info["critic"], policy_info["path"], _strip(state, CRITIC))
         written["critic"] = out_dir / "critic"
         save_adapter(critic.backbone, written["critic"])
-        save_file({k: v.detach().contiguous() for k, v in critic.head.state_dict().items()}, written["critic"] / "value_head.safetensors")
+        save_file(
+            {k: v.detach().contiguous() for k, v in critic.head.state_dict().items()},
+            written["critic"] / "value_head.safetensors",
+        )
     return written
 
 
-def export_reward_model(checkpoint: dict[str, Any], out_dir: str | Path, dtype: torch.dtype | None = None) -> dict[str, Path]:
+def export_reward_model(
+    checkpoint: dict[str, Any], out_dir: str | Path, dtype: torch.dtype | None = None
+) -> dict[str, Path]:
     """Write the sequence classifier of a ``BradleyTerryRewardModel`` checkpoint to ``out_dir/reward_model``."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -194,14 +240,25 @@ def export_reward_model(checkpoint: dict[str, Any], out_dir: str | Path, dtype: 
     tok = load_tokenizer(path, "hyper_parameters.path (the reward model's base)")
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.pad_token_id = tok.pad_token_id
-    model = _build(AutoModelForSequenceClassification, config, _cast(_strip(checkpoint["state_dict"], "model."), dtype), "reward model")
+    model = _build(
+        AutoModelForSequenceClassification,
+        config,
+        _cast(_strip(checkpoint["state_dict"], "model."), dtype),
+        "reward model",
+    )
     target = Path(out_dir) / "reward_model"
     model.save_pretrained(target)
     tok.save_pretrained(target)
     return {"reward_model": target}
 
 
-def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None = None, tokenizer: str | None = None, adapter_only: bool = False) -> dict[str, Path]:
+def export_checkpoint(
+    path: str | Path,
+    out_dir: str | Path,
+    dtype: str | None = None,
+    tokenizer: str | None = None,
+    adapter_only: bool = False,
+) -> dict[str, Path]:
     """Export every trained model in a checkpoint (or, with ``adapter_only``, its LoRA adapters); returns {name: folder}."""
     from lightning_rl.core.models import DTYPES
 
@@ -211,18 +268,37 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, dtype: str | None =
         return export_adapters(checkpoint["state_dict"], checkpoint["hf_export"], out_dir, tokenizer)
     if "hf_export" in checkpoint:
         return export_state(checkpoint["state_dict"], checkpoint["hf_export"], out_dir, torch_dtype, tokenizer)
-    if "path" in (checkpoint.get("hyper_parameters") or {}) and any(k.startswith("model.") for k in checkpoint["state_dict"]):
+    if "path" in (checkpoint.get("hyper_parameters") or {}) and any(
+        k.startswith("model.") for k in checkpoint["state_dict"]
+    ):
         return export_reward_model(checkpoint, out_dir, torch_dtype)
-    raise ValueError(f"{str(path)!r} is not a checkpoint of RLModule or BradleyTerryRewardModel (no `hf_export` entry, no reward-model hyper-parameters)")
+    raise ValueError(
+        f"{str(path)!r} is not a checkpoint of RLModule or BradleyTerryRewardModel (no `hf_export` entry, no reward-model hyper-parameters)"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
-    parser = argparse.ArgumentParser(prog="lightning-rl export", description="Write the models of a checkpoint in Hugging Face format.")
-    parser.add_argument("checkpoint", help="a .ckpt file, an FSDP2Strategy checkpoint folder or a DeepSpeed checkpoint folder")
+    parser = argparse.ArgumentParser(
+        prog="lightning-rl export", description="Write the models of a checkpoint in Hugging Face format."
+    )
+    parser.add_argument(
+        "checkpoint", help="a .ckpt file, an FSDP2Strategy checkpoint folder or a DeepSpeed checkpoint folder"
+    )
     parser.add_argument("out_dir", help="writes policy/ (and critic/, or reward_model/) here")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights (default: as trained)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: the policy's path recorded in the checkpoint)")
-    parser.add_argument("--adapter_only", action="store_true", help="LoRA runs: write the adapters (peft format) instead of merged full models")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="cast the weights (default: as trained)",
+    )
+    parser.add_argument(
+        "--tokenizer", default=None, help="tokenizer path (default: the policy's path recorded in the checkpoint)"
+    )
+    parser.add_argument(
+        "--adapter_only",
+        action="store_true",
+        help="LoRA runs: write the adapters (peft format) instead of merged full models",
+    )
     args = parser.parse_args(argv)
     written = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer, args.adapter_only)
     for name, folder in written.items():

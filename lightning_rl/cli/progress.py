@@ -80,7 +80,13 @@ def _clock_text(seconds: float | None) -> str:
 class _TrainTaskColumn(ProgressColumn):
     """Renders the training task from the bar's `IterationClock`; every other task (validation) as Lightning does."""
 
-    def __init__(self, bar: RLProgressBar, lightning_column: ProgressColumn, render: Callable[[IterationClock, object], str], style):
+    def __init__(
+        self,
+        bar: RLProgressBar,
+        lightning_column: ProgressColumn,
+        render: Callable[[IterationClock, object], str],
+        style,
+    ):
         super().__init__()
         self.bar, self.lightning_column, self._render, self.style = bar, lightning_column, render, style
 
@@ -121,7 +127,9 @@ class RLProgressBar(RichProgressBar):
 
         replaced = {
             CustomTimeColumn: lambda column: _TrainTaskColumn(self, column, clock, theme.time),
-            ProcessingSpeedColumn: lambda column: _TrainTaskColumn(self, column, lambda c, _: c.rate(), theme.processing_speed),
+            ProcessingSpeedColumn: lambda column: _TrainTaskColumn(
+                self, column, lambda c, _: c.rate(), theme.processing_speed
+            ),
         }
         return [replaced[type(c)](c) if type(c) in replaced else c for c in columns]
 

@@ -1,4 +1,4 @@
-""""Did you mean" for a mistyped option or config key, on the command line or in a YAML file.
+""" "Did you mean" for a mistyped option or config key, on the command line or in a YAML file.
 
 A name is compared with its siblings (the options under the same parent), by the last name: ``learning_rate``
 is closer to ``lr`` (its initials) than to ``min_lr_ratio``, whatever the full dotted strings look like.

@@ -63,14 +63,18 @@ class RolloutBatch:
     token_rewards: Tensor | None = None  # (B, R)
     advantages: Tensor | None = None  # (B, R)
     returns: Tensor | None = None  # (B, R)
-    action_mask: Tensor | None = None  # (B, R) 1 on tokens the model sampled, 0 on environment tokens (None = all sampled)
+    action_mask: Tensor | None = (
+        None  # (B, R) 1 on tokens the model sampled, 0 on environment tokens (None = all sampled)
+    )
     env_rewards: Tensor | None = None  # (B, R) an environment's per-turn rewards, on the last token of each turn
     versions: Tensor | None = None  # (B,) long: the oldest policy version that sampled any of the sample's tokens
     token_versions: Tensor | None = None  # (B, R) long: the version that sampled each token (partial rollouts, agents)
     columns: Columns | None = None  # per row: the data row (prompt, answer, ...), prompts / completions / transcripts
     score_parts: dict[str, Tensor] | None = None  # name -> (B,): a Composite reward's unweighted parts
     images: list | None = None  # per row: the prompt's images (a list of PIL images; empty for a text-only prompt)
-    image_inputs: list | None = None  # per row: the processor's tensors for those images, {name: tensor}, concatenated along dim 0 over rows
+    image_inputs: list | None = (
+        None  # per row: the processor's tensors for those images, {name: tensor}, concatenated along dim 0 over rows
+    )
 
     def __post_init__(self) -> None:
         if self.response_ids.dim() != 2 or self.response_mask.shape != self.response_ids.shape:
@@ -105,7 +109,11 @@ class RolloutBatch:
     def counted(self) -> Tensor:
         """(B,) float: 1 for samples that count (sample_mask, and not a greedy baseline row), else 0.
         Per-sample means (sequence KL, the KL controller's input) divide by its sum, not by B."""
-        counted = torch.ones(self.batch_size, device=self.response_ids.device) if self.sample_mask is None else self.sample_mask.float()
+        counted = (
+            torch.ones(self.batch_size, device=self.response_ids.device)
+            if self.sample_mask is None
+            else self.sample_mask.float()
+        )
         if self.is_greedy is not None:
             counted = counted * (self.is_greedy == 0).float()
         return counted
@@ -147,7 +155,9 @@ class RolloutBatch:
             rows = _row_indices(index, self.batch_size)
             changes["columns"] = {k: [v[i] for i in rows] for k, v in self.columns.items()}
         if self.score_parts is not None:
-            changes["score_parts"] = {k: v[index.to(v.device) if isinstance(index, Tensor) else index] for k, v in self.score_parts.items()}
+            changes["score_parts"] = {
+                k: v[index.to(v.device) if isinstance(index, Tensor) else index] for k, v in self.score_parts.items()
+            }
         lists = self.per_row_lists()
         if lists:
             rows = _row_indices(index, self.batch_size)
@@ -174,7 +184,9 @@ class RolloutBatch:
             if f.name in ROWS:
                 keys = list(values[0])
                 if any(list(v) != keys for v in values):
-                    raise ValueError(f"cannot concatenate batches whose `{f.name}` have different names: {[sorted(v) for v in values]}")
+                    raise ValueError(
+                        f"cannot concatenate batches whose `{f.name}` have different names: {[sorted(v) for v in values]}"
+                    )
                 merged[f.name] = {k: _concat([v[k] for v in values]) for k in keys}
                 continue
             if isinstance(values[0], list):  # per row
@@ -239,7 +251,11 @@ class Prompts:
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per prompt: its data row."""
-        return [dict(zip(self.columns, values)) for values in zip(*self.columns.values())] if self.columns else [{} for _ in range(len(self))]
+        return (
+            [dict(zip(self.columns, values)) for values in zip(*self.columns.values())]
+            if self.columns
+            else [{} for _ in range(len(self))]
+        )
 
     def to(self, device: torch.device | str) -> "Prompts":
         changes: dict[str, Any] = {"prompt_ids": self.prompt_ids.to(device), "prompt_mask": self.prompt_mask.to(device)}
@@ -274,7 +290,11 @@ def terminal_rewards(scores: Tensor, mask: Tensor) -> Tensor:
     """
     valid = mask != 0
     positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
-    last = torch.where(valid, positions, -1).amax(-1) if mask.shape[-1] else torch.full(mask.shape[:1], -1, device=mask.device)  # (B,)
+    last = (
+        torch.where(valid, positions, -1).amax(-1)
+        if mask.shape[-1]
+        else torch.full(mask.shape[:1], -1, device=mask.device)
+    )  # (B,)
     rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     rows = (last >= 0).nonzero().squeeze(-1)
     rewards[rows, last[rows]] = scores[rows].float()

@@ -27,7 +27,9 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         # jsonargparse builds this from YAML for model.optimizer and for a critic's optimizer
         if not (math.isfinite(self.lr) and self.lr >= 0):
-            raise ValueError(f"optimizer lr={self.lr} (model.optimizer.lr, or the critic's optimizer.lr) must be a finite number >= 0, e.g. 1e-5")
+            raise ValueError(
+                f"optimizer lr={self.lr} (model.optimizer.lr, or the critic's optimizer.lr) must be a finite number >= 0, e.g. 1e-5"
+            )
         if self.weight_decay < 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(
                 f"optimizer: weight_decay ({self.weight_decay}) and warmup_steps ({self.warmup_steps}) must be >= 0 "
@@ -94,17 +96,33 @@ class LoopConfig:
     """Warn (once) when the policy's mean token entropy falls below this (0 = never)."""
 
     def __post_init__(self) -> None:
-        sizes = {"ppo_epochs": self.ppo_epochs, "num_mini_batches": self.num_mini_batches, "micro_batch_size": self.micro_batch_size, "forward_batch_size": self.forward_batch_size}
+        sizes = {
+            "ppo_epochs": self.ppo_epochs,
+            "num_mini_batches": self.num_mini_batches,
+            "micro_batch_size": self.micro_batch_size,
+            "forward_batch_size": self.forward_batch_size,
+        }
         for key, value in sizes.items():
             if value < 1:
                 raise ValueError(f"model.loop.{key}={value} must be >= 1")
         if self.max_staleness < 0:
             raise ValueError(f"model.loop.max_staleness={self.max_staleness} must be >= 0 (0 = synchronous)")
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
-            raise ValueError(f"model.loop.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be >= 1 (prompt + response tokens per micro-batch), or null for fixed-size micro-batches")
+            raise ValueError(
+                f"model.loop.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be >= 1 (prompt + response tokens per micro-batch), or null for fixed-size micro-batches"
+            )
         if self.logprob_chunk_rows is not None and self.logprob_chunk_rows < 1:
             raise ValueError(f"model.loop.logprob_chunk_rows={self.logprob_chunk_rows} must be >= 1 (or null)")
         if self.val_samples < 0 or self.val_temperature <= 0:
-            raise ValueError(f"model.loop: val_samples ({self.val_samples}) must be >= 0 and val_temperature ({self.val_temperature}) > 0")
-        if self.log_samples_every_n_steps < 0 or self.log_samples < 0 or self.max_nonfinite_steps < 0 or self.degenerate_patience < 0:
-            raise ValueError("model.loop: log_samples_every_n_steps, log_samples, max_nonfinite_steps and degenerate_patience must be >= 0")
+            raise ValueError(
+                f"model.loop: val_samples ({self.val_samples}) must be >= 0 and val_temperature ({self.val_temperature}) > 0"
+            )
+        if (
+            self.log_samples_every_n_steps < 0
+            or self.log_samples < 0
+            or self.max_nonfinite_steps < 0
+            or self.degenerate_patience < 0
+        ):
+            raise ValueError(
+                "model.loop: log_samples_every_n_steps, log_samples, max_nonfinite_steps and degenerate_patience must be >= 0"
+            )

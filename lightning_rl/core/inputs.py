@@ -61,7 +61,13 @@ def rope_index(model):
     return None
 
 
-def row_positions(model, input_ids: Tensor, attention_mask: Tensor, image_inputs: list[dict[str, Tensor]] | None = None, prompt_width: int | None = None) -> Tensor:
+def row_positions(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    image_inputs: list[dict[str, Tensor]] | None = None,
+    prompt_width: int | None = None,
+) -> Tensor:
     """Position ids of a set of rows, as the sampler's prefill and the trainer's forward both take them. Shapes:
     (B, T) -> (B, T), the running count of real tokens (`mask_positions`); or, for rows with image inputs on a model with
     multimodal rotary positions, (3, B, T) from the model's ``get_rope_index`` (an image's tokens take their grid's
@@ -79,7 +85,10 @@ def row_positions(model, input_ids: Tensor, attention_mask: Tensor, image_inputs
     token_types = torch.zeros_like(input_ids, dtype=torch.int)
     token_types[..., :prompt_width][input_ids[..., :prompt_width] == getattr(config, "image_token_id", None)] = 1
     positions, _ = fn(
-        input_ids, mm_token_type_ids=token_types, image_grid_thw=torch.cat(grids).to(input_ids.device) if grids else None, attention_mask=attention_mask
+        input_ids,
+        mm_token_type_ids=token_types,
+        image_grid_thw=torch.cat(grids).to(input_ids.device) if grids else None,
+        attention_mask=attention_mask,
     )
     return positions  # (3, B, T)
 

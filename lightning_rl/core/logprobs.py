@@ -14,7 +14,14 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from lightning_rl.core.inputs import check_no_placeholders, forward_accepts, image_kwargs, mask_positions, row_positions, sequence_inputs
+from lightning_rl.core.inputs import (
+    check_no_placeholders,
+    forward_accepts,
+    image_kwargs,
+    mask_positions,
+    row_positions,
+    sequence_inputs,
+)
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
@@ -53,7 +60,9 @@ class _SampledLogProb(torch.autograd.Function):
         return grad, None, None, None
 
 
-def sampled_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None) -> Tensor:
+def sampled_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
+) -> Tensor:
     """Log-probs of ``targets`` under softmax(logits / T), in fp32. Shapes: (..., V), (...) -> (...)."""
     shape = targets.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
@@ -79,7 +88,11 @@ def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_rows: int | No
     parts = []
     for i in range(0, flat.shape[0], rows):
         chunk = flat[i : i + rows]
-        parts.append(checkpoint(_entropy_rows, chunk, temperature, use_reentrant=False) if grad else _entropy_rows(chunk, temperature))
+        parts.append(
+            checkpoint(_entropy_rows, chunk, temperature, use_reentrant=False)
+            if grad
+            else _entropy_rows(chunk, temperature)
+        )
     out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 
@@ -110,10 +123,19 @@ def _same_images(a: dict, b: dict) -> bool:
     return a is b or (a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a))
 
 
-PACKED_ROW_MAX_TOKENS = 1024  # prompt + G responses per packed row; beyond, its dense (P + G R)^2 attention costs more than a call
+PACKED_ROW_MAX_TOKENS = (
+    1024  # prompt + G responses per packed row; beyond, its dense (P + G R)^2 attention costs more than a call
+)
 
 
-def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor, image_inputs: list | None = None) -> Tensor:
+def response_logits(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    image_inputs: list | None = None,
+) -> Tensor:
     """Logits predicting each response token. Shape: (B, R, V). ``image_inputs``: each row's image tensors (None: text).
 
     Position ``P - 1 + t`` predicts response token ``t``; only those ``R`` positions go through
@@ -135,7 +157,12 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     """
     r, b = response_ids.shape[1], response_ids.shape[0]
     runs = shared_prompts(prompt_ids, prompt_mask, image_inputs) if forward_accepts(model, "logits_to_keep") else None
-    if runs is not None and image_inputs is None and len(set(runs)) == 1 and _packable(model, prompt_ids.shape[1], r, runs[0]):
+    if (
+        runs is not None
+        and image_inputs is None
+        and len(set(runs)) == 1
+        and _packable(model, prompt_ids.shape[1], r, runs[0])
+    ):
         return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0])
     if runs is None and image_inputs is not None and forward_accepts(model, "logits_to_keep"):
         runs = [1] * b
@@ -147,7 +174,10 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         if image_inputs is not None:
             check_no_placeholders(model, response_ids, response_mask)
-            kwargs.update(position_ids=row_positions(model, input_ids, attention_mask, image_inputs, prompt_ids.shape[1]), **image_kwargs(image_inputs, input_ids.device))
+            kwargs.update(
+                position_ids=row_positions(model, input_ids, attention_mask, image_inputs, prompt_ids.shape[1]),
+                **image_kwargs(image_inputs, input_ids.device),
+            )
         if forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = r + 1
         logits = model(**kwargs).logits
@@ -159,22 +189,35 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     if image_inputs is not None:
         position_ids = row_positions(model, input_ids, attention_mask, image_inputs, p)  # (3, B, P + R)
         images = image_kwargs([image_inputs[i] for i in first.tolist()], prompt_ids.device)
-    head = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[..., first, :p], use_cache=True, logits_to_keep=1,
-                 **images)
+    head = model(
+        input_ids=prompt_ids[first],
+        attention_mask=prompt_mask[first],
+        position_ids=position_ids[..., first, :p],
+        use_cache=True,
+        logits_to_keep=1,
+        **images,
+    )
     cache_kw = "cache" if forward_accepts(model, "cache") else "past_key_values"
     cache = getattr(head, cache_kw)
     if len(set(runs)) == 1:  # every prompt repeated G times: repeat_interleave, whose backward is a reshape and a sum
         first_logits = head.logits.repeat_interleave(runs[0], dim=0)  # (B, 1, V): predicts response token 0
         cache.batch_repeat_interleave(runs[0])
     else:
-        rows = torch.repeat_interleave(torch.arange(len(runs), device=prompt_ids.device), torch.tensor(runs, device=prompt_ids.device), output_size=b)
+        rows = torch.repeat_interleave(
+            torch.arange(len(runs), device=prompt_ids.device),
+            torch.tensor(runs, device=prompt_ids.device),
+            output_size=b,
+        )
         first_logits = head.logits[rows]
         cache.reorder_cache(rows)  # an index_select: differentiable
     if r == 1:
         return first_logits
     rest = model(
-        input_ids=response_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[..., p:-1],
-        use_cache=True, **{cache_kw: cache},
+        input_ids=response_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[..., p:-1],
+        use_cache=True,
+        **{cache_kw: cache},
     ).logits  # (B, R - 1, V): predicts response tokens 1..R-1
     return torch.cat([first_logits, rest], dim=1)  # (B, R, V)
 
@@ -202,19 +245,30 @@ def _packed_group_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respons
     input_ids = torch.cat([prompt_ids[::g], response_ids.reshape(u, g * r)], dim=1)  # (U, L)
     prompt_valid = prompt_mask[::g].bool()  # (U, P)
     positions = torch.cat(
-        [mask_positions(prompt_valid), prompt_valid.sum(-1, keepdim=True) + torch.arange(r, device=device).repeat(g)], dim=1
+        [mask_positions(prompt_valid), prompt_valid.sum(-1, keepdim=True) + torch.arange(r, device=device).repeat(g)],
+        dim=1,
     )  # (U, L)
-    block = torch.cat([torch.full((p,), -1, device=device), torch.arange(g, device=device).repeat_interleave(r)])  # (L,): -1 = prompt
+    block = torch.cat(
+        [torch.full((p,), -1, device=device), torch.arange(g, device=device).repeat_interleave(r)]
+    )  # (L,): -1 = prompt
     column = torch.arange(length, device=device)
     causal = column[None, :] <= column[:, None]  # (L, L): key <= query
     same_response = (block[:, None] == block[None, :]) & (block[:, None] >= 0)  # (L, L)
     prompt_key = torch.cat([prompt_valid, prompt_valid.new_zeros(u, g * r)], dim=1)  # (U, L)
-    allowed = ((prompt_key[:, None, :] | same_response) & causal) | torch.eye(length, dtype=torch.bool, device=device)  # (U, L, L)
+    allowed = ((prompt_key[:, None, :] | same_response) & causal) | torch.eye(
+        length, dtype=torch.bool, device=device
+    )  # (U, L, L)
     if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
         mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     else:
         mask = allowed
-    logits = model(input_ids=input_ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False, logits_to_keep=g * r + 1).logits
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=mask[:, None],
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=g * r + 1,
+    ).logits
     vocab = logits.shape[-1]  # logits: (U, 1 + G R, V), the last prompt column then every response column
     first = logits[:, :1].expand(u, g, vocab).reshape(b, 1, vocab)  # predicts response token 0 of each of the G rows
     rest = logits[:, 1:].reshape(u, g, r, vocab)[:, :, : r - 1].reshape(b, r - 1, vocab)  # token t + 1 from column t
@@ -239,12 +293,16 @@ def policy_logprobs(
     if packed:
         refuse_images(batch)
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
-        row = pack(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model))
+        row = pack(
+            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model)
+        )
         logits = packed_outputs(model, row)  # (N, V)
         targets = batch.response_ids[row.token_mask]  # (N,)
         scatter = row.scatter
     else:
-        logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.image_inputs)
+        logits = response_logits(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.image_inputs
+        )
         targets = batch.response_ids
         scatter = None
     logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows)

@@ -17,7 +17,7 @@ have gradients and optimizer state. What this buys the RL loop:
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -55,8 +55,14 @@ def apply_lora(model: nn.Module, spec: LoraSpec, what: str, exclude: list[str] |
     if spec.rank < 1:
         raise ValueError(f"{what}.lora.rank must be >= 1, got {spec.rank}")
     excluded = "|".join(re.escape(prefix) for prefix in exclude or [])
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=spec.target_modules, bias="none",
-                        exclude_modules=f"({excluded})(\\..*)?" if excluded else None)
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=spec.target_modules,
+        bias="none",
+        exclude_modules=f"({excluded})(\\..*)?" if excluded else None,
+    )
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.init_seed)
@@ -114,7 +120,9 @@ def check_base(stored: list[float] | None, model: nn.Module, what: str, path: st
     current = getattr(model, "lora_base_fingerprint", None)
     if stored is None or current is None:
         return
-    if not torch.allclose(torch.tensor(stored, dtype=torch.float64), torch.tensor(current, dtype=torch.float64), rtol=1e-9, atol=0):
+    if not torch.allclose(
+        torch.tensor(stored, dtype=torch.float64), torch.tensor(current, dtype=torch.float64), rtol=1e-9, atol=0
+    ):
         raise ValueError(
             f"{what}: the checkpoint holds LoRA adapters trained on a different base model than '{path}' "
             f"(weight fingerprint {stored} != {current}); set {what}.path (and dtype) to the base the run started from"
@@ -128,7 +136,13 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_peft_model_state_dict(model, adapter_name=ADAPTER)
 
 
-def save_adapter(model: nn.Module, directory, state: dict[str, torch.Tensor] | None = None, base_path: str | None = None, task_type: str | None = None) -> None:
+def save_adapter(
+    model: nn.Module,
+    directory,
+    state: dict[str, torch.Tensor] | None = None,
+    base_path: str | None = None,
+    task_type: str | None = None,
+) -> None:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (loads with ``PeftModel.from_pretrained``; with
     ``task_type`` and a resolvable ``base_path`` also alone, e.g. ``AutoPeftModelForCausalLM.from_pretrained``)."""
     import copy
@@ -171,7 +185,9 @@ def lora_layers(model: nn.Module) -> dict[str, tuple[float, bool]]:
     }
 
 
-def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float, fan_in_fan_out: bool) -> torch.Tensor:
+def merged_weight(
+    weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float, fan_in_fan_out: bool
+) -> torch.Tensor:
     """``W + scaling B A`` in ``W``'s dtype. Shapes: weight (out, in) (transposed when ``fan_in_fan_out``), a (r, in), b (out, r)."""
     delta = (b.float() @ a.float()) * scaling  # (out, in)
     return (weight.float() + (delta.T if fan_in_fan_out else delta)).to(weight.dtype)

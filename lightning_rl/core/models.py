@@ -43,10 +43,14 @@ def check_model_path(path: str, what: str) -> None:
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
         if not os.path.exists(os.path.join(expanded, "config.json")):
-            raise FileNotFoundError(f"{what}: '{path}' is a directory but has no config.json; point it at a save_pretrained() directory")
+            raise FileNotFoundError(
+                f"{what}: '{path}' is a directory but has no config.json; point it at a save_pretrained() directory"
+            )
         return
     if path.startswith((".", "/", "~")) or os.path.exists(expanded):
-        raise FileNotFoundError(f"{what}: model path '{path}' does not exist; set it to a local save_pretrained() directory or a hub id")
+        raise FileNotFoundError(
+            f"{what}: model path '{path}' does not exist; set it to a local save_pretrained() directory or a hub id"
+        )
 
 
 def load_pretrained(loader, path: str, what: str, **kwargs):
@@ -142,7 +146,9 @@ def load_causal_lm(spec: ModelSpec, what: str = "model.policy"):
     kwargs = dict(dtype=DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code)
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
-    config = load_pretrained(AutoConfig.from_pretrained, spec.path, f"{what}.path", trust_remote_code=spec.trust_remote_code)
+    config = load_pretrained(
+        AutoConfig.from_pretrained, spec.path, f"{what}.path", trust_remote_code=spec.trust_remote_code
+    )
     model = load_pretrained(policy_class(config).from_pretrained, spec.path, f"{what}.path", config=config, **kwargs)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -38,7 +38,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp_min(1.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, global_stats: bool = False, eps: float = 1e-8) -> Tensor:
+def masked_whiten(
+    x: Tensor, mask: Tensor, shift_mean: bool = True, global_stats: bool = False, eps: float = 1e-8
+) -> Tensor:
     """(x - mu) / sigma over masked entries (population variance), in fp32; masked entries -> 0.
 
     ``shift_mean=False`` rescales only, keeping the mean: a second mean shift on top of a group
@@ -142,7 +144,9 @@ def reverse_scan(x: Tensor, decay: Tensor, chunk: int = 64) -> Tensor:
     starts[-1] = head_local[-1]
     for i in range(n - 2, -1, -1):
         torch.mul(head_through[i], starts[i + 1], out=starts[i]).add_(head_local[i])
-    following = torch.cat([starts[1:], torch.zeros_like(starts[:1])]).movedim(0, -1)  # (..., n): y at the next chunk's start
+    following = torch.cat([starts[1:], torch.zeros_like(starts[:1])]).movedim(
+        0, -1
+    )  # (..., n): y at the next chunk's start
     y = (through * following).add_(local)  # (L, ..., n)
     return y.movedim(0, -1).flatten(-2)[..., :t_len]
 

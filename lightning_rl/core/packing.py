@@ -58,7 +58,9 @@ def packable(model, prompt_mask: Tensor, response_mask: Tensor) -> bool:
     return bool(((response_mask != 0) == prefix).all() & (prompt_mask.sum(-1) > 0).all())
 
 
-def pack(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor, backend: str | None = "sdpa") -> PackedRow:
+def pack(
+    prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor, backend: str | None = "sdpa"
+) -> PackedRow:
     """Lay out left-padded prompts (B, P) and right-padded responses (B, R) as one packed row (see the module docstring)."""
     device = response_ids.device
     share = backend in MASKED_BACKENDS
@@ -86,7 +88,9 @@ def pack(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response
         segments.append(torch.full((r,), segment, device=device))
         prompt_of.append(torch.full((r,), prompt_segment, device=device))
         # the prompt's last column predicts response token 0, response column t predicts token t + 1
-        columns.append(torch.cat([torch.tensor([last_prompt_column], device=device), offset + torch.arange(r - 1, device=device)]))
+        columns.append(
+            torch.cat([torch.tensor([last_prompt_column], device=device), offset + torch.arange(r - 1, device=device)])
+        )
         offset, segment = offset + r, segment + 1
     input_ids = torch.cat(ids)[None]  # (1, L)
     position_ids = torch.cat(positions)[None]
@@ -97,7 +101,9 @@ def pack(prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response
             mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, torch.finfo(torch.float32).min)
         mask = mask[None, None]
     token_mask = response_mask != 0
-    return PackedRow(input_ids, position_ids, mask, torch.cat(columns) if columns else position_ids.new_zeros(0), token_mask)
+    return PackedRow(
+        input_ids, position_ids, mask, torch.cat(columns) if columns else position_ids.new_zeros(0), token_mask
+    )
 
 
 NO_PACKING_WITH_IMAGES = (
@@ -125,7 +131,9 @@ def block_causal_mask(segment: Tensor, prompt_of: Tensor) -> Tensor:
 
 def packed_outputs(model, row: PackedRow, hidden: bool = False) -> Tensor:
     """The model's logits (N, V), or last hidden states (N, H) with ``hidden``, at ``row.columns``: one model call."""
-    kwargs = dict(input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask, use_cache=False)
+    kwargs = dict(
+        input_ids=row.input_ids, position_ids=row.position_ids, attention_mask=row.attention_mask, use_cache=False
+    )
     if hidden:
         return model(**kwargs).last_hidden_state[0, row.columns]  # (N, H)
     keep, inverse = torch.unique(row.columns, return_inverse=True)  # a group's prompt column serves G responses

@@ -39,7 +39,9 @@ class SamplingParams:
         if self.group_size < 1 or self.max_new_tokens < 1:
             raise ValueError(f"group_size ({self.group_size}) and max_new_tokens ({self.max_new_tokens}) must be >= 1")
         if not (math.isfinite(self.temperature) and self.temperature >= 0) or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 0; got {self.temperature}, {self.top_p}, {self.top_k}")
+            raise ValueError(
+                f"need temperature >= 0, 0 < top_p <= 1 and top_k >= 0; got {self.temperature}, {self.top_p}, {self.top_k}"
+            )
 
     @property
     def samples_per_prompt(self) -> int:

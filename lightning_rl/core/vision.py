@@ -26,7 +26,12 @@ class VisionProcessor:
 
     def __init__(self, tokenizer, image_processor, processor=None, image_token: str | None = None):
         """``processor``: the model's own (None: expand ``image_token`` the way Qwen2-VL's processor does)."""
-        self.tokenizer, self.image_processor, self.processor, self.image_token = tokenizer, image_processor, processor, image_token
+        self.tokenizer, self.image_processor, self.processor, self.image_token = (
+            tokenizer,
+            image_processor,
+            processor,
+            image_token,
+        )
 
     def messages(self, text: str, n_images: int, system_prompt: str | None = None) -> list[dict]:
         """The chat: an optional system turn, then one user turn with the images first, then the text."""
@@ -36,14 +41,18 @@ class VisionProcessor:
     def encode(self, text: str, images: list, system_prompt: str | None = None) -> tuple[list[int], dict[str, Tensor]]:
         """Token ids of the prompt as the model reads it (chat template, generation prompt, image tokens expanded) and
         its image tensors ({} without images)."""
-        chat = self.tokenizer.apply_chat_template(self.messages(text, len(images), system_prompt), add_generation_prompt=True, tokenize=False)
+        chat = self.tokenizer.apply_chat_template(
+            self.messages(text, len(images), system_prompt), add_generation_prompt=True, tokenize=False
+        )
         if self.processor is not None:
             out = self.processor(text=[chat], images=images or None, return_tensors="pt")
             return out["input_ids"][0].tolist(), {k: v for k, v in out.items() if k not in TEXT_KEYS}
         tensors = dict(self.image_processor(images=images, return_tensors="pt")) if images else {}
         parts = chat.split(self.image_token)
         if len(parts) - 1 != len(images):
-            raise ValueError(f"the chat template wrote {len(parts) - 1} image placeholder(s) ({self.image_token}) for {len(images)} image(s)")
+            raise ValueError(
+                f"the chat template wrote {len(parts) - 1} image placeholder(s) ({self.image_token}) for {len(images)} image(s)"
+            )
         if images:
             merge = self.image_processor.merge_size**2
             counts = (tensors["image_grid_thw"].prod(-1) // merge).tolist()
@@ -69,10 +78,16 @@ def load_processor(path: str, tokenizer, what: str = "model.policy.path") -> Vis
     try:
         image_processor = load_pretrained(AutoImageProcessor.from_pretrained, path, what)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{what}: '{path}' has no image processor (preprocessor_config.json), so its prompts cannot carry images ({err})") from err
+        raise ValueError(
+            f"{what}: '{path}' has no image processor (preprocessor_config.json), so its prompts cannot carry images ({err})"
+        ) from err
     image_token = _qwen_image_token(tokenizer, image_processor)
     if image_token is None:
-        reason = f"its processor could not be built ({missing})" if processor is None else f"{type(processor).__name__} is not an image processor"
+        reason = (
+            f"its processor could not be built ({missing})"
+            if processor is None
+            else f"{type(processor).__name__} is not an image processor"
+        )
         raise ValueError(f"{what}: cannot turn images into inputs for '{path}': {reason}")
     return VisionProcessor(tokenizer, image_processor, image_token=image_token)
 

@@ -38,7 +38,9 @@ def row_name(source: str, row: int) -> str:
     return where
 
 
-def count_unknown_tokens(tokenizer, token_ids: list[list[int]], texts: list[str], source: str, tokenizer_name: str) -> int:
+def count_unknown_tokens(
+    tokenizer, token_ids: list[list[int]], texts: list[str], source: str, tokenizer_name: str
+) -> int:
     """Prompt tokens that are the tokenizer's unknown token; warns once (for ``source``) with an example."""
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None:

@@ -46,7 +46,9 @@ class ImageColumn:
         try:
             ids, tensors = self.processor.encode(prompt, images, self.system_prompt)
         except Exception as err:  # the processor's own checks (e.g. an image smaller than a patch) raise many types
-            raise BadImage(f"its image(s) {', '.join(f'{im.width}x{im.height}' for im in images)} could not be processed ({type(err).__name__}: {err})") from err
+            raise BadImage(
+                f"its image(s) {', '.join(f'{im.width}x{im.height}' for im in images)} could not be processed ({type(err).__name__}: {err})"
+            ) from err
         return ids, tensors, images
 
     def _image(self, value: Any, k: int, n: int):
@@ -67,16 +69,22 @@ class ImageColumn:
             path = os.path.join(self.folder, os.path.expanduser(value))
             what = f"{what} {value!r}"
             if not os.path.isfile(path):
-                raise BadImage(f"{what} does not exist (looked for {path}); paths are read relative to the data file's folder")
+                raise BadImage(
+                    f"{what} does not exist (looked for {path}); paths are read relative to the data file's folder"
+                )
             try:
                 image = Image.open(path)
                 image.load()
             except (UnidentifiedImageError, OSError, ValueError) as err:
                 raise BadImage(f"{what} cannot be read as an image ({err})") from None
         else:
-            raise BadImage(f"{what} is a {type(value).__name__}; give a path relative to the data file, encoded bytes or a PIL image")
+            raise BadImage(
+                f"{what} is a {type(value).__name__}; give a path relative to the data file, encoded bytes or a PIL image"
+            )
         if image.mode not in CONVERTIBLE_MODES:
-            raise BadImage(f"{what} has mode {image.mode!r} (16-bit or float pixels, which RGB would clip); convert it to 8-bit RGB first")
+            raise BadImage(
+                f"{what} has mode {image.mode!r} (16-bit or float pixels, which RGB would clip); convert it to 8-bit RGB first"
+            )
         if min(image.size) < 1:
             raise BadImage(f"{what} is empty ({image.width}x{image.height} pixels)")
         return image
@@ -117,7 +125,9 @@ def encode_source(rows, images: ImageColumn, on_bad: Literal["error", "skip"]):
         kept.append(i)
         ids.append(row_ids)
     if bad:
-        warnings.warn(f"skipping {bad} of {len(rows)} row(s) of {images.source!r} with a bad image (data.bad_images: skip), e.g. {first}")
+        warnings.warn(
+            f"skipping {bad} of {len(rows)} row(s) of {images.source!r} with a bad image (data.bad_images: skip), e.g. {first}"
+        )
     if not kept:
         raise DataError(f"no prompts left in {images.source!r}: every row has a bad image, e.g. {first}")
     return rows.select(kept).add_column("input_ids", ids), images, bad

@@ -15,8 +15,8 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
-from lightning_rl.data.prompts import check_columns, load_rows
 from lightning_rl.core.models import load_tokenizer
+from lightning_rl.data.prompts import check_columns, load_rows
 from lightning_rl.data.tasks import arithmetic_rows
 
 
@@ -101,7 +101,9 @@ class PairDataModule(LightningDataModule):
 
     def _tokenizer(self):
         if self.hparams.tokenizer is None:
-            raise ValueError("data.tokenizer is not set: the CLI links it to model.path; in Python pass tokenizer=<model path>")
+            raise ValueError(
+                "data.tokenizer is not set: the CLI links it to model.path; in Python pass tokenizer=<model path>"
+            )
         if not hasattr(self, "_tok"):
             self._tok = load_tokenizer(self.hparams.tokenizer, "data.tokenizer")
         return self._tok
@@ -110,7 +112,9 @@ class PairDataModule(LightningDataModule):
         if source.startswith("builtin:"):
             name = source.split(":", 1)[1]
             if name not in PAIR_TASKS:
-                raise ValueError(f"unknown built-in pair task {source!r}; available: {[f'builtin:{k}' for k in PAIR_TASKS]}")
+                raise ValueError(
+                    f"unknown built-in pair task {source!r}; available: {[f'builtin:{k}' for k in PAIR_TASKS]}"
+                )
             return PAIR_TASKS[name](split, seed=seed)
         rows = load_rows(source, split)
         mapping = {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected", **(self.hparams.columns or {})}
@@ -124,15 +128,21 @@ class PairDataModule(LightningDataModule):
         for row in rows:
             if hp.chat_template:
                 system = [{"role": "system", "content": hp.system_prompt}] if hp.system_prompt else []
-                prompt = tok.apply_chat_template(system + [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=True)
+                prompt = tok.apply_chat_template(
+                    system + [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=True
+                )
                 prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
             else:
                 prompt = tok(row["prompt"], add_special_tokens=True)["input_ids"]
-            chosen, rejected = (prompt + tok(row[k], add_special_tokens=False)["input_ids"] + eos for k in ("chosen", "rejected"))
+            chosen, rejected = (
+                prompt + tok(row[k], add_special_tokens=False)["input_ids"] + eos for k in ("chosen", "rejected")
+            )
             if max(len(chosen), len(rejected)) <= hp.max_length:
                 encoded.append({"chosen": chosen, "rejected": rejected})
         if len(encoded) < len(rows):
-            warnings.warn(f"dropped {len(rows) - len(encoded)} pair(s) of {source!r} longer than data.max_length={hp.max_length} tokens")
+            warnings.warn(
+                f"dropped {len(rows) - len(encoded)} pair(s) of {source!r} longer than data.max_length={hp.max_length} tokens"
+            )
         if not encoded:
             raise ValueError(f"no preference pairs left in {source!r}")
         return encoded
@@ -157,9 +167,18 @@ class PairDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.hparams.seed)
-        return DataLoader(self.train_rows, batch_size=self.hparams.batch_size, shuffle=True, generator=generator, collate_fn=self._collate, drop_last=True)
+        return DataLoader(
+            self.train_rows,
+            batch_size=self.hparams.batch_size,
+            shuffle=True,
+            generator=generator,
+            collate_fn=self._collate,
+            drop_last=True,
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_rows is None:
             return []
-        return DataLoader(self.val_rows, batch_size=self.hparams.val_batch_size, shuffle=False, collate_fn=self._collate)
+        return DataLoader(
+            self.val_rows, batch_size=self.hparams.val_batch_size, shuffle=False, collate_fn=self._collate
+        )

@@ -55,7 +55,9 @@ def load_rows(source: str, split: str):
                 check_jsonl(path)  # names the file, the line and the fix
             if os.path.getsize(path) == 0:
                 raise ValueError(f"data file {source!r} is empty; it needs one prompt per row") from None
-            raise ValueError(f"could not read data file {source!r} as {suffix[ext]} ({type(err).__name__}: {err})") from err
+            raise ValueError(
+                f"could not read data file {source!r} as {suffix[ext]} ({type(err).__name__}: {err})"
+            ) from err
         if len(rows) == 0:
             raise ValueError(f"data file {source!r} has no rows; it needs one prompt per row")
         return rows
@@ -67,7 +69,9 @@ def load_rows(source: str, split: str):
     try:
         return datasets.load_dataset(source, split=split)
     except Exception as err:  # the hub raises many types; the cause is kept
-        raise OSError(f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file") from err
+        raise OSError(
+            f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file"
+        ) from err
 
 
 def check_jsonl(path: str) -> None:
@@ -89,7 +93,9 @@ def check_jsonl(path: str) -> None:
                     f"Each line of a .jsonl file must be one complete JSON object, e.g. {example}"
                 ) from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object. Each line must be one JSON object, e.g. {example}")
+                raise ValueError(
+                    f"{path}, line {number}: a JSON {type(row).__name__}, not an object. Each line must be one JSON object, e.g. {example}"
+                )
             rows += 1
     if rows == 0:
         raise ValueError(f"data file {path!r} is empty: a .jsonl file needs one JSON object per line, e.g. {example}")
@@ -97,7 +103,11 @@ def check_jsonl(path: str) -> None:
 
 def check_columns(rows, mapping: dict[str, str], source: str) -> None:
     """Fail naming every missing column, the config key that maps it and the columns ``source`` has."""
-    missing = [f"column {theirs!r} (data.columns.{ours})" for ours, theirs in mapping.items() if theirs not in rows.column_names]
+    missing = [
+        f"column {theirs!r} (data.columns.{ours})"
+        for ours, theirs in mapping.items()
+        if theirs not in rows.column_names
+    ]
     if missing:
         raise KeyError(f"{', '.join(missing)} not found in {source!r}; available columns: {rows.column_names}")
 
@@ -107,7 +117,10 @@ def collate_prompts(rows: list[dict], pad_token_id: int, images: ImageColumn | N
     pictures = tensors = None
     if images is not None:
         encoded = [images.encode(r["prompt"], r[images.column]) for r in rows]
-        rows = [{**{k: v for k, v in r.items() if k != images.column}, "input_ids": ids} for r, (ids, _, _) in zip(rows, encoded)]
+        rows = [
+            {**{k: v for k, v in r.items() if k != images.column}, "input_ids": ids}
+            for r, (ids, _, _) in zip(rows, encoded)
+        ]
         tensors, pictures = [t for _, t, _ in encoded], [p for _, _, p in encoded]
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
@@ -123,7 +136,17 @@ def collate_prompts(rows: list[dict], pad_token_id: int, images: ImageColumn | N
 class PromptStream(IterableDataset):
     """Endless prompt batches for one rank; ``position`` = (pass over the data, batch within it)."""
 
-    def __init__(self, rows, batch_size: int, pad_token_id: int, seed: int, shuffle: bool, rank: int, world_size: int, images: ImageColumn | None = None):
+    def __init__(
+        self,
+        rows,
+        batch_size: int,
+        pad_token_id: int,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world_size: int,
+        images: ImageColumn | None = None,
+    ):
         n_per_rank = len(rows) // world_size
         if n_per_rank < batch_size:
             raise ValueError(
@@ -225,13 +248,21 @@ class PromptDataModule(LightningDataModule):
             ptx_max_length: tokens kept per row (the first ones).
         """
         super().__init__()
-        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "max_prompt_length": max_prompt_length, "val_size": val_size,
-                 "ptx_batch_size": ptx_batch_size, "ptx_max_length": ptx_max_length}
+        sizes = {
+            "batch_size": batch_size,
+            "val_batch_size": val_batch_size,
+            "max_prompt_length": max_prompt_length,
+            "val_size": val_size,
+            "ptx_batch_size": ptx_batch_size,
+            "ptx_max_length": ptx_max_length,
+        }
         for key, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"data.{key}={value} must be >= 1 (data.batch_size is prompts per iteration per rank)")
         if isinstance(val_data, dict) and not val_data:
-            raise ValueError("data.val_data is an empty mapping: give {name: source} pairs, one source, or null for no validation")
+            raise ValueError(
+                "data.val_data is an empty mapping: give {name: source} pairs, one source, or null for no validation"
+            )
         self.save_hyperparameters()
         self.train_rows = self.val_rows = None
         self.val_names: list[str] | None = list(val_data) if isinstance(val_data, dict) else None
@@ -254,8 +285,10 @@ class PromptDataModule(LightningDataModule):
     # ---- loading and tokenising -------------------------------------------------------------
     def _tokenizer(self):
         if self.hparams.tokenizer is None:
-            raise ValueError("data.tokenizer is not set: the CLI and lightning_rl.Trainer link it to model.policy.path; with a "
-                             "lightning.Trainer pass tokenizer=<model path>")
+            raise ValueError(
+                "data.tokenizer is not set: the CLI and lightning_rl.Trainer link it to model.policy.path; with a "
+                "lightning.Trainer pass tokenizer=<model path>"
+            )
         if not hasattr(self, "_tok"):
             self._tok = load_tokenizer(self.hparams.tokenizer, "model.policy.path (the tokenizer of data.tokenizer)")
         return self._tok
@@ -282,7 +315,12 @@ class PromptDataModule(LightningDataModule):
             texts = batch["prompt"]
             if hp.chat_template:
                 system = [{"role": "system", "content": hp.system_prompt}] if hp.system_prompt else []
-                ids = [tokenizer.apply_chat_template(system + [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True) for t in texts]
+                ids = [
+                    tokenizer.apply_chat_template(
+                        system + [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True
+                    )
+                    for t in texts
+                ]
                 ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
             else:
                 ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
@@ -293,7 +331,9 @@ class PromptDataModule(LightningDataModule):
             rows = self._encode_images(rows, source, mapping["image"])
         else:
             rows = rows.map(tokenize, batched=True, desc=None)
-        self.unknown_tokens[source] = count_unknown_tokens(tokenizer, rows["input_ids"], rows["prompt"], source, hp.tokenizer)
+        self.unknown_tokens[source] = count_unknown_tokens(
+            tokenizer, rows["input_ids"], rows["prompt"], source, hp.tokenizer
+        )
         lengths = [len(x) for x in rows["input_ids"]]
         too_long = [i for i, n in enumerate(lengths) if n > hp.max_prompt_length]
         if too_long:
@@ -304,14 +344,22 @@ class PromptDataModule(LightningDataModule):
                     f"(row {i} has {lengths[i]}: {rows[i]['prompt'][:80]!r}); raise data.max_prompt_length or set "
                     "data.overlong_prompt to truncate or drop"
                 )
-            if hp.overlong_prompt == "truncate" and source in self.image_columns:  # the cut could split an image's tokens
-                raise ValueError(f"{len(too_long)} prompt(s) with images in {source!r} are longer than data.max_prompt_length={hp.max_prompt_length} "
-                                 f"(row {i}: {lengths[i]} tokens) and cannot be truncated: raise data.max_prompt_length or set data.overlong_prompt: drop")
+            if (
+                hp.overlong_prompt == "truncate" and source in self.image_columns
+            ):  # the cut could split an image's tokens
+                raise ValueError(
+                    f"{len(too_long)} prompt(s) with images in {source!r} are longer than data.max_prompt_length={hp.max_prompt_length} "
+                    f"(row {i}: {lengths[i]} tokens) and cannot be truncated: raise data.max_prompt_length or set data.overlong_prompt: drop"
+                )
             if hp.overlong_prompt == "drop":
-                warnings.warn(f"dropping {len(too_long)} prompt(s) longer than {hp.max_prompt_length} tokens from {source!r}")
+                warnings.warn(
+                    f"dropping {len(too_long)} prompt(s) longer than {hp.max_prompt_length} tokens from {source!r}"
+                )
                 rows = rows.select([j for j, n in enumerate(lengths) if n <= hp.max_prompt_length])
             else:
-                warnings.warn(f"truncating {len(too_long)} of {len(lengths)} prompt(s) in {source!r} to their last {hp.max_prompt_length} tokens (data.max_prompt_length)")
+                warnings.warn(
+                    f"truncating {len(too_long)} of {len(lengths)} prompt(s) in {source!r} to their last {hp.max_prompt_length} tokens (data.max_prompt_length)"
+                )
                 rows = rows.map(lambda r: {"input_ids": r["input_ids"][-hp.max_prompt_length :]})
             self.overlong_prompts[source] = len(too_long)
         if len(rows) == 0:
@@ -323,10 +371,16 @@ class PromptDataModule(LightningDataModule):
         """Rows with images: each prompt through the policy's processor, bad images failing or skipped (``data.bad_images``)."""
         hp = self.hparams
         if not hp.chat_template:
-            raise ValueError(f"{source!r} has an image column ({column!r}) but data.chat_template is false: the chat template places the images; "
-                             "set data.chat_template: true (and a vision-language model.policy)")
-        self._processor = getattr(self, "_processor", None) or load_processor(hp.tokenizer, self._tokenizer(), "model.policy.path (the processor of data.tokenizer)")
-        rows, self.image_columns[source], bad = encode_source(rows, ImageColumn(self._processor, source, "image", hp.system_prompt), hp.bad_images)
+            raise ValueError(
+                f"{source!r} has an image column ({column!r}) but data.chat_template is false: the chat template places the images; "
+                "set data.chat_template: true (and a vision-language model.policy)"
+            )
+        self._processor = getattr(self, "_processor", None) or load_processor(
+            hp.tokenizer, self._tokenizer(), "model.policy.path (the processor of data.tokenizer)"
+        )
+        rows, self.image_columns[source], bad = encode_source(
+            rows, ImageColumn(self._processor, source, "image", hp.system_prompt), hp.bad_images
+        )
         self.bad_images.update({source: bad} if bad else {})
         return rows
 
@@ -339,7 +393,11 @@ class PromptDataModule(LightningDataModule):
 
         def tokenize(batch):
             texts = ["".join(str(batch[c][i]) for c in columns) for i in range(len(batch[columns[0]]))]
-            return {"input_ids": [ids[: hp.ptx_max_length] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]}
+            return {
+                "input_ids": [
+                    ids[: hp.ptx_max_length] for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]
+                ]
+            }
 
         rows = rows.map(tokenize, batched=True, desc=None)
         return rows.select_columns(["input_ids"])
@@ -362,13 +420,23 @@ class PromptDataModule(LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         hp = self.hparams
-        self._stream = PromptStream(self.train_rows, hp.batch_size, self._tokenizer().pad_token_id, hp.seed, hp.shuffle, rank, world,
-                                    self.image_columns.get(hp.train_data))
+        self._stream = PromptStream(
+            self.train_rows,
+            hp.batch_size,
+            self._tokenizer().pad_token_id,
+            hp.seed,
+            hp.shuffle,
+            rank,
+            world,
+            self.image_columns.get(hp.train_data),
+        )
         if self._restored_position is not None:
             self._stream.position = dict(self._restored_position)
         stream = self._stream
         if self.ptx_rows is not None:
-            self._ptx_stream = PromptStream(self.ptx_rows, hp.ptx_batch_size, self._tokenizer().pad_token_id, hp.seed + 1, hp.shuffle, rank, world)
+            self._ptx_stream = PromptStream(
+                self.ptx_rows, hp.ptx_batch_size, self._tokenizer().pad_token_id, hp.seed + 1, hp.shuffle, rank, world
+            )
             if self._restored_ptx_position is not None:
                 self._ptx_stream.position = dict(self._restored_ptx_position)
             stream = WithPretrainText(self._stream, self._ptx_stream)
@@ -381,7 +449,12 @@ class PromptDataModule(LightningDataModule):
         pad, hp = self._tokenizer().pad_token_id, self.hparams
         sources = list(hp.val_data.values()) if isinstance(hp.val_data, dict) else [hp.val_data]
         loaders = [
-            DataLoader(rows, batch_size=hp.val_batch_size, shuffle=False, collate_fn=functools.partial(collate_prompts, pad_token_id=pad, images=self.image_columns.get(source)))
+            DataLoader(
+                rows,
+                batch_size=hp.val_batch_size,
+                shuffle=False,
+                collate_fn=functools.partial(collate_prompts, pad_token_id=pad, images=self.image_columns.get(source)),
+            )
             for rows, source in zip(self.val_rows, sources)
         ]
         return loaders if self.val_names else loaders[0]

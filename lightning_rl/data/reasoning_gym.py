@@ -30,7 +30,9 @@ def reasoning_gym_rows(source: str, split: str) -> list[dict]:
         raise ValueError(f"unknown reasoning-gym task {task!r} in {source!r}; the tasks: {sorted(DATASETS)}")
     if split not in ("train", "test"):
         raise ValueError(f"{source!r} has splits 'train' and 'test', not {split!r}")
-    settings = _settings(task, dict(pair.partition("=")[::2] for pair in query.split("&") if pair), DATASETS[task][1], source)  # taken literally: + is plus
+    settings = _settings(
+        task, dict(pair.partition("=")[::2] for pair in query.split("&") if pair), DATASETS[task][1], source
+    )  # taken literally: + is plus
     size, test_size, seed = settings.pop("size", 10000), settings.pop("test_size", 500), settings.pop("seed", 0)
     test = _entries(reasoning_gym, task, settings, seed + TEST_SEED_OFFSET, test_size)
     if split == "test":
@@ -38,7 +40,14 @@ def reasoning_gym_rows(source: str, split: str) -> list[dict]:
     else:
         held_out = {e["question"] for e in test}
         entries = [e for e in _entries(reasoning_gym, task, settings, seed, size) if e["question"] not in held_out]
-    return [{"prompt": e["question"], "answer": str(e["answer"]), "reasoning_gym": json.dumps({"task": task, "entry": e}, default=_plain)} for e in entries]
+    return [
+        {
+            "prompt": e["question"],
+            "answer": str(e["answer"]),
+            "reasoning_gym": json.dumps({"task": task, "entry": e}, default=_plain),
+        }
+        for e in entries
+    ]
 
 
 def _entries(reasoning_gym, task: str, settings: dict, seed: int, size: int) -> list[dict]:
@@ -54,7 +63,9 @@ def _settings(task: str, raw: dict[str, str], config, source: str) -> dict:
             settings[name] = int(text)
             continue
         if name not in fields:
-            raise ValueError(f"{source!r}: {task} has no setting {name!r}; its settings: {sorted(fields)} (and size, test_size, seed)")
+            raise ValueError(
+                f"{source!r}: {task} has no setting {name!r}; its settings: {sorted(fields)} (and size, test_size, seed)"
+            )
         default = fields[name]
         if isinstance(default, (list, tuple)):
             settings[name] = [_value(v) for v in text.split(",")]

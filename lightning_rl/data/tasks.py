@@ -16,7 +16,9 @@ from itertools import product
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-def arithmetic_rows(split: str = "train", max_operand: int = 99, operators: str = "+", n_test: int = 500, seed: int = 1234) -> list[dict]:
+def arithmetic_rows(
+    split: str = "train", max_operand: int = 99, operators: str = "+", n_test: int = 500, seed: int = 1234
+) -> list[dict]:
     """All problems ``a<op>b=`` with 0 <= a, b <= max_operand, deterministically split into train / test."""
     if split not in ("train", "test"):
         raise ValueError(f"builtin:arithmetic has splits 'train' and 'test', not {split!r}")
@@ -45,7 +47,15 @@ def calc_rows(split: str = "train", n_test: int = 500, seed: int = 1234) -> list
 COUNT_PROMPT = "how many shapes?"
 
 
-def count_shapes_rows(split: str = "train", n_train: int = 2000, n_test: int = 200, size: int = 56, max_count: int = 5, cell: int = 14, seed: int = 1234) -> list[dict]:
+def count_shapes_rows(
+    split: str = "train",
+    n_train: int = 2000,
+    n_test: int = 200,
+    size: int = 56,
+    max_count: int = 5,
+    cell: int = 14,
+    seed: int = 1234,
+) -> list[dict]:
     """``size`` x ``size`` pictures of 1 to ``max_count`` shapes (squares and discs of 7 to 10 pixels, in bright colours)
     on a dark background, with the count as the answer. Each shape lies inside its own ``cell`` x ``cell`` square of a
     grid (14 pixels: one vision patch of Qwen2-VL), at a random place in it: shapes never touch and never straddle two

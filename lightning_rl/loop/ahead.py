@@ -59,7 +59,9 @@ class RolloutAhead:
         self._sampler: nn.Module | None = None  # an in-process sampler's own copy of the policy
         self._weights = threading.Lock()  # held by a round while it samples from that copy
         self._pusher = ThreadPoolExecutor(1, thread_name_prefix="weight-push", initializer=init)
-        self._push: Future | None = None  # the latest weight push running beside the trainer, which later rounds wait for
+        self._push: Future | None = (
+            None  # the latest weight push running beside the trainer, which later rounds wait for
+        )
         self.version = 0  # the trainer's weight version: pushes requested (a deferred push may still be running)
         self._started = False
 
@@ -72,7 +74,9 @@ class RolloutAhead:
         self.version = self.rollout.weight_version
         self._started = True
 
-    def take(self, next_prompts: Callable[[], dict], policy: nn.Module, rounds_left: int | None = None) -> tuple[dict, RolloutBatch, dict]:
+    def take(
+        self, next_prompts: Callable[[], dict], policy: nn.Module, rounds_left: int | None = None
+    ) -> tuple[dict, RolloutBatch, dict]:
         """The next round: (data batch, sampled batch, metrics). Requests rounds until ``depth`` are queued behind it, but
         never more than ``rounds_left``, the iterations the run has still to train (this one included; None = no end):
         each takes at least one round, so every round requested is trained. The first failure of a round is raised
@@ -83,7 +87,9 @@ class RolloutAhead:
         while len(self._pending) < wanted:
             position = self.position()
             data = next_prompts()
-            self._pending.append(_Round(position, data, self._pool.submit(self._produce, data["prompts"], policy, self._push)))
+            self._pending.append(
+                _Round(position, data, self._pool.submit(self._produce, data["prompts"], policy, self._push))
+            )
         round_ = self._pending.popleft()
         if self._first_untrained is None:
             self._first_untrained = round_.position
@@ -167,8 +173,10 @@ def drop_stale(batch: RolloutBatch, version: int, max_staleness: int) -> tuple[R
     """Leave out every group with a sample more than ``max_staleness`` versions older than ``version`` (the weights
     about to be trained). Whole groups go, so a group baseline never mixes in a dropped sample's reward."""
     if batch.versions is None:
-        raise ValueError("asynchronous training needs the rollout to stamp RolloutBatch.versions (the policy version that "
-                         "sampled each sample); this rollout does not: set them in its generate, or use max_staleness: 0")
+        raise ValueError(
+            "asynchronous training needs the rollout to stamp RolloutBatch.versions (the policy version that "
+            "sampled each sample); this rollout does not: set them in its generate, or use max_staleness: 0"
+        )
     staleness = version - batch.versions  # (B,)
     too_old = staleness > max_staleness
     stale_groups = torch.unique(batch.group_ids[too_old])
@@ -177,7 +185,9 @@ def drop_stale(batch: RolloutBatch, version: int, max_staleness: int) -> tuple[R
     metrics = {
         "async/staleness_mean": masked_mean(staleness.float(), counted),
         "async/staleness_max": (staleness * keep).max() if bool(keep.any()) else staleness.new_zeros(()),
-        "async/dropped_frac": (~keep).float().mean() if batch.batch_size else staleness.new_zeros((), dtype=torch.float),
+        "async/dropped_frac": (~keep).float().mean()
+        if batch.batch_size
+        else staleness.new_zeros((), dtype=torch.float),
     }
     if bool(keep.all()):
         return batch, metrics
@@ -187,12 +197,18 @@ def drop_stale(batch: RolloutBatch, version: int, max_staleness: int) -> tuple[R
 def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> None:
     """Configurations asynchronous training cannot run, named before the first round."""
     if agent is not None and getattr(trainer, "world_size", 1) > 1:
-        raise ValueError("model.loop.max_staleness > 0 with model.agent on several ranks: the episodes' turns are a collective "
-                         "(every rank takes as many turns as the busiest), which cannot run beside the update; use one rank, or max_staleness: 0")
+        raise ValueError(
+            "model.loop.max_staleness > 0 with model.agent on several ranks: the episodes' turns are a collective "
+            "(every rank takes as many turns as the busiest), which cannot run beside the update; use one rank, or max_staleness: 0"
+        )
     if getattr(rollout, "release_memory", False):
-        raise ValueError("model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
-                         "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0")
+        raise ValueError(
+            "model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
+            "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0"
+        )
     strategy = type(getattr(trainer, "strategy", None)).__name__
     if rollout.samples_in_process and strategy in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"):
-        raise ValueError(f"model.loop.max_staleness > 0 with an in-process sampler needs a full copy of the policy, which {strategy} "
-                         "shards: sample on SGLang servers (configs/rollout/sglang.yaml), or set max_staleness: 0")
+        raise ValueError(
+            f"model.loop.max_staleness > 0 with an in-process sampler needs a full copy of the policy, which {strategy} "
+            "shards: sample on SGLang servers (configs/rollout/sglang.yaml), or set max_staleness: 0"
+        )

@@ -33,12 +33,29 @@ class Collector:
     """Sampling and scoring for `RLModule`: the rollout (or an agent's episodes on it), the reward, dynamic sampling
     and, in asynchronous training, the rounds sampled ahead (``ahead``)."""
 
-    def __init__(self, rollout: Rollout, reward: Reward, agent: Agent | None, sampling: DynamicSampling | None, loop: LoopConfig, tokenizer):
-        self.rollout, self.reward, self.agent, self.sampling, self.loop, self.tokenizer = rollout, reward, agent, sampling, loop, tokenizer
+    def __init__(
+        self,
+        rollout: Rollout,
+        reward: Reward,
+        agent: Agent | None,
+        sampling: DynamicSampling | None,
+        loop: LoopConfig,
+        tokenizer,
+    ):
+        self.rollout, self.reward, self.agent, self.sampling, self.loop, self.tokenizer = (
+            rollout,
+            reward,
+            agent,
+            sampling,
+            loop,
+            tokenizer,
+        )
         self.ahead: RolloutAhead | None = None
 
     @torch.no_grad()
-    def sample(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
+    def sample(
+        self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None
+    ) -> tuple[RolloutBatch, dict[str, Tensor]]:
         """Responses to ``prompts`` sampled with ``policy`` (the trainer's, or an asynchronous sampler's copy) and
         ``params`` (None = the rollout's own), with their texts in ``columns``; and the agent's metrics. Runs on the
         background thread in asynchronous training."""
@@ -46,15 +63,23 @@ class Collector:
             batch, metrics = self.rollout.generate(prompts, policy, params), {}
             batch = batch.with_columns(completions=self._decode(batch))
         else:
-            batch, metrics = self.agent.generate(self.rollout, prompts, policy, params)  # whole episodes, with transcripts
+            batch, metrics = self.agent.generate(
+                self.rollout, prompts, policy, params
+            )  # whole episodes, with transcripts
         columns = batch.columns or {}
         if "prompts" not in columns:
-            batch = batch.with_columns(prompts=columns["prompt"] if "prompt" in columns else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True))
+            batch = batch.with_columns(
+                prompts=columns["prompt"]
+                if "prompt" in columns
+                else self.tokenizer.batch_decode(batch.prompt_ids, skip_special_tokens=True)
+            )
         return batch, metrics
 
     def _decode(self, batch: RolloutBatch) -> list[str]:
         lengths = batch.response_lengths.tolist()
-        return self.tokenizer.batch_decode([ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True)
+        return self.tokenizer.batch_decode(
+            [ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)], skip_special_tokens=True
+        )
 
     @torch.no_grad()
     def score(self, batch: RolloutBatch, reward: Reward | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
@@ -65,7 +90,13 @@ class Collector:
         return batch.replace(scores=scored.total.to(device), score_parts=parts), scored.metrics
 
     def collect(
-        self, next_prompts: NextPrompts, policy: nn.Module, metrics: WeightedMeans, device: torch.device, iteration: int, rounds_left: int | None = None
+        self,
+        next_prompts: NextPrompts,
+        policy: nn.Module,
+        metrics: WeightedMeans,
+        device: torch.device,
+        iteration: int,
+        rounds_left: int | None = None,
     ) -> tuple[RolloutBatch, dict]:
         """The iteration's scored batch and its first round's data batch (which carries PPO-ptx's text); with dynamic
         sampling, informative groups kept over rounds until the batch is full. ``rounds_left``: the iterations the run
@@ -82,10 +113,14 @@ class Collector:
             target = target or n_prompts
             groups_seen += n_prompts
             if self.sampling is None:
-                metrics.add("time/rollout_wait_s", torch.tensor(waited))  # the trainer idle on samples (all of the rollout when synchronous)
+                metrics.add(
+                    "time/rollout_wait_s", torch.tensor(waited)
+                )  # the trainer idle on samples (all of the rollout when synchronous)
                 return batch, first
             keep = self.sampling.keep(batch)
-            metrics.add("sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy))
+            metrics.add(
+                "sampling/zero_var_groups", zero_variance_fraction(batch.scores, batch.group_ids, batch.is_greedy)
+            )
             kept.append(batch.select(keep))
             n_kept = sum(int(torch.unique(b.group_ids).numel()) for b in kept)
             # every rank runs the same number of rounds: a collective inside generate or the reward must not hang
@@ -93,7 +128,9 @@ class Collector:
                 break
         batch = RolloutBatch.cat(kept)
         if n_kept == 0:
-            warnings.warn(f"iteration {iteration}: dynamic sampling kept no group in {round_ + 1} round(s); skipping the update")
+            warnings.warn(
+                f"iteration {iteration}: dynamic sampling kept no group in {round_ + 1} round(s); skipping the update"
+            )
         rows = batch.batch_size // max(1, n_kept) if n_kept else 0
         if n_kept > target:
             batch = batch.select(slice(0, target * rows))
@@ -102,7 +139,9 @@ class Collector:
         metrics.add("time/rollout_wait_s", torch.tensor(waited))
         return batch, first
 
-    def _next_round(self, next_prompts: NextPrompts, policy: nn.Module, device: torch.device, rounds_left: int | None) -> tuple[dict, RolloutBatch, dict, float]:
+    def _next_round(
+        self, next_prompts: NextPrompts, policy: nn.Module, device: torch.device, rounds_left: int | None
+    ) -> tuple[dict, RolloutBatch, dict, float]:
         """A data batch and its scored samples: sampled now, or (asynchronous) taken from the rounds sampled ahead,
         with the groups older than ``loop.max_staleness`` versions left out. Scoring runs here, on the trainer's
         thread: a reward may hold state or run collectives (running normalisation, a sharded reward model)."""
@@ -119,7 +158,9 @@ class Collector:
         return data, batch, {**extra, **staleness, **scored}, waited
 
     @torch.no_grad()
-    def produce(self, prompts: Prompts, policy: nn.Module, device: torch.device) -> tuple[RolloutBatch, dict[str, Tensor]]:
+    def produce(
+        self, prompts: Prompts, policy: nn.Module, device: torch.device
+    ) -> tuple[RolloutBatch, dict[str, Tensor]]:
         """One round's samples for training: every sample counts unless ``loop.mask_truncated`` leaves out those
         that hit the length cap. Runs on the background thread in asynchronous training."""
         batch, metrics = self.sample(prompts.to(device), policy)

@@ -10,7 +10,9 @@ from lightning_rl.core.ops import explained_variance, masked_mean, sequence_kl
 from lightning_rl.loop.metrics import WeightedMeans
 
 
-def estimate(batch: RolloutBatch, advantage: AdvantageEstimator, kl: KLRegularizer | None, metrics: WeightedMeans) -> RolloutBatch:
+def estimate(
+    batch: RolloutBatch, advantage: AdvantageEstimator, kl: KLRegularizer | None, metrics: WeightedMeans
+) -> RolloutBatch:
     """``batch`` with ``token_rewards``, ``advantages`` and ``returns``; their statistics go to ``metrics``."""
     rewards = terminal_rewards(batch.scores, batch.action_tokens)
     if batch.env_rewards is not None:  # multi-turn: an environment's rewards, on the last token of their turn
@@ -27,5 +29,7 @@ def estimate(batch: RolloutBatch, advantage: AdvantageEstimator, kl: KLRegulariz
         metrics.add("critic/explained_var", explained_variance(batch.values, returns, mask))
     if batch.old_logprobs is not None and batch.ref_logprobs is not None:
         counted = batch.counted
-        metrics.add("kl/ref", masked_mean(sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask), counted), counted.sum())
+        metrics.add(
+            "kl/ref", masked_mean(sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask), counted), counted.sum()
+        )
     return batch

@@ -28,7 +28,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 def last_checkpoint_callbacks(trainer) -> list[ModelCheckpoint]:
-    return [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath is not None]
+    return [
+        c
+        for c in trainer.checkpoint_callbacks
+        if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath is not None
+    ]
 
 
 def save_last(trainer, checkpoint: ModelCheckpoint) -> str:
@@ -49,11 +53,18 @@ class ResumableCheckpoints(Callback):
         self._start: dict | None = None  # what the running iteration started from (see on_train_batch_start)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        data, state = trainer.datamodule, getattr(pl_module, "loop_state", None)  # any LightningModule; RLModule's loop state
+        data, state = (
+            trainer.datamodule,
+            getattr(pl_module, "loop_state", None),
+        )  # any LightningModule; RLModule's loop state
         self._start = {
             "step": trainer.global_step,
-            "loop": state.snapshot() if state is not None else None,  # random streams (replaced, not mutated, per iteration), optimizer steps
-            "position": data.state_dict() if hasattr(data, "rewind") else None,  # every stream's (prompts, PPO-ptx text)
+            "loop": state.snapshot()
+            if state is not None
+            else None,  # random streams (replaced, not mutated, per iteration), optimizer steps
+            "position": data.state_dict()
+            if hasattr(data, "rewind")
+            else None,  # every stream's (prompts, PPO-ptx text)
         }
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -70,10 +81,16 @@ class ResumableCheckpoints(Callback):
             return
         what = type(exception).__name__
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
-            warnings.warn(f"{what} on one of {trainer.world_size} ranks: last.ckpt stays at its last cadence save (resume from it)")
+            warnings.warn(
+                f"{what} on one of {trainer.world_size} ranks: last.ckpt stays at its last cadence save (resume from it)"
+            )
             return
         start = self._start
-        if start is not None and start["loop"] is not None and start["loop"]["optimizer_steps"] != pl_module.loop_state.optimizer_steps:
+        if (
+            start is not None
+            and start["loop"] is not None
+            and start["loop"]["optimizer_steps"] != pl_module.loop_state.optimizer_steps
+        ):
             warnings.warn(
                 f"{what} during the optimizer steps of iteration {start['step'] + 1}: the weights are half updated, "
                 "so last.ckpt stays at its last save (resume from it)"
@@ -88,10 +105,14 @@ class ResumableCheckpoints(Callback):
             if checkpoint._last_global_step_saved != trainer.global_step:
                 try:
                     path = save_last(trainer, checkpoint)
-                except Exception as err:  # e.g. non-finite weights (lightning_rl.loop.health): the original error matters more
+                except (
+                    Exception
+                ) as err:  # e.g. non-finite weights (lightning_rl.loop.health): the original error matters more
                     warnings.warn(f"{what}: last.ckpt not updated ({err})")
                     return
-                rank_zero_info(f"{what}: saved the last completed iteration ({trainer.global_step}) to {path}; resume with --ckpt_path {path}")
+                rank_zero_info(
+                    f"{what}: saved the last completed iteration ({trainer.global_step}) to {path}; resume with --ckpt_path {path}"
+                )
 
 
 class TeardownOnException(Callback):

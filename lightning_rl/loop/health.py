@@ -14,10 +14,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch
-from lightning import Callback
 from torch import Tensor
 
 from lightning_rl.core.ops import all_reduce_sum
@@ -31,7 +29,11 @@ class TrainingHealth:
     """Per-run counters behind the checks above (host ints and flags; the module owns one)."""
 
     def __init__(self, max_nonfinite_steps: int, degenerate_patience: int, min_entropy: float):
-        self.max_nonfinite_steps, self.degenerate_patience, self.min_entropy = max_nonfinite_steps, degenerate_patience, min_entropy
+        self.max_nonfinite_steps, self.degenerate_patience, self.min_entropy = (
+            max_nonfinite_steps,
+            degenerate_patience,
+            min_entropy,
+        )
         self.nonfinite_streak = 0
         self.degenerate_streak = 0
         self.warned: set[str] = set()

@@ -58,7 +58,12 @@ class WeightedMeans:
     def running(self, name: str) -> Tensor:
         """(sum of value * weight, sum of weight) for ``name`` so far, on this rank. Shape: (2,)."""
         zero = torch.zeros(())
-        return torch.stack([torch.as_tensor(self.sums.get(name, zero)).float().cpu(), torch.as_tensor(self.weights.get(name, zero)).float().cpu()])
+        return torch.stack(
+            [
+                torch.as_tensor(self.sums.get(name, zero)).float().cpu(),
+                torch.as_tensor(self.weights.get(name, zero)).float().cpu(),
+            ]
+        )
 
     def compute(self, sync: bool = True) -> dict[str, Tensor]:
         """Means, maxima and minima over everything added, across data-parallel ranks when ``sync``."""

@@ -32,7 +32,6 @@ from components.rollout import Agent, HFRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 from lightning_rl import checkpoint
-from lightning_rl.core.batch import Prompts
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm, load_tokenizer
@@ -109,8 +108,10 @@ class RLModule(LightningModule):
         self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize or loop.max_staleness > 0
         self.reference_is_base = reference_is_base(policy, reference, self.needs)  # LoRA: adapters off, no second model
         if self.reference_is_base and kl is not None and kl.refresh_every is not None:
-            raise ValueError("model.kl.init_args.refresh_every needs a reference model of its own, but with a LoRA policy and no "
-                             "`model.reference` the reference is the base model (adapters off); set model.reference, or refresh_every: null")
+            raise ValueError(
+                "model.kl.init_args.refresh_every needs a reference model of its own, but with a LoRA policy and no "
+                "`model.reference` the reference is the base model (adapters off); set model.reference, or refresh_every: null"
+            )
         self.policy: nn.Module | None = None
         self.reference: nn.Module | None = None
         self.tokenizer = None
@@ -143,12 +144,33 @@ class RLModule(LightningModule):
             shard_models(self, self._trainer.strategy if self._trainer is not None else None)
         loop, kl = self.loop, self.kl
         self.collector = Collector(self.rollout, self.reward, self.agent, self.sampling, loop, self.tokenizer)
-        self.trainer_forward = TrainerForward(self.policy, self.reference, self.reference_is_base, self.critic, loop, self.recompute_old)
-        self.update = PolicyUpdate(self.policy, self.critic, self.surrogate, self.aggregator, kl, self.loss_terms, self.ptx, loop,
-                                   self.optimizer_cfg, self.health, self.loop_state)
-        self.reporter = Reporter(loop, self.health, self.tokenizer, None if kl is None else (lambda: kl.coef), self.rollout.params.group_size,
-                                 filters_groups=self.sampling is not None, shapes_reward=kl is not None and kl.placement == "reward",
-                                 recompute_old=self.recompute_old, totals=self.loop_state.totals)
+        self.trainer_forward = TrainerForward(
+            self.policy, self.reference, self.reference_is_base, self.critic, loop, self.recompute_old
+        )
+        self.update = PolicyUpdate(
+            self.policy,
+            self.critic,
+            self.surrogate,
+            self.aggregator,
+            kl,
+            self.loss_terms,
+            self.ptx,
+            loop,
+            self.optimizer_cfg,
+            self.health,
+            self.loop_state,
+        )
+        self.reporter = Reporter(
+            loop,
+            self.health,
+            self.tokenizer,
+            None if kl is None else (lambda: kl.coef),
+            self.rollout.params.group_size,
+            filters_groups=self.sampling is not None,
+            shapes_reward=kl is not None and kl.placement == "reward",
+            recompute_old=self.recompute_old,
+            totals=self.loop_state.totals,
+        )
         self.validator = Validator(self.collector, self.val_reward, loop)
 
     def configure_optimizers(self):
@@ -158,13 +180,17 @@ class RLModule(LightningModule):
         params = [p for group in groups for p in group["params"]]
         # the fused kernel is one call for all parameters (~6x faster than the per-tensor loop torch picks on CPU);
         # sharded DTensor parameters (FSDP2) keep torch's default implementation
-        fused = all(type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+        fused = all(
+            type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
+        )
         return torch.optim.AdamW(groups, fused=fused or None)
 
     @staticmethod
     def _param_group(name: str, module: nn.Module, cfg: OptimizerConfig) -> dict:
         params = [p for p in module.parameters() if p.requires_grad]
-        return dict(params=params, name=name, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps)
+        return dict(
+            params=params, name=name, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps
+        )
 
     @property
     def critic_pretraining(self) -> bool:
@@ -177,16 +203,22 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ the loop
     def training_step(self, dataloader_iter: Iterator) -> None:
-        with self.loop_state.rng.scope(self.global_rank):  # sampling has its own random stream: a resumed run draws the same
+        with self.loop_state.rng.scope(
+            self.global_rank
+        ):  # sampling has its own random stream: a resumed run draws the same
             self._iteration(dataloader_iter)
 
     def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans(self.device)
         iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
         max_steps = self.trainer.max_steps
-        rounds_left = max_steps - self.global_step if max_steps > 0 else None  # the final validation waits for every round queued
+        rounds_left = (
+            max_steps - self.global_step if max_steps > 0 else None
+        )  # the final validation waits for every round queued
         with timer("rollout"):
-            batch, data = self.collector.collect(lambda: next(dataloader_iter)[0], self.policy, metrics, self.device, self.global_step, rounds_left)
+            batch, data = self.collector.collect(
+                lambda: next(dataloader_iter)[0], self.policy, metrics, self.device, self.global_step, rounds_left
+            )
             ptx_text = self._ptx_text(data)
         with timer("score"):
             batch = self.trainer_forward(batch, self.temperature)
@@ -194,11 +226,21 @@ class RLModule(LightningModule):
             batch = estimate(batch, self.advantage, self.kl, metrics)
         steps = 0
         worth = bool(batch.batch_size) and self.update.worth_optimizing(batch, self.global_step)
-        metrics.add("health/skipped_degenerate", torch.tensor(float(bool(batch.batch_size) and not worth), device=self.device))
+        metrics.add(
+            "health/skipped_degenerate", torch.tensor(float(bool(batch.batch_size) and not worth), device=self.device)
+        )
         if worth:
             with timer("optimize"):
-                steps = self.update.run(batch, metrics, self.optimizers(), self.manual_backward, self._trainer, self.temperature,
-                                        train_policy=not self.critic_pretraining, ptx_text=ptx_text)
+                steps = self.update.run(
+                    batch,
+                    metrics,
+                    self.optimizers(),
+                    self.manual_backward,
+                    self._trainer,
+                    self.temperature,
+                    train_policy=not self.critic_pretraining,
+                    ptx_text=ptx_text,
+                )
         with timer("sync"):
             if steps and self.collector.ahead is not None:
                 self.collector.ahead.push(self.policy)
@@ -218,7 +260,9 @@ class RLModule(LightningModule):
         if self.ptx is None:
             return None
         if "ptx" not in data:
-            raise ValueError("model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx")
+            raise ValueError(
+                "model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx"
+            )
         return data["ptx"]["ids"].to(self.device), data["ptx"]["mask"].to(self.device)
 
     def _count_iteration(self, optimizer_steps: int) -> None:
@@ -239,10 +283,14 @@ class RLModule(LightningModule):
         """Greedy accuracy on held-out prompts, pass@k / mean@n from sampled responses (lightning_rl.loop.validation)."""
         names = getattr(getattr(self._trainer, "datamodule", None), "val_names", None)
         prefix = f"val/{names[dataloader_idx]}/" if names else "val/"
-        self.validator.step(batch["prompts"], self.policy, prefix, self.log, self.global_step, self.global_rank, progress_bar=not names)
+        self.validator.step(
+            batch["prompts"], self.policy, prefix, self.log, self.global_step, self.global_rank, progress_bar=not names
+        )
 
     def on_validation_start(self) -> None:
-        if self.collector.ahead is not None:  # validation seeds torch's random stream for its samples: no round may sample meanwhile
+        if (
+            self.collector.ahead is not None
+        ):  # validation seeds torch's random stream for its samples: no round may sample meanwhile
             self.collector.ahead.drain()
 
     def on_validation_epoch_end(self) -> None:
@@ -256,18 +304,32 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ checkpoints (lightning_rl.checkpoint)
     def on_save_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
         ahead = self.collector.ahead if self.collector is not None else None
-        checkpoint.save(self, checkpoint_, self._trainer.datamodule if self._trainer is not None else None, ahead.untrained_position if ahead else None)
+        checkpoint.save(
+            self,
+            checkpoint_,
+            self._trainer.datamodule if self._trainer is not None else None,
+            ahead.untrained_position if ahead else None,
+        )
 
     def on_load_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
         checkpoint.load(self, checkpoint_)
-        self.restored_step = int(checkpoint_.get("global_step", 0))  # `validate` logs at the step of the weights it loaded
+        self.restored_step = int(
+            checkpoint_.get("global_step", 0)
+        )  # `validate` logs at the step of the weights it loaded
 
     def configure_callbacks(self) -> list:
         """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.loop.fault); no checkpoint of
         non-finite weights (lightning_rl.checkpoint); prompt + response lengths against the policy's positions
         (lightning_rl.loop.requirements); each fit in its own run folder with a ``latest`` link (lightning_rl.loop.runs);
         validation before and after training (lightning_rl.loop.validation)."""
-        return [RunFolders(), ResumableCheckpoints(), checkpoint.FiniteCheckpoints(), TeardownOnException(), ContextLengthCheck(), ValidateBeforeAndAfter()]
+        return [
+            RunFolders(),
+            ResumableCheckpoints(),
+            checkpoint.FiniteCheckpoints(),
+            TeardownOnException(),
+            ContextLengthCheck(),
+            ValidateBeforeAndAfter(),
+        ]
 
     def on_fit_start(self) -> None:
         """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.loop.ahead): the rounds sampled ahead. They start

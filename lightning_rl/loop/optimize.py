@@ -45,7 +45,14 @@ class PolicyUpdate:
     ):
         """``state``: the optimizer step counters (LR schedules) and the mini-batch shuffle, checkpointed."""
         self.policy, self.critic, self.surrogate, self.aggregator, self.kl = policy, critic, surrogate, aggregator, kl
-        self.loss_terms, self.ptx, self.loop, self.optimizer_cfg, self.health, self.state = loss_terms, ptx, loop, optimizer, health, state
+        self.loss_terms, self.ptx, self.loop, self.optimizer_cfg, self.health, self.state = (
+            loss_terms,
+            ptx,
+            loop,
+            optimizer,
+            health,
+            state,
+        )
         self._said_degenerate = False
 
     def worth_optimizing(self, batch: RolloutBatch, iteration: int) -> bool:
@@ -89,7 +96,11 @@ class PolicyUpdate:
         packed = loop.max_tokens_per_micro_batch is not None
         for epoch in range(loop.ppo_epochs):
             kl_before = metrics.running("policy/approx_kl")
-            order = torch.randperm(batch.batch_size, generator=self.state.shuffle) if loop.num_mini_batches > 1 else torch.arange(batch.batch_size)
+            order = (
+                torch.randperm(batch.batch_size, generator=self.state.shuffle)
+                if loop.num_mini_batches > 1
+                else torch.arange(batch.batch_size)
+            )
             for index in order.chunk(loop.num_mini_batches):
                 mini = batch.select(index.to(device))
                 # the normaliser of the whole mini-batch over all ranks, shared by every micro-batch; DDP then
@@ -124,7 +135,11 @@ class PolicyUpdate:
                     steps += 1
                 else:
                     skipped += 1
-            if loop.target_kl is not None and train_policy and self._epoch_kl(metrics, kl_before, device) > loop.target_kl:
+            if (
+                loop.target_kl is not None
+                and train_policy
+                and self._epoch_kl(metrics, kl_before, device) > loop.target_kl
+            ):
                 break  # every rank sees the same all-reduced KL: all stop together
         metrics.add("policy/epochs_run", torch.tensor(float(epoch + 1), device=device))
         metrics.add("health/skipped_nonfinite", torch.tensor(float(skipped), device=device))
@@ -136,16 +151,27 @@ class PolicyUpdate:
         total = all_reduce_sum((metrics.running("policy/approx_kl") - before).to(device))
         return float(total[0] / total[1].clamp_min(1e-12))
 
-    def _policy_loss(self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans) -> Tensor:
+    def _policy_loss(
+        self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans
+    ) -> Tensor:
         logprobs, entropy = policy_logprobs(
-            self.policy, micro, t, with_entropy=True, entropy_grad=needs_entropy, chunk_rows=self.loop.logprob_chunk_rows,
+            self.policy,
+            micro,
+            t,
+            with_entropy=True,
+            entropy_grad=needs_entropy,
+            chunk_rows=self.loop.logprob_chunk_rows,
             packed=self.loop.max_tokens_per_micro_batch is not None,
         )
         if micro.old_logprobs is None:  # on-policy: pi_old is the current policy
             micro = micro.replace(old_logprobs=logprobs.detach())
             if micro.ref_logprobs is not None:
                 counted = micro.counted
-                metrics.add("kl/ref", masked_mean(sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask), counted), counted.sum())
+                metrics.add(
+                    "kl/ref",
+                    masked_mean(sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask), counted),
+                    counted.sum(),
+                )
         if micro.rollout_logprobs is not None:
             # over the tokens that count: greedy baseline rows carry untempered sampler log-probs
             diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.loss_mask
@@ -172,7 +198,9 @@ class PolicyUpdate:
             cfg = self.optimizer_cfg if name == "policy" else self.critic.optimizer
             if name == "policy" and not train_policy:
                 for p in group["params"]:
-                    p.grad = None  # no gradients (or DDP's zeros): AdamW skips these parameters, which stay bit-identical
+                    p.grad = (
+                        None  # no gradients (or DDP's zeros): AdamW skips these parameters, which stay bit-identical
+                    )
                 continue
             if not deepspeed:
                 max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")  # inf: measure only
@@ -192,7 +220,9 @@ class PolicyUpdate:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if deepspeed and trainer.strategy.deepspeed_engine.get_global_grad_norm() is not None:
-            metrics.add("policy/grad_norm", torch.as_tensor(float(trainer.strategy.deepspeed_engine.get_global_grad_norm())))
+            metrics.add(
+                "policy/grad_norm", torch.as_tensor(float(trainer.strategy.deepspeed_engine.get_global_grad_norm()))
+            )
         return True
 
     @torch.no_grad()

@@ -40,7 +40,11 @@ def _requires(component) -> frozenset[str]:
 def check_requirements(module) -> Needs:
     """Fields read by the components of ``module``; raises ValueError naming the first unmet one."""
     early = {"advantage": module.advantage, "reward": module.reward, "sampling": module.sampling}
-    late = {"surrogate": module.surrogate, "critic": module.critic, **{f"loss_terms[{i}]": t for i, t in enumerate(module.loss_terms)}}
+    late = {
+        "surrogate": module.surrogate,
+        "critic": module.critic,
+        **{f"loss_terms[{i}]": t for i, t in enumerate(module.loss_terms)},
+    }
     before = set().union(*(_requires(c) for c in early.values()))
     during = set().union(*(_requires(c) for c in late.values()))
     kl = module.kl
@@ -57,8 +61,12 @@ def check_requirements(module) -> Needs:
     for name, component in {**early, **late, "kl": kl}.items():
         missing = sorted(_requires(component) - provided)
         if missing:
-            hints = "; ".join(f"{field}: {HOW_TO_PROVIDE.get(field, 'no configured component produces it')}" for field in missing)
-            raise ValueError(f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}")
+            hints = "; ".join(
+                f"{field}: {HOW_TO_PROVIDE.get(field, 'no configured component produces it')}" for field in missing
+            )
+            raise ValueError(
+                f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}"
+            )
     # a default built with jsonargparse's lazy_instance has no attributes until its first method call (setup): its
     # settings are the defaults, which pass these checks
     params = getattr(module.rollout, "params", None)
@@ -90,7 +98,11 @@ def check_requirements(module) -> Needs:
 
 
 def check_context_length(
-    policy_config, longest_prompt: int | None, max_prompt_length: int | None, max_new_tokens: int | None, key: str = "model.rollout.init_args.max_new_tokens"
+    policy_config,
+    longest_prompt: int | None,
+    max_prompt_length: int | None,
+    max_new_tokens: int | None,
+    key: str = "model.rollout.init_args.max_new_tokens",
 ) -> None:
     """Warn when the longest prompt plus a full response is longer than the positions the policy was built for.
     ``key`` names the setting that bounds a response (an agent's: ``model.agent.init_args.max_total_tokens``)."""
@@ -119,5 +131,9 @@ class ContextLengthCheck(Callback):
             getattr(pl_module.policy, "config", None),
             getattr(data, "longest_prompt", None),
             getattr(data, "hparams", {}).get("max_prompt_length"),
-            *((agent.max_total_tokens, "model.agent.init_args.max_total_tokens") if agent is not None else (pl_module.rollout.params.max_new_tokens,)),
+            *(
+                (agent.max_total_tokens, "model.agent.init_args.max_total_tokens")
+                if agent is not None
+                else (pl_module.rollout.params.max_new_tokens,)
+            ),
         )

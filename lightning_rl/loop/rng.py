@@ -70,13 +70,17 @@ def gather_rng_states(stream: IterationRNG, generators: dict[str, torch.Generato
     return states
 
 
-def restore_rng_states(states: list[dict[str, Tensor]] | dict[str, Tensor], stream: IterationRNG, generators: dict[str, torch.Generator]) -> None:
+def restore_rng_states(
+    states: list[dict[str, Tensor]] | dict[str, Tensor], stream: IterationRNG, generators: dict[str, torch.Generator]
+) -> None:
     """Set this rank's ``stream`` and ``generators`` from ``gather_rng_states`` output (warns when the world size changed)."""
     if isinstance(states, dict):  # checkpoints written before per-rank states: one state for all ranks
         states = [states]
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist_ready() else (0, 1)
     if len(states) != world:
-        warnings.warn(f"the checkpoint holds random states of {len(states)} rank(s), this run has {world}: sampling continues, but not as the original run would have")
+        warnings.warn(
+            f"the checkpoint holds random states of {len(states)} rank(s), this run has {world}: sampling continues, but not as the original run would have"
+        )
     state = states[rank % len(states)]
     stream.state = {k: v for k, v in state.items() if k in ("torch", "cuda")}
     for name, g in generators.items():

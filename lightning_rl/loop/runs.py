@@ -54,7 +54,11 @@ def run_of_checkpoint(ckpt_path: str | None) -> Path | None:
     if ckpt_path is None or "://" in str(ckpt_path):
         return None
     checkpoint = Path(os.path.realpath(ckpt_path))
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" and _is_version(checkpoint.parent.parent) else None
+    return (
+        checkpoint.parent.parent
+        if checkpoint.parent.name == "checkpoints" and _is_version(checkpoint.parent.parent)
+        else None
+    )
 
 
 def claim_version(root: Path) -> Path:
@@ -105,7 +109,9 @@ def start_run(trainer, stage: str, ckpt_path: str | None, new_run: bool = False)
         if run is not None:
             logger._name, logger._version = run.parent.name, int(run.name.removeprefix("version_"))
             if stage == "fit":
-                rank_zero_info(f"Continuing the run in {shown_path(run)} from {shown_path(Path(ckpt_path))} (--new_run starts a new version)")
+                rank_zero_info(
+                    f"Continuing the run in {shown_path(run)} from {shown_path(Path(ckpt_path))} (--new_run starts a new version)"
+                )
         elif trainer.global_rank == 0:
             logger._version = int(claim_version(Path(logger.save_dir) / logger.name).name.removeprefix("version_"))
     if trainer.loggers and not versioned(trainer.loggers[0]) and stage == "fit":
@@ -189,7 +195,9 @@ def link_latest(run: Path) -> None:
         latest.unlink()
     latest.mkdir(parents=True, exist_ok=True)
     for name in LINKED:
-        if name == "config.yaml" and not (run / name).exists():  # the checkpoints folder is linked before its first save
+        if (
+            name == "config.yaml" and not (run / name).exists()
+        ):  # the checkpoints folder is linked before its first save
             (latest / name).unlink(missing_ok=True)
             continue
         tmp = latest / f".{name}.tmp-{os.getpid()}"

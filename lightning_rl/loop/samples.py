@@ -40,7 +40,9 @@ def sample_rows(batch: RolloutBatch, n: int, decode: Callable[[list[int]], str] 
         advantages = masked_mean(batch.advantages.float(), mask, dim=1)  # (B,)
     rows = []
     for i in sample_indices(batch, n):
-        completion = columns["transcripts"][i] if "transcripts" in columns else columns["completions"][i]  # multi-turn: observations marked
+        completion = (
+            columns["transcripts"][i] if "transcripts" in columns else columns["completions"][i]
+        )  # multi-turn: observations marked
         prompt = columns["prompts"][i]
         if decode is not None and batch.prompt_ids is not None:
             prompt = decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist())
@@ -60,8 +62,13 @@ def picture(images: list, row: dict[str, str], height: int = 112):
     the completion, its reward and the gold answer: what a TensorBoard image summary shows for one sample."""
     from PIL import Image, ImageDraw
 
-    scaled = [im.convert("RGB").resize((max(1, round(im.width * height / im.height)), height), Image.NEAREST) for im in images]
-    caption = [f"completion: {row['completion']}", f"reward {row['reward']}" + (f"   gold {row['gold']}" if "gold" in row else "")]
+    scaled = [
+        im.convert("RGB").resize((max(1, round(im.width * height / im.height)), height), Image.NEAREST) for im in images
+    ]
+    caption = [
+        f"completion: {row['completion']}",
+        f"reward {row['reward']}" + (f"   gold {row['gold']}" if "gold" in row else ""),
+    ]
     width = max([sum(im.width for im in scaled) + 4 * max(0, len(scaled) - 1), 6 * max(map(len, caption)) + 8, 64])
     canvas = Image.new("RGB", (width, height + 14 * len(caption) + 8), (255, 255, 255))
     x = 0

@@ -22,7 +22,15 @@ class TrainerForward:
     Old log-probs are skipped unless ``recompute_old``: when the update is on-policy and nothing reads them before
     the optimize phase, the ratio is 1 there by construction (the optimize phase takes pi_old from its own pass)."""
 
-    def __init__(self, policy: nn.Module, reference: nn.Module | None, reference_is_base: bool, critic: ValueCritic | None, loop: LoopConfig, recompute_old: bool):
+    def __init__(
+        self,
+        policy: nn.Module,
+        reference: nn.Module | None,
+        reference_is_base: bool,
+        critic: ValueCritic | None,
+        loop: LoopConfig,
+        recompute_old: bool,
+    ):
         """``reference_is_base``: a LoRA policy without a reference model scores reference log-probs with its adapters off."""
         self.policy, self.reference, self.reference_is_base, self.critic = policy, reference, reference_is_base, critic
         self.loop, self.recompute_old = loop, recompute_old
@@ -40,10 +48,18 @@ class TrainerForward:
         packed, width = loop.max_tokens_per_micro_batch is not None, batch.response_ids.shape[1]
         for chunk in micro_batches(batch, loop.forward_batch_size, loop.max_tokens_per_micro_batch):
             if self.recompute_old:
-                fields.setdefault("old_logprobs", []).append(policy_logprobs(self.policy, chunk, temperature, chunk_rows=loop.logprob_chunk_rows, packed=packed)[0])
+                fields.setdefault("old_logprobs", []).append(
+                    policy_logprobs(self.policy, chunk, temperature, chunk_rows=loop.logprob_chunk_rows, packed=packed)[
+                        0
+                    ]
+                )
             if self.reference is not None or self.reference_is_base:
                 with self.reference_model() as reference:
-                    fields.setdefault("ref_logprobs", []).append(policy_logprobs(reference, chunk, temperature, chunk_rows=loop.logprob_chunk_rows, packed=packed)[0])
+                    fields.setdefault("ref_logprobs", []).append(
+                        policy_logprobs(
+                            reference, chunk, temperature, chunk_rows=loop.logprob_chunk_rows, packed=packed
+                        )[0]
+                    )
             if self.critic is not None:
                 fields.setdefault("values", []).append(self.critic(chunk, packed=packed).float())
         mask = batch.response_mask.float()

@@ -34,7 +34,9 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
     wrong = (~correct.bool()).sum(1).double()  # (P_n,) n - c
     total = torch.full_like(wrong, float(n))
     # C(n - c, k) / C(n, k) through log-gamma (exact for these sizes, no overflow); 0 when fewer than k are wrong
-    log_ratio = torch.lgamma(wrong + 1) - torch.lgamma(wrong - k + 1) - torch.lgamma(total + 1) + torch.lgamma(total - k + 1)
+    log_ratio = (
+        torch.lgamma(wrong + 1) - torch.lgamma(wrong - k + 1) - torch.lgamma(total + 1) + torch.lgamma(total - k + 1)
+    )
     none_correct = torch.where(wrong >= k, log_ratio.exp(), torch.zeros_like(wrong))
     return (1 - none_correct).mean().float()
 
@@ -64,7 +66,9 @@ class Validator:
         self.results: list[dict] = []
 
     @torch.no_grad()
-    def step(self, prompts: Prompts, policy: nn.Module, prefix: str, log: Callable, step: int, rank: int, progress_bar: bool) -> None:
+    def step(
+        self, prompts: Prompts, policy: nn.Module, prefix: str, log: Callable, step: int, rank: int, progress_bar: bool
+    ) -> None:
         """One validation batch: the greedy responses' score and length, and the sampled metrics; ``log`` is
         `LightningModule.log` (reduced over batches and ranks; `end` writes them at the step of the weights)."""
         params = self.collector.rollout.params
@@ -73,7 +77,9 @@ class Validator:
             with raw_scores():  # the reward's own scale, whatever shaping training uses
                 return self.collector.score(batch, self.reward)[0].scores
 
-        greedy, _ = self.collector.sample(prompts, policy, replace(params, greedy=True))  # with an agent, whole episodes
+        greedy, _ = self.collector.sample(
+            prompts, policy, replace(params, greedy=True)
+        )  # with an agent, whole episodes
         n_prompts = greedy.batch_size
         # logger=False: `end` writes them at the step of the weights validated, without Lightning's `epoch`
         kw = dict(on_epoch=True, sync_dist=True, batch_size=n_prompts, add_dataloader_idx=False, logger=False)
@@ -84,7 +90,11 @@ class Validator:
             devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(step * 7919 + rank)
-                sampled, _ = self.collector.sample(prompts, policy, replace(params, group_size=n, temperature=self.loop.val_temperature, greedy_baseline=False))
+                sampled, _ = self.collector.sample(
+                    prompts,
+                    policy,
+                    replace(params, group_size=n, temperature=self.loop.val_temperature, greedy_baseline=False),
+                )
             for key, value in sampled_metrics(scored(sampled).reshape(n_prompts, n)).items():  # (P_n, n)
                 log(f"{prefix}{key}", value, **kw)
 

@@ -23,12 +23,18 @@ from lightning import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from components.reward.model import last_token_scores
-
 from lightning_rl.core.models import DTYPES, TINY_MODEL_PATH, load_pretrained, load_tokenizer
 from lightning_rl.data.preference import PairDataModule, arithmetic_pairs
 from lightning_rl.recipes import adamw_with_warmup
 
-__all__ = ["BradleyTerryRewardModel", "PairDataModule", "arithmetic_pairs", "main", "pair_loss", "save_tiny_reward_model"]
+__all__ = [
+    "BradleyTerryRewardModel",
+    "PairDataModule",
+    "arithmetic_pairs",
+    "main",
+    "pair_loss",
+    "save_tiny_reward_model",
+]
 
 
 def pair_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -36,7 +42,9 @@ def pair_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     return -F.logsigmoid(chosen.float() - rejected.float()).mean()
 
 
-def save_tiny_reward_model(path: str | Path, hidden_size: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> str:
+def save_tiny_reward_model(
+    path: str | Path, hidden_size: int = 32, layers: int = 2, heads: int = 2, seed: int = 0
+) -> str:
     """A random tiny Llama sequence classifier (num_labels=1) + the built-in task's tokenizer: a test fixture."""
     from transformers import LlamaForSequenceClassification
 
@@ -86,7 +94,13 @@ class BradleyTerryRewardModel(LightningModule):
         from transformers import AutoModelForSequenceClassification
 
         self.tokenizer = load_tokenizer(self.hparams.path, "model.path")
-        self.model = load_pretrained(AutoModelForSequenceClassification.from_pretrained, self.hparams.path, "model.path", num_labels=1, dtype=DTYPES[self.hparams.dtype])
+        self.model = load_pretrained(
+            AutoModelForSequenceClassification.from_pretrained,
+            self.hparams.path,
+            "model.path",
+            num_labels=1,
+            dtype=DTYPES[self.hparams.dtype],
+        )
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.train()  # transformers loads in eval mode; Lightning switches to eval for validation and back
 
@@ -111,7 +125,9 @@ class BradleyTerryRewardModel(LightningModule):
         self.log("val/margin", (chosen - rejected).mean(), batch_size=n, sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        return adamw_with_warmup(self.model.parameters(), self.hparams.lr, self.hparams.weight_decay, self.hparams.warmup_steps)
+        return adamw_with_warmup(
+            self.model.parameters(), self.hparams.lr, self.hparams.weight_decay, self.hparams.warmup_steps
+        )
 
     def on_fit_end(self) -> None:
         if self.hparams.output_dir and self.trainer.is_global_zero:

@@ -76,10 +76,15 @@ class SupervisedFineTuning(LightningModule):
         """The completion column's token ids, each ended by EOS, right-padded: ids and mask, each (B, R)."""
         key = self.hparams.completion_key
         if key not in prompts.columns:
-            raise DataError(f"no {key!r} column in the data (model.completion_key); its columns: {sorted(prompts.columns)}. "
-                           f"Map yours with data.columns, e.g. '{{prompt: question, {key}: solution}}'")
+            raise DataError(
+                f"no {key!r} column in the data (model.completion_key); its columns: {sorted(prompts.columns)}. "
+                f"Map yours with data.columns, e.g. '{{prompt: question, {key}: solution}}'"
+            )
         tok, limit = self.tokenizer, self.hparams.max_completion_length
-        ids = [row[: limit - 1] + [tok.eos_token_id] for row in tok([str(c) for c in prompts.columns[key]], add_special_tokens=False)["input_ids"]]
+        ids = [
+            row[: limit - 1] + [tok.eos_token_id]
+            for row in tok([str(c) for c in prompts.columns[key]], add_special_tokens=False)["input_ids"]
+        ]
         width = max(len(row) for row in ids)
         out = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(ids), width), dtype=torch.long)
@@ -93,9 +98,13 @@ class SupervisedFineTuning(LightningModule):
         ids, mask = self.completions(prompts)  # (B, R)
         prompt_ids, prompt_mask = prompts.prompt_ids.to(self.device), prompts.prompt_mask.to(self.device)
         input_ids, attention_mask, positions = sequence_inputs(prompt_ids, prompt_mask, ids, mask)
-        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False).logits
+        logits = self.policy(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False
+        ).logits
         start = prompt_ids.shape[1]
-        logprobs = sampled_logprobs(logits[:, start - 1 : -1], ids)  # (B, R): each completion token from the position before it
+        logprobs = sampled_logprobs(
+            logits[:, start - 1 : -1], ids
+        )  # (B, R): each completion token from the position before it
         return completion_loss(logprobs, mask.float()), int(mask.sum())
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
@@ -118,15 +127,21 @@ class SupervisedFineTuning(LightningModule):
         prompt_ids = prompts.prompt_ids.to(self.device)
         tok = self.tokenizer
         out = self.policy.generate(
-            input_ids=prompt_ids, attention_mask=prompts.prompt_mask.to(self.device), max_new_tokens=self.hparams.max_completion_length,
-            do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            input_ids=prompt_ids,
+            attention_mask=prompts.prompt_mask.to(self.device),
+            max_new_tokens=self.hparams.max_completion_length,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
         )
         said = tok.batch_decode(out[:, prompt_ids.shape[1] :], skip_special_tokens=True)
         wanted = prompts.columns[self.hparams.completion_key]
         return torch.tensor([s.strip() == str(w).strip() for s, w in zip(said, wanted)], dtype=torch.float32).mean()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        return adamw_with_warmup(self.policy.parameters(), self.hparams.lr, self.hparams.weight_decay, self.hparams.warmup_steps)
+        return adamw_with_warmup(
+            self.policy.parameters(), self.hparams.lr, self.hparams.weight_decay, self.hparams.warmup_steps
+        )
 
     def configure_callbacks(self) -> list:
         """As RLModule's (lightning_rl.loop.module): the run folders with ``latest``, last.ckpt at the final step and on an
@@ -138,7 +153,9 @@ class SupervisedFineTuning(LightningModule):
         return [RunFolders(), ResumableCheckpoints(), checkpoint.FiniteCheckpoints(), ValidateBeforeAndAfter()]
 
     def on_save_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
-        checkpoint_["hf_export"] = {"policy": checkpoint.policy_export_info(self.policy, self.policy_spec)}  # `lightning-rl export`
+        checkpoint_["hf_export"] = {
+            "policy": checkpoint.policy_export_info(self.policy, self.policy_spec)
+        }  # `lightning-rl export`
 
 
 def main(args: list[str] | None = None, run: bool = True):
@@ -149,8 +166,14 @@ def main(args: list[str] | None = None, run: bool = True):
     class SFTCLI(RunCLI):
         progress_unit = "optimizer steps"
 
-    return build_cli(SFTCLI, SupervisedFineTuning, "python -m lightning_rl.recipes.sft",
-                     "Supervised fine-tuning on prompt + completion rows (the warm start of an RL run).", args, run)
+    return build_cli(
+        SFTCLI,
+        SupervisedFineTuning,
+        "python -m lightning_rl.recipes.sft",
+        "Supervised fine-tuning on prompt + completion rows (the warm start of an RL run).",
+        args,
+        run,
+    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ def build_char_tokenizer(tags: list[str] | None = None, vocab_size: int | None =
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def build_tiny_llama(tokenizer, hidden_size: int = 128, layers: int = 4, heads: int = 4, seed: int = 0, max_positions: int = 64):
+def build_tiny_llama(
+    tokenizer, hidden_size: int = 128, layers: int = 4, heads: int = 4, seed: int = 0, max_positions: int = 64
+):
     """A randomly initialised Llama for the character vocabulary."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -81,7 +83,9 @@ def save_tiny(path: str | Path, hidden_size: int = 32, layers: int = 2, heads: i
     return str(path)
 
 
-def supervised_step(model, optimizer, ids, labels, pad_token_id: int, step: int, lr: float, warmup: int, max_steps: int) -> float:
+def supervised_step(
+    model, optimizer, ids, labels, pad_token_id: int, step: int, lr: float, warmup: int, max_steps: int
+) -> float:
     """One next-token cross-entropy step of the scripts that train the shipped tiny models (``labels`` -100 = not
     trained on), at ``lr`` with linear warmup over ``warmup`` steps times a cosine decay over ``max_steps``. Returns
     the loss."""

@@ -31,7 +31,13 @@ def build_vlm_tokenizer():
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>", extra_special_tokens=VISION_TOKENS)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        extra_special_tokens=VISION_TOKENS,
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -41,43 +47,124 @@ def build_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 112 * 112
     pixel bounds (Qwen3-VL's patches are 16 pixels)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=MERGE, temporal_patch_size=2)
+    return Qwen2VLImageProcessorPil(
+        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=MERGE, temporal_patch_size=2
+    )
 
 
-def build_tiny_vlm(tokenizer, family: str = "qwen2_vl", hidden_size: int = 32, layers: int = 2, heads: int = 2, vision_dim: int = 16,
-                   vision_depth: int = 1, seed: int = 0, max_positions: int = 512):
+def build_tiny_vlm(
+    tokenizer,
+    family: str = "qwen2_vl",
+    hidden_size: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    vision_dim: int = 16,
+    vision_depth: int = 1,
+    seed: int = 0,
+    max_positions: int = 512,
+):
     """A randomly initialised Qwen2-VL (``family="qwen2_vl"``), Qwen2.5-VL (``"qwen2_5_vl"``) or Qwen3-VL (``"qwen3_vl"``:
     16-pixel patches, interleaved multimodal rotary positions, deepstack features) for ``tokenizer``."""
     import torch
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen3VLConfig,
-                              Qwen3VLForConditionalGeneration)
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
 
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in
-           (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(tok)
+        for name, tok in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
     head_dim = hidden_size // heads
     section = [head_dim // 8, head_dim * 3 // 16, head_dim * 3 // 16]  # time, height, width halves of the rotary dims
     section[0] += head_dim // 2 - sum(section)
-    text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=heads, max_position_embeddings=max_positions, rope_scaling={"type": "mrope", "mrope_section": section},
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        rope_scaling={"type": "mrope", "mrope_section": section},
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
     if family == "qwen2_vl":
-        vision = dict(depth=vision_depth, embed_dim=vision_dim, hidden_size=hidden_size, num_heads=2, mlp_ratio=2, patch_size=PATCH, spatial_merge_size=MERGE,
-                      temporal_patch_size=2, in_channels=3)
+        vision = dict(
+            depth=vision_depth,
+            embed_dim=vision_dim,
+            hidden_size=hidden_size,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            in_channels=3,
+        )
         config_class, model_class = Qwen2VLConfig, Qwen2VLForConditionalGeneration
     elif family == "qwen2_5_vl":
-        vision = dict(depth=vision_depth, hidden_size=vision_dim, intermediate_size=2 * vision_dim, out_hidden_size=hidden_size, num_heads=2, patch_size=PATCH,
-                      spatial_merge_size=MERGE, temporal_patch_size=2, in_channels=3, window_size=56, fullatt_block_indexes=[vision_depth - 1])
+        vision = dict(
+            depth=vision_depth,
+            hidden_size=vision_dim,
+            intermediate_size=2 * vision_dim,
+            out_hidden_size=hidden_size,
+            num_heads=2,
+            patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            in_channels=3,
+            window_size=56,
+            fullatt_block_indexes=[vision_depth - 1],
+        )
         config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     elif family == "qwen3_vl":
-        vision = dict(depth=vision_depth, hidden_size=vision_dim, intermediate_size=2 * vision_dim, out_hidden_size=hidden_size, num_heads=2, patch_size=16,
-                      spatial_merge_size=MERGE, temporal_patch_size=2, in_channels=3, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        vision = dict(
+            depth=vision_depth,
+            hidden_size=vision_dim,
+            intermediate_size=2 * vision_dim,
+            out_hidden_size=hidden_size,
+            num_heads=2,
+            patch_size=16,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            in_channels=3,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        )
         text.pop("rope_scaling")
-        text.update(head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section, "mrope_interleaved": True})
+        text.update(
+            head_dim=head_dim,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": section,
+                "mrope_interleaved": True,
+            },
+        )
         config_class, model_class = Qwen3VLConfig, Qwen3VLForConditionalGeneration
     else:
         raise ValueError(f"unknown family {family!r}: qwen2_vl, qwen2_5_vl or qwen3_vl")
-    config = config_class(text_config=text, vision_config=vision, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                          bos_token_id=None, tie_word_embeddings=True, **ids)
+    config = config_class(
+        text_config=text,
+        vision_config=vision,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        **ids,
+    )
     torch.manual_seed(seed)
     model = model_class(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

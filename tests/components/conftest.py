@@ -29,7 +29,9 @@ def make_rollout(tokenizer):
 
     def make(**kwargs):
         kwargs.setdefault("backoff", 0.01)
-        kwargs.setdefault("verify_every", 0)  # the probe's requests are counted by tests of their own (test_sglang_weight_sync.py)
+        kwargs.setdefault(
+            "verify_every", 0
+        )  # the probe's requests are counted by tests of their own (test_sglang_weight_sync.py)
         rollout = SGLangRollout(**kwargs)
         rollout.setup(tokenizer)
         made.append(rollout)

@@ -15,8 +15,8 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
 
     import components.rollout.sglang.broadcast as broadcast
     from components.rollout import SGLangRollout
-    from lightning_rl.distributed import shard
     from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
+    from lightning_rl.distributed import shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -25,7 +25,10 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=generator))  # the same on every rank
-    expected = {n: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16] for n, t in policy.state_dict().items()}
+    expected = {
+        n: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16]
+        for n, t in policy.state_dict().items()
+    }
     shard(policy, init_device_mesh("cpu", (world,)))
     sharded = all(type(p).__name__ == "DTensor" for p in policy.parameters())
     gathered: list[int] = []  # bytes of full tensors per gather: one bucket at a time
@@ -41,5 +44,7 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
     rollout.sync_weights(policy)  # every rank gathers each bucket; rank 0 broadcasts it; all verify
     rollout.close()
     if rank == 0:
-        torch.save({"expected": expected, "gathered": gathered, "sharded": sharded, "version": rollout.weight_version}, out)
+        torch.save(
+            {"expected": expected, "gathered": gathered, "sharded": sharded, "version": rollout.weight_version}, out
+        )
     dist.destroy_process_group()

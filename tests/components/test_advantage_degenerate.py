@@ -34,7 +34,9 @@ def _batch(scores, group_size, greedy: bool, lengths=None):
         lens += [*lengths[g : g + group_size], 1]
         flags += [False] * group_size + [True]
     is_greedy = torch.tensor(flags)
-    return batch_from_scores(rows, lengths=lens, group_size=group_size + 1, is_greedy=is_greedy).replace(sample_mask=(~is_greedy).float())
+    return batch_from_scores(rows, lengths=lens, group_size=group_size + 1, is_greedy=is_greedy).replace(
+        sample_mask=(~is_greedy).float()
+    )
 
 
 @pytest.mark.parametrize("value", [0.7, 1.0, 0.1, -0.45])

@@ -6,13 +6,12 @@ from __future__ import annotations
 import string
 
 import pytest
-import torch
 
+from components.env import Environment, Step
 from components.rollout import MultiTurnRollout
 from components.rollout.chat_turns import ChatTurns
-from components.env import Environment, Step
-from tests.support.multi_turn import Scripted
 from tests.helpers import prompts
+from tests.support.multi_turn import Scripted
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -36,7 +35,9 @@ def chat_tokenizer(template: str):
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"]
+    )
     tok.chat_template = template
     return tok
 
@@ -72,7 +73,9 @@ def test_appended_ids_equal_a_full_rerender_where_the_template_is_append_only():
     # the context of turn 2 is exactly the template's rendering of the conversation so far
     assert sampler.contexts[1][0] == _render(tok, conversation, generation_prompt=True)
     full = _render(tok, conversation + [{"role": "assistant", "content": "3"}])
-    assert ours == full[: len(ours)] and tok.decode(full[len(ours) :]) == "\n"  # the template's newline after the last turn
+    assert (
+        ours == full[: len(ours)] and tok.decode(full[len(ours) :]) == "\n"
+    )  # the template's newline after the last turn
 
 
 def test_our_ids_are_kept_where_the_template_rewrites_earlier_turns():
@@ -104,6 +107,9 @@ def test_a_template_that_refuses_the_observation_role_fails_at_setup():
         "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('Only user and assistant roles are supported!') }}"
         "{% endif %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
     )
-    with pytest.raises(ValueError, match=r"cannot follow the model's turn with a 'tool' turn \(TemplateError: Only user and assistant roles .*observation_role"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot follow the model's turn with a 'tool' turn \(TemplateError: Only user and assistant roles .*observation_role",
+    ):
         ChatTurns(chat_tokenizer(strict), "tool")
     assert ChatTurns(chat_tokenizer(strict), "user").segment("hi", []) == "[user]hi[assistant]"

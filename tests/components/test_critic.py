@@ -15,7 +15,9 @@ def rm_path(tmp_path_factory) -> str:
 def _loss_batch(values_old, returns, mask=None) -> RolloutBatch:
     old = torch.tensor(values_old)
     mask = torch.ones_like(old, dtype=torch.long) if mask is None else torch.tensor(mask)
-    return RolloutBatch(response_ids=torch.ones_like(mask), response_mask=mask, values=old, returns=torch.tensor(returns))
+    return RolloutBatch(
+        response_ids=torch.ones_like(mask), response_mask=mask, values=old, returns=torch.tensor(returns)
+    )
 
 
 def _seq_batch(prompts, responses, r_width=5) -> RolloutBatch:
@@ -26,7 +28,9 @@ def _seq_batch(prompts, responses, r_width=5) -> RolloutBatch:
     for i, (p, r) in enumerate(zip(prompts, responses)):
         prompt_ids[i, p_width - len(p) :], prompt_mask[i, p_width - len(p) :] = torch.tensor(p), 1
         response_ids[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
-    return RolloutBatch(response_ids=response_ids, response_mask=response_mask, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+    return RolloutBatch(
+        response_ids=response_ids, response_mask=response_mask, prompt_ids=prompt_ids, prompt_mask=prompt_mask
+    )
 
 
 def test_unclipped_loss_is_half_squared_error():

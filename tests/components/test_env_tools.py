@@ -14,7 +14,15 @@ def _turn(text: str, finish: str = "stop") -> Turn:
 
 @pytest.mark.parametrize(
     "expression, result",
-    [("123*45", "5535"), ("2 + 3 * (4 - 1)", "11"), ("7/2", "3.5"), ("6/3", "2"), ("-2**10", "-1024"), ("17 // 5 % 2", "1"), ("1.5*4", "6")],
+    [
+        ("123*45", "5535"),
+        ("2 + 3 * (4 - 1)", "11"),
+        ("7/2", "3.5"),
+        ("6/3", "2"),
+        ("-2**10", "-1024"),
+        ("17 // 5 % 2", "1"),
+        ("1.5*4", "6"),
+    ],
 )
 def test_calculator(expression, result):
     assert Calculator()(expression) == result
@@ -38,7 +46,9 @@ def test_calculator_rejects_what_is_not_bounded_arithmetic(expression, message):
 
 
 def test_protocol_parses_calls_in_order():
-    calls = ToolProtocol().calls("I will compute <call>calc(1+2)</call> and <call> 3*4 </call> then <call>python(print(1)")
+    calls = ToolProtocol().calls(
+        "I will compute <call>calc(1+2)</call> and <call> 3*4 </call> then <call>python(print(1)"
+    )
     assert [(c.body, c.name, c.arguments, c.error is None) for c in calls] == [
         ("calc(1+2)", "calc", "1+2", True),
         ("3*4", None, "", True),
@@ -103,7 +113,9 @@ def test_a_closed_environment_answers_at_once_until_the_next_episode():
     env.close()
     start = time.monotonic()
     step = env.step(None, _turn("<call>lookup(slow)</call><call>calc(1+1)</call>"))
-    assert step.observation == "<result>error: the environment was closed</result>" * 2 and time.monotonic() - start < 1.0
+    assert (
+        step.observation == "<result>error: the environment was closed</result>" * 2 and time.monotonic() - start < 1.0
+    )
     env.reset({})
     assert env.step(None, _turn("<call>calc(1+1)</call>")).observation == "<result>2</result>"
 
@@ -126,7 +138,9 @@ def test_python_tool_limits():
         tool("1/0")
     start = time.monotonic()
     with pytest.raises(ToolError, match="timed out after 1.0 s"):
-        tool("import time, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\ntime.sleep(60)")
+        tool(
+            "import time, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\ntime.sleep(60)"
+        )
     assert time.monotonic() - start < 3.0
     with pytest.raises(ToolError, match="MemoryError: more than 200 MiB"):
         tool("x = bytearray(400 << 20)")
@@ -135,7 +149,9 @@ def test_python_tool_limits():
     step = env.step(None, _turn("<call>python(while True: pass)</call>"))
     assert time.monotonic() - start < 3.0
     assert step.observation == "<result>error: timed out after 1.0 s</result>"
-    env = ToolEnvironment([PythonTool(timeout_s=5.0, memory_mb=200)])  # past its memory limit: an error result, within the timeout
+    env = ToolEnvironment(
+        [PythonTool(timeout_s=5.0, memory_mb=200)]
+    )  # past its memory limit: an error result, within the timeout
     start = time.monotonic()
     step = env.step(None, _turn("<call>python(x = bytearray(400 << 20))</call>"))
     assert time.monotonic() - start < 5.0
@@ -173,7 +189,9 @@ def test_tools_are_configured_from_yaml_with_a_dotted_path():
 def test_python_tool_output_is_bounded_and_what_it_started_is_stopped(tmp_path):
     tool = PythonTool(timeout_s=5.0)
     start = time.monotonic()
-    with pytest.raises(ToolError, match=r"output larger than 1048576 bytes"):  # a flood ends at once, never in the trainer's memory
+    with pytest.raises(
+        ToolError, match=r"output larger than 1048576 bytes"
+    ):  # a flood ends at once, never in the trainer's memory
         tool("while True: print('x' * 1000)")
     assert time.monotonic() - start < 5.0
     assert PythonTool(max_output_chars=10)("print('y' * 50)") == "y" * 10

@@ -56,7 +56,9 @@ def test_hand_computed_numbers(lam, expected):
 def test_gamma_discounts_the_terminal_reward():
     # gamma 0.5, lambda 1: A_t = 0.5^(3 - t) * 1 - V_t
     advantages, _ = GAE(gamma=0.5, lam_actor=1.0)(_batch([1.0], [VALUES], [4]))
-    torch.testing.assert_close(advantages[0], torch.tensor([0.125 - 0.5, 0.25 - 0.6, 0.5 - 0.7, 1.0 - 0.8]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        advantages[0], torch.tensor([0.125 - 0.5, 0.25 - 0.6, 0.5 - 0.7, 1.0 - 0.8]), atol=1e-6, rtol=0
+    )
 
 
 def test_padding_after_the_last_valid_token_changes_nothing():
@@ -80,7 +82,9 @@ def test_the_seed_loop_leaks_padding_but_gae_does_not():
     rewards = torch.tensor([[0.0, 0, 0, 1, 0]])
     seed_last = rewards[0, 3] + 1.0 * values[0, 4] * mask[0, 3] - values[0, 3]  # the seed's delta at t = 3
     assert float(seed_last) == pytest.approx(3.2)
-    batch = RolloutBatch(response_ids=torch.ones(1, 5, dtype=torch.long), response_mask=mask.long(), values=values, token_rewards=rewards)
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 5, dtype=torch.long), response_mask=mask.long(), values=values, token_rewards=rewards
+    )
     assert float(GAE(lam_actor=0.0)(batch).advantages[0, 3]) == pytest.approx(0.2, abs=1e-7)
 
 
@@ -92,7 +96,10 @@ def test_lam_critic_one_gives_monte_carlo_returns_whatever_lam_actor(lam_actor):
     batch.token_rewards += torch.randn(4, 7) * 0.1 * batch.response_mask  # a KL-in-reward term on every token
     _, returns = GAE(gamma=1.0, lam_actor=lam_actor, lam_critic=1.0)(batch)
     # reward-to-go: sum_{t' >= t} r_t'
-    mc = torch.flip(torch.cumsum(torch.flip(batch.token_rewards * batch.response_mask, [1]), 1), [1]) * batch.response_mask
+    mc = (
+        torch.flip(torch.cumsum(torch.flip(batch.token_rewards * batch.response_mask, [1]), 1), [1])
+        * batch.response_mask
+    )
     torch.testing.assert_close(returns, mc, atol=1e-6, rtol=0)
 
 
@@ -185,7 +192,9 @@ def test_every_option_changes_the_output():
         assert not torch.allclose(estimator(batch).advantages, base.advantages), name
     assert torch.allclose(GAE(lam_critic=0.3)(batch).advantages, base.advantages)  # lam_critic moves only the returns
     assert not torch.allclose(GAE(lam_critic=0.3)(batch).returns, base.returns)
-    assert not torch.allclose(GAE(lam_actor="adaptive", alpha=0.5)(batch).advantages, GAE(lam_actor="adaptive")(batch).advantages)
+    assert not torch.allclose(
+        GAE(lam_actor="adaptive", alpha=0.5)(batch).advantages, GAE(lam_actor="adaptive")(batch).advantages
+    )
 
 
 def test_bad_arguments_name_the_culprit():
@@ -230,7 +239,13 @@ def _transcript_batch(obs_values: float) -> RolloutBatch:
     action_mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0]])
     values = torch.tensor([[0.5, 0.6, obs_values, obs_values, 0.7, 0.8, 0.0]])
     env_rewards = torch.tensor([[0.0, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    batch = RolloutBatch(response_ids=torch.ones_like(response_mask), response_mask=response_mask, action_mask=action_mask, values=values, scores=torch.tensor([1.0]))
+    batch = RolloutBatch(
+        response_ids=torch.ones_like(response_mask),
+        response_mask=response_mask,
+        action_mask=action_mask,
+        values=values,
+        scores=torch.tensor([1.0]),
+    )
     return batch.replace(token_rewards=terminal_rewards(batch.scores, batch.action_tokens) + env_rewards)
 
 
@@ -243,13 +258,17 @@ def test_observations_are_not_steps():
     for obs_values in (0.0, 9.0):  # a critic's values at observation tokens change nothing
         advantages, returns = GAE(gamma=1.0, lam_actor=0.95)(_transcript_batch(obs_values))
         torch.testing.assert_close(advantages[0], expected, atol=1e-6, rtol=0)
-        torch.testing.assert_close(returns[0], (expected + values) * torch.tensor([1, 1, 0, 0, 1, 1, 0.0]), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            returns[0], (expected + values) * torch.tensor([1, 1, 0, 0, 1, 1, 0.0]), atol=1e-6, rtol=0
+        )
 
 
 def test_discount_counts_the_models_tokens_only():
     # gamma 0.5, lambda 1: A_t = G_t - V_t with G over 4 steps: G3 = 1, G2 = 0.5, G1 = 0.25 + 0.5 * 0.5 = 0.5, G0 = 0.25
     advantages, _ = GAE(gamma=0.5, lam_actor=1.0)(_transcript_batch(3.0))
-    torch.testing.assert_close(advantages[0], torch.tensor([0.25 - 0.5, 0.5 - 0.6, 0, 0, 0.5 - 0.7, 1.0 - 0.8, 0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        advantages[0], torch.tensor([0.25 - 0.5, 0.5 - 0.6, 0, 0, 0.5 - 0.7, 1.0 - 0.8, 0]), atol=1e-6, rtol=0
+    )
 
 
 def test_vapo_length_is_the_models_token_count():

@@ -63,7 +63,9 @@ def test_k3_in_the_loss_follows_the_forward_kl_gradient_and_k2_the_reverse():
     torch.testing.assert_close(_expected_loss_grad(logits_pi, logits_ref, "k2"), reverse, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(_expected_loss_grad(logits_pi, logits_ref, "k1"), torch.zeros(12), atol=1e-6, rtol=0)
     # DeepSeek-V3.2's importance weight turns k3's gradient into the reverse-KL one
-    torch.testing.assert_close(_expected_loss_grad(logits_pi, logits_ref, "k3", weighted=True), reverse, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        _expected_loss_grad(logits_pi, logits_ref, "k3", weighted=True), reverse, atol=1e-5, rtol=1e-4
+    )
 
 
 def _batch(old, ref, mask):

@@ -22,11 +22,18 @@ def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
     prompt = enc("12+3=")
     obs = enc("=7 ")
     # 1 prompt x 2 samples; row 0: three turns; row 1 ends its second turn on EOS but the environment goes on
-    sampler = Scripted([[enc("1") + [eos], enc("22")], [enc("3"), enc("4") + [eos]], [enc("55") + [eos], enc("6")]], eos, group_size=2)
+    sampler = Scripted(
+        [[enc("1") + [eos], enc("22")], [enc("3"), enc("4") + [eos]], [enc("55") + [eos], enc("6")]], eos, group_size=2
+    )
     agent = make_agent(Echo(), tokenizer, sampler, max_turns=3)
-    batch, metrics = agent.generate(sampler, prompts(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), [{"answer": "15"}]), None)
+    batch, metrics = agent.generate(
+        sampler, prompts(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), [{"answer": "15"}]), None
+    )
 
-    rows = [enc("1") + [eos] + obs + enc("3") + obs + enc("55") + [eos], enc("22") + obs + enc("4") + [eos] + obs + enc("6")]
+    rows = [
+        enc("1") + [eos] + obs + enc("3") + obs + enc("55") + [eos],
+        enc("22") + obs + enc("4") + [eos] + obs + enc("6"),
+    ]
     for i, row in enumerate(rows):
         assert batch.response_ids[i, : len(row)].tolist() == row  # the sampled ids, never re-tokenised
     assert batch.response_mask.sum(-1).tolist() == [len(r) for r in rows]
@@ -40,10 +47,16 @@ def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
     assert batch.group_ids.tolist() == [0, 0] and batch.versions.tolist() == [3, 3]
     # each later turn continued from the whole context, one sample per context
     assert sampler.contexts[1] == [prompt + enc("1") + [eos] + obs, prompt + enc("22") + obs]
-    assert sampler.params == SamplingParams(group_size=2, max_new_tokens=64)  # the episodes passed their settings, never set them
+    assert sampler.params == SamplingParams(
+        group_size=2, max_new_tokens=64
+    )  # the episodes passed their settings, never set them
     assert batch.columns["completions"] == ["55", "6"] and batch.columns["answer"] == ["15", "15"]
     assert batch.columns["transcripts"][0] == "1[[env: =7 ]]3[[env: =7 ]]55"
-    assert metrics["agent/turns_mean"] == 3 and metrics["agent/tool_calls_mean"] == 2 and metrics["agent/observation_tokens_mean"] == 6
+    assert (
+        metrics["agent/turns_mean"] == 3
+        and metrics["agent/tool_calls_mean"] == 2
+        and metrics["agent/observation_tokens_mean"] == 6
+    )
     assert metrics["agent/max_turns_frac"] == 0 and metrics["tool/error_frac"] == 0
 
 
@@ -95,9 +108,18 @@ class Wrong(Environment):
         (Step("x", float("nan"), False), r"reward=nan; it must be a finite number"),
         (Step("x", None, 1), r"done=1; it must be True or False"),
         (Step([1, 2, 99999], None, False), r"token ids outside the vocabulary"),
-        (Step("caf\udcff", None, False), r"Wrong.step returned an observation that is not valid text \(surrogates not allowed at character 3"),
-        (Step("x", None, False, "many", 0), r"Wrong.step returned tool_calls='many', tool_errors=0; they must be integers"),
-        (Step("x", None, False, -5, 7), r"Wrong.step returned tool_calls=-5, tool_errors=7; they must be integers with 0 <= tool_errors <= tool_calls"),
+        (
+            Step("caf\udcff", None, False),
+            r"Wrong.step returned an observation that is not valid text \(surrogates not allowed at character 3",
+        ),
+        (
+            Step("x", None, False, "many", 0),
+            r"Wrong.step returned tool_calls='many', tool_errors=0; they must be integers",
+        ),
+        (
+            Step("x", None, False, -5, 7),
+            r"Wrong.step returned tool_calls=-5, tool_errors=7; they must be integers with 0 <= tool_errors <= tool_calls",
+        ),
         (Step("x", None, False, 1, 2), r"tool_calls=1, tool_errors=2"),
     ],
 )
@@ -131,7 +153,9 @@ def _three_turns(agent, sampler, policy, tokenizer):
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     batch, metrics = agent.generate(sampler, prompts(enc.input_ids, enc.attention_mask, [{}, {}]), policy)
     assert metrics["agent/turns_mean"] == 3
-    assert (batch.response_mask * (1 - batch.action_mask)).sum(-1).tolist() == [6] * batch.batch_size  # two observations each
+    assert (batch.response_mask * (1 - batch.action_mask)).sum(-1).tolist() == [
+        6
+    ] * batch.batch_size  # two observations each
     return batch
 
 
@@ -150,7 +174,9 @@ def test_trainer_logprobs_equal_the_sglang_servers_over_three_turns(tiny_model_p
     from tests.fixtures.sglang_server import FakeSGLangServer
 
     server = FakeSGLangServer(tiny_model_path).start()
-    sampler = SGLangRollout(base_url=server.url, group_size=2, max_new_tokens=5, temperature=0.8, backoff=0.01, verify_every=0)  # requests counted below
+    sampler = SGLangRollout(
+        base_url=server.url, group_size=2, max_new_tokens=5, temperature=0.8, backoff=0.01, verify_every=0
+    )  # requests counted below
     try:
         sampler.setup(tokenizer)
         policy = load_causal_lm(ModelSpec(path=tiny_model_path))
@@ -189,14 +215,18 @@ def test_the_readmes_custom_environment_runs(tokenizer):
     from pathlib import Path
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "class GuessTheNumber" in block]
+    (code,) = [
+        block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "class GuessTheNumber" in block
+    ]
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     sampler = Scripted([[enc("5") + [eos]], [enc("9") + [eos]], [enc("7") + [eos]]], eos)
     agent = make_agent(namespace["GuessTheNumber"](), tokenizer, sampler, max_turns=3)
     prompt = enc("guess:")
-    batch, _ = agent.generate(sampler, prompts(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), [{"answer": "7"}]), None)
+    batch, _ = agent.generate(
+        sampler, prompts(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), [{"answer": "7"}]), None
+    )
     higher, lower = enc(" higher: "), enc(" lower: ")  # (the tiny tokenizer knows digits and signs, not letters)
     assert batch.response_ids[0].tolist() == enc("5") + [eos] + higher + enc("9") + [eos] + lower + enc("7") + [eos]
     assert batch.columns["completions"] == ["7"] and batch.columns["transcripts"][0].count("[[env: ") == 2
@@ -215,7 +245,9 @@ def test_a_turn_reward_never_lands_on_an_observation(tokenizer):
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     sampler = Scripted([[enc("1"), enc("2")], [[], enc("3")]], eos, group_size=2)
     agent = make_agent(RewardEveryTurn(), tokenizer, sampler)
-    batch, _ = agent.generate(sampler, prompts(torch.tensor([enc("1+1=")]), torch.ones(1, 4, dtype=torch.long), [{}]), None)
+    batch, _ = agent.generate(
+        sampler, prompts(torch.tensor([enc("1+1=")]), torch.ones(1, 4, dtype=torch.long), [{}]), None
+    )
     n = 1 + len(enc("=7 "))
     assert batch.response_mask.sum(-1).tolist() == [n, n + 1]
     assert batch.env_rewards.tolist() == [[1.0] + [0.0] * n, [0.5] + [0.0] * (n - 1) + [0.5]]
@@ -229,13 +261,21 @@ def test_every_rank_takes_as_many_turns_as_the_busiest(tokenizer, monkeypatch):
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     prompt = torch.tensor([enc("1+1=")])
     alone = Scripted([[enc("2") + [eos]]], eos)
-    expected, _ = make_agent(Echo(turns=1), tokenizer, alone).generate(alone, prompts(prompt, torch.ones_like(prompt), [{}]), None)
+    expected, _ = make_agent(Echo(turns=1), tokenizer, alone).generate(
+        alone, prompts(prompt, torch.ones_like(prompt), [{}]), None
+    )
     other_rank_open = iter([1.0, 1.0, 0.0])
     monkeypatch.setattr(multi_turn, "all_reduce_sum", lambda x: x + next(other_rank_open))
     sampler = Scripted([[enc("2") + [eos]], [enc("99")], [enc("98")]], eos)
-    batch, _ = make_agent(Echo(turns=1), tokenizer, sampler).generate(sampler, prompts(prompt, torch.ones_like(prompt), [{}]), None)
-    assert len(sampler.contexts) == 3 and sampler.contexts[1] == [enc("1+1=2") + [eos]]  # the finished episode, as a stand-in
-    assert batch.response_ids.tolist() == expected.response_ids.tolist() == [enc("2") + [eos]] and batch.columns["completions"] == ["2"]
+    batch, _ = make_agent(Echo(turns=1), tokenizer, sampler).generate(
+        sampler, prompts(prompt, torch.ones_like(prompt), [{}]), None
+    )
+    assert len(sampler.contexts) == 3 and sampler.contexts[1] == [
+        enc("1+1=2") + [eos]
+    ]  # the finished episode, as a stand-in
+    assert batch.response_ids.tolist() == expected.response_ids.tolist() == [enc("2") + [eos]] and batch.columns[
+        "completions"
+    ] == ["2"]
 
 
 def test_episodes_pass_their_settings_and_never_change_the_samplers(tokenizer):
@@ -250,11 +290,17 @@ def test_episodes_pass_their_settings_and_never_change_the_samplers(tokenizer):
             return super().generate(prompts, policy, params)
 
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
-    sampler = Watched([[enc("1"), enc("2")], [enc("3"), enc("4")], [enc("5") + [eos], enc("6") + [eos]]], eos, group_size=2)
+    sampler = Watched(
+        [[enc("1"), enc("2")], [enc("3"), enc("4")], [enc("5") + [eos], enc("6") + [eos]]], eos, group_size=2
+    )
     configured = sampler.params
     agent = make_agent(Echo(), tokenizer, sampler, max_turns=3, max_total_tokens=20)
     agent.generate(sampler, prompts([enc("1+1=")]), None)
     assert [shared for shared, _ in seen] == [configured] * 3
-    assert [(p.group_size, p.max_new_tokens) for _, p in seen] == [(2, 20), (1, 16), (1, 12)]  # the room each turn had left
+    assert [(p.group_size, p.max_new_tokens) for _, p in seen] == [
+        (2, 20),
+        (1, 16),
+        (1, 12),
+    ]  # the room each turn had left
     with pytest.raises(AttributeError):
         configured.group_size = 1  # a frozen value: nobody can change it in place

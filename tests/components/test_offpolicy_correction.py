@@ -41,7 +41,17 @@ def _batch(advantages=None):
         (OffPolicyCorrection("mis", cap=3.0, lower=0.5, level="sequence"), [[2.25, 2.25, 2.25], [0.0, 0.0, 0.0]]),
         (OffPolicyCorrection("reject", cap=3.0, lower=0.5, level="sequence"), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
     ],
-    ids=["tis-token", "mis-token", "mis-token-lower", "reject-token", "reject-token-lower", "tis-seq", "mis-seq", "mis-seq-lower", "reject-seq-lower"],
+    ids=[
+        "tis-token",
+        "mis-token",
+        "mis-token-lower",
+        "reject-token",
+        "reject-token-lower",
+        "tis-seq",
+        "mis-seq",
+        "mis-seq-lower",
+        "reject-seq-lower",
+    ],
 )
 def test_weights_by_hand(correction, expected):
     weight, _ = correction(_batch())
@@ -54,7 +64,12 @@ def test_mis_keeps_the_importance_weight_of_kept_tokens():
     # masked importance sampling is w * 1[w <= C]: with C = 2 none of these is masked, so the weights are w itself
     w = torch.tensor([[0.832, 0.731, 0.685, 1.308]])
     old = torch.tensor([[-0.4, -1.1, -2.0, -0.3]])
-    batch = RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=old, rollout_logprobs=old - w.log())
+    batch = RolloutBatch(
+        response_ids=torch.zeros(1, 4, dtype=torch.long),
+        response_mask=torch.ones(1, 4),
+        old_logprobs=old,
+        rollout_logprobs=old - w.log(),
+    )
     weight, _ = OffPolicyCorrection("mis", cap=2.0)(batch)
     torch.testing.assert_close(weight, w, atol=1e-6, rtol=0)
     weight, _ = OffPolicyCorrection("reject", cap=2.0)(batch)
@@ -97,14 +112,19 @@ def test_a_rollout_without_sampler_logprobs_fails_at_construction():
 
     with pytest.raises(ValueError, match="return_logprobs"):
         RLModule(rollout=HFRollout(group_size=2), surrogate=PolicyGradient(correction=OffPolicyCorrection()))
-    RLModule(rollout=HFRollout(group_size=2, return_logprobs=True), surrogate=CISPO(correction=OffPolicyCorrection("mis", level="sequence")))
+    RLModule(
+        rollout=HFRollout(group_size=2, return_logprobs=True),
+        surrogate=CISPO(correction=OffPolicyCorrection("mis", level="sequence")),
+    )
 
 
 def test_sequence_weight_is_the_product_of_token_weights():
     torch.manual_seed(0)
     log_w = (torch.rand(3, 4) - 0.5) * 0.4
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
-    batch = RolloutBatch(response_ids=torch.zeros_like(mask), response_mask=mask, old_logprobs=log_w, rollout_logprobs=torch.zeros(3, 4))
+    batch = RolloutBatch(
+        response_ids=torch.zeros_like(mask), response_mask=mask, old_logprobs=log_w, rollout_logprobs=torch.zeros(3, 4)
+    )
     weight, _ = OffPolicyCorrection("tis", cap=10.0, level="sequence")(batch)
     for b in range(3):
         product = math.prod(math.exp(float(log_w[b, t])) for t in range(int(mask[b].sum())))

@@ -36,12 +36,20 @@ def lazy_agent(client, row):
 
 def url_agent(client, row):
     URLS.append((str(client.base_url), client.api_key))
-    return client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}]).choices[0].message.content
+    return (
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+        .choices[0]
+        .message.content
+    )
 
 
 async def async_agent(client, row):
-    first, second = await asyncio.gather(*[client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-                                           for _ in range(2)])
+    first, second = await asyncio.gather(
+        *[
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+            for _ in range(2)
+        ]
+    )
     return first.choices[0].message.content
 
 
@@ -50,7 +58,9 @@ def completion_agent(client, row):
     prompt, calls = row["prompt"], []
     for _ in range(2):
         response = client.completions.create(model="policy", prompt=prompt, max_tokens=6, logprobs=1)
-        calls.append((response.prompt_token_ids, response.choices[0].token_ids, response.choices[0].logprobs.token_logprobs))
+        calls.append(
+            (response.prompt_token_ids, response.choices[0].token_ids, response.choices[0].logprobs.token_logprobs)
+        )
         prompt = prompt + response.choices[0].text + "<result>7</result>"
     return {"answer": response.choices[0].text, "calls": calls}
 
@@ -61,7 +71,9 @@ def refused_agent(client, row):
     errors = []
     for extra in ({"n": 2}, {"stream": False, "max_tokens": 0}):
         try:
-            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}], **extra)
+            client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": row["prompt"]}], **extra
+            )
         except openai.BadRequestError as err:
             errors.append(err.body["message"])
     return errors
@@ -76,7 +88,9 @@ def _setup(function: str, group_size: int = 2, **kwargs):
     tokenizer = load_tokenizer(TINY_CALC)
     sampler = HFRollout(group_size=group_size, max_new_tokens=6, temperature=1.0, return_logprobs=True)
     sampler.setup(tokenizer)
-    agent = OpenAIAgent(f"{__name__}.{function}", tool_calls=TagToolCalls("calc", "expression"), max_total_tokens=40, **kwargs)
+    agent = OpenAIAgent(
+        f"{__name__}.{function}", tool_calls=TagToolCalls("calc", "expression"), max_total_tokens=40, **kwargs
+    )
     agent.setup(tokenizer, sampler)
     return agent, sampler, tokenizer
 
@@ -109,7 +123,9 @@ def test_a_hanging_agent_ends_at_its_deadline_and_one_that_never_calls_gets_an_e
     assert time.monotonic() - start < 5
     assert float(metrics["agent/timeout_frac"]) == 1 and float(metrics["agent/no_call_frac"]) == 1
     assert batch.batch_size == 4 and int(batch.response_mask.sum()) == 0 and batch.columns["completions"] == [""] * 4
-    assert batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist() == tokenizer("12*34=").input_ids  # the data's prompt
+    assert (
+        batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist() == tokenizer("12*34=").input_ids
+    )  # the data's prompt
 
     agent, sampler, tokenizer = _setup("lazy_agent")
     try:
@@ -123,7 +139,9 @@ def test_a_hanging_agent_ends_at_its_deadline_and_one_that_never_calls_gets_an_e
 def test_cancel_ends_a_round_under_way_at_once(policy):
     agent, sampler, tokenizer = _setup("hanging_agent", timeout_s=60)
     out = {}
-    thread = threading.Thread(target=lambda: out.update(zip(("batch", "metrics"), _run(agent, sampler, tokenizer, policy))))
+    thread = threading.Thread(
+        target=lambda: out.update(zip(("batch", "metrics"), _run(agent, sampler, tokenizer, policy)))
+    )
     start = time.monotonic()
     thread.start()
     time.sleep(0.5)
@@ -147,7 +165,9 @@ def test_only_the_runs_token_reaches_the_sampler_on_loopback(policy):
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             answer = httpx.post(url + "chat/completions", json=body, headers=headers, trust_env=False)
             assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
-        ended = httpx.post(url + "chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, trust_env=False)
+        ended = httpx.post(
+            url + "chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, trust_env=False
+        )
         assert ended.status_code == 404 and ended.json()["error"]["code"] == "episode_ended"  # the episode has returned
         models = httpx.get(url + "models", headers={"Authorization": f"Bearer {key}"}, trust_env=False).json()
         assert models["data"][0]["id"] == "policy"
@@ -216,7 +236,9 @@ def test_a_client_that_resets_its_idle_connection_prints_no_trace(capfd):
     endpoint = Endpoint()
     try:
         sock = socket.create_connection(("127.0.0.1", endpoint.port))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST, as a reset pool does
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+        )  # close with RST, as a reset pool does
         time.sleep(0.2)
         sock.close()
         time.sleep(0.5)

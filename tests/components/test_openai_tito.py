@@ -16,7 +16,14 @@ from tests.fixtures.chat_templates import family_tokenizer
 from tests.helpers import prompts
 from tests.support.openai import TOOL_RESULT, ScriptedChat
 
-CALC = {"type": "function", "function": {"name": "calc", "description": "add", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "add",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
 PARSERS = {"chatml": HermesToolCalls, "llama3": JsonToolCalls, "thinking": HermesToolCalls}
 
 
@@ -33,7 +40,11 @@ def tool_agent(client, row):
         message = response.choices[0].message
         messages.append(message)
         if not message.tool_calls:
-            return {"answer": message.content, "calls": calls, "messages": [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages]}
+            return {
+                "answer": message.content,
+                "calls": calls,
+                "messages": [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages],
+            }
         messages += [{"role": "tool", "tool_call_id": call.id, "content": "3"} for call in message.tool_calls]
     raise AssertionError("the script has three turns")
 
@@ -47,7 +58,13 @@ def reasoning_dropping_agent(client, row):
         message = response.choices[0].message
         if not message.tool_calls:
             return {"answer": message.content, "calls": calls}
-        messages.append({"role": "assistant", "content": message.content.split("</think>")[-1].strip(), "tool_calls": [c.model_dump() for c in message.tool_calls]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content.split("</think>")[-1].strip(),
+                "tool_calls": [c.model_dump() for c in message.tool_calls],
+            }
+        )
         messages += [{"role": "tool", "tool_call_id": call.id, "content": "3"} for call in message.tool_calls]
     raise AssertionError("the script has three turns")
 
@@ -94,7 +111,9 @@ def test_each_call_continues_the_recorded_ids_and_the_row_trains_exactly_the_sam
     # the thinking family answers its reasoning apart (reasoning_content), which the agent sends back with the message
     reasoning = {"reasoning_tags": ["<think>", "</think>"]} if family == "thinking" else {}
     batch, metrics = _run(_agent("tool_agent", tokenizer, sampler, family, **reasoning), sampler, tokenizer)
-    assert batch.batch_size == 4 and float(metrics["agent/prefix_breaks"]) == 0 and float(metrics["agent/turns_mean"]) == 3
+    assert (
+        batch.batch_size == 4 and float(metrics["agent/prefix_breaks"]) == 0 and float(metrics["agent/turns_mean"]) == 3
+    )
     assert float(metrics["agent/tool_calls_mean"]) == 2
     for i in range(batch.batch_size):
         result = batch.columns["result"][i]
@@ -107,11 +126,19 @@ def test_each_call_continues_the_recorded_ids_and_the_row_trains_exactly_the_sam
         sampled = [t for t, a in zip(response, action) if a]
         assert sampled == [t for call in result["calls"] for t in call["sampled"]]  # trained ids == sampled ids
         added = [t for t, a in zip(response, action) if not a]  # the tool results and headers: masked
-        assert "3" in tokenizer.decode(added) and TOOL_RESULT[family] in tokenizer.decode(added, skip_special_tokens=False)
+        assert "3" in tokenizer.decode(added) and TOOL_RESULT[family] in tokenizer.decode(
+            added, skip_special_tokens=False
+        )
         assert torch.allclose(batch.rollout_logprobs[i][batch.action_mask[i].bool()], torch.tensor(-0.1))
-        messages = [template_message(m) for m in result["messages"]]  # call arguments as mappings, as templates read them
-        rendered = tokenizer.encode(tokenizer.apply_chat_template(messages, tools=[CALC], tokenize=False), add_special_tokens=False)
-        if family == "thinking":  # the template drops the first turns' <think> blocks: a re-render is not what was sampled
+        messages = [
+            template_message(m) for m in result["messages"]
+        ]  # call arguments as mappings, as templates read them
+        rendered = tokenizer.encode(
+            tokenizer.apply_chat_template(messages, tools=[CALC], tokenize=False), add_special_tokens=False
+        )
+        if (
+            family == "thinking"
+        ):  # the template drops the first turns' <think> blocks: a re-render is not what was sampled
             assert rendered[: len(prompt + response)] != prompt + response
             assert tokenizer.decode(response).count("<think>") == 3
         else:  # an append-only template: the appended ids are those of a full render
@@ -121,9 +148,18 @@ def test_each_call_continues_the_recorded_ids_and_the_row_trains_exactly_the_sam
 def test_an_agent_that_drops_its_reasoning_starts_a_new_row_at_each_rewrite_and_counts_it():
     tokenizer = family_tokenizer("thinking")
     sampler = ScriptedChat(tokenizer, "thinking", group_size=1)
-    batch, metrics = _run(_agent("reasoning_dropping_agent", tokenizer, sampler, "thinking"), sampler, tokenizer, n_prompts=2)
+    batch, metrics = _run(
+        _agent("reasoning_dropping_agent", tokenizer, sampler, "thinking"), sampler, tokenizer, n_prompts=2
+    )
     assert float(metrics["agent/prefix_breaks"]) == 4  # two rewrites per episode
-    assert batch.batch_size == 6 and batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]  # three rows per episode, groups of one episode
+    assert batch.batch_size == 6 and batch.group_ids.tolist() == [
+        0,
+        0,
+        0,
+        1,
+        1,
+        1,
+    ]  # three rows per episode, groups of one episode
     for episode in range(2):
         calls = batch.columns["result"][3 * episode]["calls"]
         for k, call in enumerate(calls):  # each row: one call's full render, then its sampled turn
@@ -136,11 +172,15 @@ def test_rows_are_padded_so_every_episode_has_as_many_and_groups_stay_equal():
     tokenizer = family_tokenizer("thinking")
     sampler = ScriptedChat(tokenizer, "thinking", group_size=2)
     agent = _agent("reasoning_dropping_agent", tokenizer, sampler, "thinking")
-    agent.function = lambda client, row: tool_agent(client, row) if row["prompt"].startswith("0") else reasoning_dropping_agent(client, row)
+    agent.function = lambda client, row: (
+        tool_agent(client, row) if row["prompt"].startswith("0") else reasoning_dropping_agent(client, row)
+    )
     batch, metrics = _run(agent, sampler, tokenizer)
     assert batch.batch_size == 12 and batch.group_ids.tolist() == [0] * 6 + [1] * 6
     lengths = batch.response_mask.sum(-1).view(4, 3)  # (episode, row)
-    assert (lengths[:2, 0] > 0).all() and (lengths[:2, 1:] == 0).all()  # the unbroken episodes: one row and two empty ones
+    assert (lengths[:2, 0] > 0).all() and (
+        lengths[:2, 1:] == 0
+    ).all()  # the unbroken episodes: one row and two empty ones
     assert (lengths[2:] > 0).all()
     assert batch.columns["result"][0] is batch.columns["result"][2]  # an episode's rows share its result
 
@@ -158,7 +198,12 @@ def test_trainer_logprobs_equal_the_samplers_over_three_turns(family):
     assert ((batch.response_mask * (1 - batch.action_mask)).sum(-1) > 0).all()  # the tool results are in, masked
     trainer = policy_logprobs(policy, batch, 0.8)[0].detach()
     assert float(((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max()) < 1e-5
-    assert float(((policy_logprobs(policy, batch, 1.0)[0].detach() - batch.rollout_logprobs).abs() * batch.loss_mask).max()) > 1e-2
+    assert (
+        float(
+            ((policy_logprobs(policy, batch, 1.0)[0].detach() - batch.rollout_logprobs).abs() * batch.loss_mask).max()
+        )
+        > 1e-2
+    )
 
 
 def test_a_round_of_many_episodes_connecting_at_once_loses_none():
@@ -167,4 +212,6 @@ def test_a_round_of_many_episodes_connecting_at_once_loses_none():
     tokenizer = family_tokenizer("chatml")
     sampler = ScriptedChat(tokenizer, "chatml", group_size=64)
     batch, metrics = _run(_agent("tool_agent", tokenizer, sampler, "chatml"), sampler, tokenizer, n_prompts=4)
-    assert batch.batch_size == 256 and float(metrics["agent/error_frac"]) == 0, [e for e in batch.columns["agent_error"] if e][:3]
+    assert batch.batch_size == 256 and float(metrics["agent/error_frac"]) == 0, [
+        e for e in batch.columns["agent_error"] if e
+    ][:3]

@@ -25,7 +25,9 @@ def test_nll_by_hand():
     logits = torch.zeros(1, 3, 3)
     logits[0, 1] = torch.tensor([0.0, 0.0, math.log(2.0)])
     logits[0, 0] = torch.tensor([9.0, -9.0, -9.0])  # would be a huge NLL if the padded pair counted
-    loss, metrics = PretrainMix(coef=0.5).loss(FixedLogits(logits), torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]]))
+    loss, metrics = PretrainMix(coef=0.5).loss(
+        FixedLogits(logits), torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]])
+    )
     assert loss.item() == pytest.approx(0.5 * math.log(2.0), rel=1e-6)
     assert metrics["ptx/nll"].item() == pytest.approx(math.log(2.0), rel=1e-6)
 
@@ -72,12 +74,18 @@ def test_a_left_padded_row_scores_as_the_same_text_alone(model, tiny_model_path)
     torch.manual_seed(1)
     rows = [torch.randint(1, policy.config.vocab_size, (n,)) for n in (3, 7, 5)]
     width = max(len(r) for r in rows)
-    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])  # left padding with id 0
-    mask = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), torch.ones(len(r), dtype=torch.long)]) for r in rows])
+    ids = torch.stack(
+        [torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows]
+    )  # left padding with id 0
+    mask = torch.stack(
+        [torch.cat([torch.zeros(width - len(r), dtype=torch.long), torch.ones(len(r), dtype=torch.long)]) for r in rows]
+    )
     with torch.no_grad():
         loss, metrics = PretrainMix(coef=2.0).loss(policy, ids, mask)
         # independent: every row alone, unpadded, through a plain forward; the token mean over all rows' predicted tokens
-        nll = [nn.functional.cross_entropy(policy(input_ids=r[None]).logits[0, :-1], r[1:], reduction="sum") for r in rows]
+        nll = [
+            nn.functional.cross_entropy(policy(input_ids=r[None]).logits[0, :-1], r[1:], reduction="sum") for r in rows
+        ]
     expected = sum(nll) / sum(len(r) - 1 for r in rows)
     assert metrics["ptx/nll"].item() == pytest.approx(expected.item(), rel=1e-5)
     assert loss.item() == pytest.approx(2.0 * expected.item(), rel=1e-5)

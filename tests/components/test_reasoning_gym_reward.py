@@ -14,9 +14,13 @@ def test_the_task_scorer_reads_each_rows_entry():
     from components.reward import ReasoningGymScore
     from lightning_rl.data.prompts import load_rows
 
-    rows = load_rows("reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&size=3&test_size=3", "test").to_list()
+    rows = load_rows(
+        "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&size=3&test_size=3", "test"
+    ).to_list()
     completions = [rows[0]["answer"], str(int(rows[1]["answer"]) + 1), f"The answer is {rows[2]['answer']}."]
-    batch = batch_from_scores(torch.zeros(3), columns={"completions": completions, "reasoning_gym": [r["reasoning_gym"] for r in rows]})
+    batch = batch_from_scores(
+        torch.zeros(3), columns={"completions": completions, "reasoning_gym": [r["reasoning_gym"] for r in rows]}
+    )
     whole = ReasoningGymScore()(batch).tolist()
     assert whole[:2] == [1.0, 0.0] and 0 < whole[2] < 1  # the task's partial credit for an answer buried in words
     assert ReasoningGymScore(extract=r"answer is (-?\d+)")(batch).tolist() == [0.0, 0.0, 1.0]  # no match scores 0

@@ -33,7 +33,9 @@ def _reward(rm_path, tok, **kwargs) -> RewardModel:
 def _batch(tok, pairs) -> RolloutBatch:
     """Left-padded prompts, right-padded responses (responses end with EOS unless they are cut)."""
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p, _ in pairs]
-    responses = [tok(r, add_special_tokens=False)["input_ids"] + ([] if cut else [tok.eos_token_id]) for _, (r, cut) in pairs]
+    responses = [
+        tok(r, add_special_tokens=False)["input_ids"] + ([] if cut else [tok.eos_token_id]) for _, (r, cut) in pairs
+    ]
     p_width, r_width = max(map(len, prompts)), max(map(len, responses)) + 2
     b = len(pairs)
     prompt_ids = torch.full((b, p_width), tok.pad_token_id)
@@ -43,7 +45,9 @@ def _batch(tok, pairs) -> RolloutBatch:
     for i, (p, r) in enumerate(zip(prompts, responses)):
         prompt_ids[i, p_width - len(p) :], prompt_mask[i, p_width - len(p) :] = torch.tensor(p), 1
         response_ids[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
-    return RolloutBatch(response_ids=response_ids, response_mask=response_mask, prompt_ids=prompt_ids, prompt_mask=prompt_mask)
+    return RolloutBatch(
+        response_ids=response_ids, response_mask=response_mask, prompt_ids=prompt_ids, prompt_mask=prompt_mask
+    )
 
 
 PAIRS = [("12+7=", ("19", False)), ("3+4=", ("7", False)), ("99+99=", ("198", False)), ("5+5=", ("1234567", True))]
@@ -68,12 +72,16 @@ def test_reading_position_when_pad_equals_eos(rm_path, tok, hf_scorer):
     scores = _reward(rm_path, tok)(batch)
     for i, (prompt, (response, _)) in enumerate(PAIRS[:2]):
         ids = tok(prompt + response, add_special_tokens=False)["input_ids"] + [eos]
-        torch.testing.assert_close(scores[i], hf_scorer(input_ids=torch.tensor([ids])).logits[0, 0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            scores[i], hf_scorer(input_ids=torch.tensor([ids])).logits[0, 0], atol=1e-5, rtol=1e-5
+        )
     # the classifier's pooling with pad_token_id = eos reads one token early: a different number
     hf_scorer.config.pad_token_id = eos
     try:
         ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
-        pooled = hf_scorer(input_ids=ids, attention_mask=torch.cat([batch.prompt_mask, batch.response_mask], 1)).logits[:, 0]
+        pooled = hf_scorer(input_ids=ids, attention_mask=torch.cat([batch.prompt_mask, batch.response_mask], 1)).logits[
+            :, 0
+        ]
     finally:
         hf_scorer.config.pad_token_id = tok.pad_token_id
     assert not torch.allclose(pooled, scores, atol=1e-4)
@@ -138,7 +146,12 @@ def test_running_statistics_cover_every_score_seen_in_training(rm_path, tok):
 def test_every_option_changes_the_output(rm_path, tok):
     batch = _batch(tok, PAIRS)
     base = _reward(rm_path, tok)(batch)
-    for kwargs in [dict(normalize="static", mean=1.0), dict(normalize="static", std=3.0), dict(normalize="running"), dict(clip=1e-3)]:
+    for kwargs in [
+        dict(normalize="static", mean=1.0),
+        dict(normalize="static", std=3.0),
+        dict(normalize="running"),
+        dict(clip=1e-3),
+    ]:
         reward = _reward(rm_path, tok, **kwargs).train()
         assert not torch.allclose(reward(batch), base), kwargs
     bf16 = _reward(rm_path, tok, dtype="bfloat16")(batch)
@@ -167,7 +180,6 @@ def test_a_different_tokenizer_is_refused(rm_path, tiny_model_path):
     other.add_tokens(["<extra>"])
     with pytest.raises(ValueError, match="tokenizer differs"):
         RewardModel(path=rm_path).setup(other)
-
 
 
 def test_the_default_path_is_the_built_in_tasks_and_says_how_to_build_it(tok, monkeypatch):

@@ -14,7 +14,9 @@ def lengths_as_scores(completions, **_):
 
 
 def _call(reward, completions):
-    batch = RolloutBatch(response_ids=torch.zeros(len(completions), 2, dtype=torch.long), response_mask=torch.ones(len(completions), 2))
+    batch = RolloutBatch(
+        response_ids=torch.zeros(len(completions), 2, dtype=torch.long), response_mask=torch.ones(len(completions), 2)
+    )
     return reward(batch.replace(columns={"completions": completions}))
 
 
@@ -22,7 +24,9 @@ def test_static_normalisation_then_clip():
     # scores 1, 2, 6: (r - 2) / 2 = -0.5, 0, 2 -> clipped at 1.5
     shaped = Shaped(FunctionReward(lengths_as_scores), normalize="static", mean=2.0, std=2.0, clip=1.5)
     torch.testing.assert_close(_call(shaped, ["a", "ab", "abcdef"]), torch.tensor([-0.5, 0.0, 1.5]))
-    assert shaped.last_metrics["reward/raw_mean"].item() == pytest.approx(3.0)  # the raw score, logged beside the shaped one
+    assert shaped.last_metrics["reward/raw_mean"].item() == pytest.approx(
+        3.0
+    )  # the raw score, logged beside the shaped one
 
 
 def test_no_raw_score_metric_without_shaping():
@@ -75,7 +79,9 @@ def test_raw_scores_skip_every_shaping_even_inside_a_composite():
     with raw_scores():
         torch.testing.assert_close(_call(shaped, ["half", "full", "two"]), torch.tensor([0.5, 1.0, 2.0]))
         torch.testing.assert_close(_call(composite, ["half", "full"]), torch.tensor([1.5, 3.0]))
-    torch.testing.assert_close(_call(shaped, ["half", "full", "two"]), torch.tensor([-0.5, 0.0, 0.5]))  # shaped again after
+    torch.testing.assert_close(
+        _call(shaped, ["half", "full", "two"]), torch.tensor([-0.5, 0.0, 0.5])
+    )  # shaped again after
     running = Shaped(FunctionReward(fixed_scores), normalize="running")
     with raw_scores():
         _call(running, ["half", "two"])

@@ -14,7 +14,9 @@ from tests.lightning_rl.rewards import hangs_on_x, sleepy_length
 
 
 def inputs(completions: list[str]):
-    return batch_from_scores([0.0] * len(completions)).replace(columns={"prompts": ["p"] * len(completions), "completions": completions})
+    return batch_from_scores([0.0] * len(completions)).replace(
+        columns={"prompts": ["p"] * len(completions), "completions": completions}
+    )
 
 
 def test_function_reward_that_never_returns_fails_after_its_timeout():
@@ -33,7 +35,10 @@ def test_pooled_reward_scores_timeouts_and_errors_and_logs_their_fractions():
         scores = reward(inputs(["ab", "x", "e", "cd"]))
         assert time.monotonic() - start < 4.0  # one sample hangs forever; the run goes on after its timeout
         assert scores.tolist() == [1.0, -1.0, -1.0, 1.0]
-        assert {k: float(v) for k, v in reward.last_metrics.items()} == {"reward/timeout_frac": 0.25, "reward/error_frac": 0.25}
+        assert {k: float(v) for k, v in reward.last_metrics.items()} == {
+            "reward/timeout_frac": 0.25,
+            "reward/error_frac": 0.25,
+        }
         assert reward(inputs(["ab"])).tolist() == [1.0]  # the pool still works
     finally:
         reward.close()
@@ -65,5 +70,7 @@ def test_pool_runs_a_slow_reward_in_parallel_with_the_same_scores():
     finally:
         reward.close()
     torch.testing.assert_close(pooled, serial)
-    print(f"PooledReward speed-up at 50 ms/sample, 32 samples, 8 workers: {serial_s / pooled_s:.1f}x ({serial_s:.2f} s -> {pooled_s:.2f} s)")
+    print(
+        f"PooledReward speed-up at 50 ms/sample, 32 samples, 8 workers: {serial_s / pooled_s:.1f}x ({serial_s:.2f} s -> {pooled_s:.2f} s)"
+    )
     assert serial_s / pooled_s > 3.0

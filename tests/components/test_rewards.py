@@ -1,7 +1,15 @@
 import pytest
 import torch
 
-from components.reward import Composite, ExactMatch, Format, FunctionReward, MathVerify, MissingEOSPenalty, OverlongPenalty
+from components.reward import (
+    Composite,
+    ExactMatch,
+    Format,
+    FunctionReward,
+    MathVerify,
+    MissingEOSPenalty,
+    OverlongPenalty,
+)
 from lightning_rl.core.batch import RolloutBatch
 
 
@@ -30,7 +38,14 @@ def test_overlong_penalty_scale_and_beyond_the_cap():
 def test_composite_is_the_weighted_sum_and_names_its_parts():
     meta = {"completions": ["<a>12</a>", "13", "12"], "answer": ["12", "12", "12"]}
     batch = _batch([9, 2, 2])
-    composite = Composite([ExactMatch(extract=r"<a>(.*)</a>"), Format(pattern=r"<a>.*</a>", bonus=1.0), OverlongPenalty(max_length=4, buffer=2)], weights=[1.0, 0.2, 2.0])
+    composite = Composite(
+        [
+            ExactMatch(extract=r"<a>(.*)</a>"),
+            Format(pattern=r"<a>.*</a>", bonus=1.0),
+            OverlongPenalty(max_length=4, buffer=2),
+        ],
+        weights=[1.0, 0.2, 2.0],
+    )
     # sample 0: match 1 + format 0.2 * 1 + 2 * (-1) (9 tokens > 4); sample 1: extract fails -> 0; sample 2: same
     torch.testing.assert_close(composite(batch.replace(columns=meta)), torch.tensor([1.0 + 0.2 - 2.0, 0.0, 0.0]))
     assert composite.requires == frozenset({"response_mask"})
@@ -61,7 +76,9 @@ def test_composite_and_missing_eos_pass_setup_on():
 
 
 def test_format_bonus():
-    meta = {"completions": ["<think>a\nb</think> <answer>3</answer>", "<answer>3</answer>", " <answer>3</answer> trailing"]}
+    meta = {
+        "completions": ["<think>a\nb</think> <answer>3</answer>", "<answer>3</answer>", " <answer>3</answer> trailing"]
+    }
     fmt = Format(pattern=r"<think>.*</think>\s*<answer>.*</answer>", bonus=0.5, miss=-0.1)
     torch.testing.assert_close(fmt(_batch([1, 1, 1]).replace(columns=meta)), torch.tensor([0.5, -0.1, -0.1]))
     full = Format(pattern=r"<answer>\d+</answer>", full_match=True)
@@ -76,9 +93,14 @@ def test_math_verify_checks_equivalence():
         "completions": ["The answer is 82", "81", "$0.5$", "\\boxed{\\frac{1}{2}}", "", "x = 82"],
         "answer": ["82", "82", "\\frac{1}{2}", "0.5", "82", "82"],
     }
-    torch.testing.assert_close(reward(_batch([1] * 6).replace(columns=meta)), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]))
+    torch.testing.assert_close(
+        reward(_batch([1] * 6).replace(columns=meta)), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    )
     custom = MathVerify(correct=2.0, wrong=-1.0)
-    torch.testing.assert_close(custom(_batch([1, 1]).replace(columns={"completions": ["4", "5"], "answer": ["4", "4"]})), torch.tensor([2.0, -1.0]))
+    torch.testing.assert_close(
+        custom(_batch([1, 1]).replace(columns={"completions": ["4", "5"], "answer": ["4", "4"]})),
+        torch.tensor([2.0, -1.0]),
+    )
 
 
 def test_math_verify_errors_name_the_column_and_the_reference():
@@ -100,7 +122,10 @@ def test_missing_eos_penalty_replaces_truncated_scores():
     scores = reward(_batch([1, 2, 3], truncated=[False, True, False]).replace(columns={"completions": ["a", "b", "c"]}))
     torch.testing.assert_close(scores, torch.tensor([1.0, -1.0, 0.25]))
     custom = MissingEOSPenalty(inner, penalty=-3.0)
-    torch.testing.assert_close(custom(_batch([1, 2, 3], truncated=[True, True, False]).replace(columns={"completions": ["a", "b", "c"]})), torch.tensor([-3.0, -3.0, 0.25]))
+    torch.testing.assert_close(
+        custom(_batch([1, 2, 3], truncated=[True, True, False]).replace(columns={"completions": ["a", "b", "c"]})),
+        torch.tensor([-3.0, -3.0, 0.25]),
+    )
     assert "truncated" in reward.requires
 
 
@@ -110,9 +135,16 @@ def test_scores_as_numpy_arrays_numpy_scalars_and_0d_tensors_are_accepted():
     from components.reward import as_scores
 
     expected = torch.tensor([1.0, 0.0, 0.5])
-    for values in (np.array([1.0, 0.0, 0.5]), np.array([[1], [0], [0.5]], dtype=np.float32), [np.float32(1), np.int64(0), torch.tensor(0.5)], torch.tensor([[1.0], [0.0], [0.5]])):
+    for values in (
+        np.array([1.0, 0.0, 0.5]),
+        np.array([[1], [0], [0.5]], dtype=np.float32),
+        [np.float32(1), np.int64(0), torch.tensor(0.5)],
+        torch.tensor([[1.0], [0.0], [0.5]]),
+    ):
         torch.testing.assert_close(as_scores(values, 3, "r"), expected)
-    with pytest.raises(ValueError, match=r"must return 3 scores \(one per sample\), got a tensor or array of shape \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"must return 3 scores \(one per sample\), got a tensor or array of shape \(2,\)"
+    ):
         as_scores(np.array([1.0, 2.0]), 3, "r")
     with pytest.raises(ValueError, match="returned nan at sample 1"):
         as_scores(np.array([1.0, np.nan, 0.0]), 3, "r")

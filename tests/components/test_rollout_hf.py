@@ -45,25 +45,35 @@ def test_greedy_is_one_deterministic_argmax_response_per_prompt(tiny_model_path,
     b = rollout.generate(prompts(ids, mask), model, replace(rollout.params, greedy=True))
     assert a.batch_size == 3 and torch.equal(a.response_ids, b.response_ids)
     with torch.no_grad():
-        first = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[:, -1].argmax(-1)
+        first = (
+            model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0))
+            .logits[:, -1]
+            .argmax(-1)
+        )
     assert torch.equal(a.response_ids[:, 0], first)
 
 
 def test_greedy_baseline_rows_close_each_group(tiny_model_path, tokenizer):
     torch.manual_seed(0)
-    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=3, max_new_tokens=4, temperature=1.5, greedy_baseline=True)
+    model, rollout, ids, mask = _setup(
+        tiny_model_path, tokenizer, group_size=3, max_new_tokens=4, temperature=1.5, greedy_baseline=True
+    )
     batch = rollout.generate(prompts(ids, mask), model)
     assert batch.batch_size == 12
     assert batch.is_greedy.tolist() == [False, False, False, True] * 3
     assert batch.sample_mask.tolist() == [1.0, 1.0, 1.0, 0.0] * 3
     greedy = rollout.generate(prompts(ids, mask), model, replace(rollout.params, greedy=True))
     width = greedy.response_ids.shape[1]
-    assert torch.equal(batch.response_ids[3::4, :width] * batch.response_mask[3::4, :width], greedy.response_ids * greedy.response_mask)
+    assert torch.equal(
+        batch.response_ids[3::4, :width] * batch.response_mask[3::4, :width], greedy.response_ids * greedy.response_mask
+    )
 
 
 def test_sampler_logprobs_equal_the_trainers_with_the_temperature_mirrored(tiny_model_path, tokenizer):
     torch.manual_seed(0)
-    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=2, max_new_tokens=5, temperature=0.7, return_logprobs=True)
+    model, rollout, ids, mask = _setup(
+        tiny_model_path, tokenizer, group_size=2, max_new_tokens=5, temperature=0.7, return_logprobs=True
+    )
     batch = rollout.generate(prompts(ids, mask), model)
     with torch.no_grad():
         trainer, _ = policy_logprobs(model, batch, temperature=0.7)
@@ -85,7 +95,9 @@ def test_shared_prompt_prefill_samples_what_plain_generate_samples(tiny_model_pa
     torch.manual_seed(3)
     batch = rollout.generate(prompts(ids, mask), model)
     assert torch.equal(batch.response_ids, plain)
-    chunked = HFRollout(group_size=4, max_new_tokens=6, temperature=1.5, generation_batch_size=6)  # 6 -> one group per call
+    chunked = HFRollout(
+        group_size=4, max_new_tokens=6, temperature=1.5, generation_batch_size=6
+    )  # 6 -> one group per call
     chunked.setup(tokenizer)
     torch.manual_seed(3)
     per_group = [
@@ -98,7 +110,9 @@ def test_shared_prompt_prefill_samples_what_plain_generate_samples(tiny_model_pa
     torch.manual_seed(3)
     got = chunked.generate(prompts(ids, mask), model).response_ids
     width = got.shape[1]
-    expected = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=tokenizer.pad_token_id) for o in per_group])
+    expected = torch.cat(
+        [torch.nn.functional.pad(o, (0, width - o.shape[1]), value=tokenizer.pad_token_id) for o in per_group]
+    )
     assert torch.equal(got, expected)
 
 
@@ -113,7 +127,9 @@ def test_top_k_top_p_and_greedy_draw_what_generate_draws(tiny_model_path, tokeni
     """The sampling loop applies temperature, top-k and top-p as transformers' generate does: the same tokens for one
     seed; greedy is generate's argmax decoding."""
     for top_k, top_p in ((3, 1.0), (0, 0.7), (4, 0.8)):
-        model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=6, temperature=1.3, top_k=top_k, top_p=top_p)
+        model, rollout, ids, mask = _setup(
+            tiny_model_path, tokenizer, group_size=4, max_new_tokens=6, temperature=1.3, top_k=top_k, top_p=top_p
+        )
         torch.manual_seed(5)
         expected = _generate(model, ids, mask, tokenizer, 4, do_sample=True, temperature=1.3, top_k=top_k, top_p=top_p)
         torch.manual_seed(5)
@@ -125,10 +141,14 @@ def test_top_k_top_p_and_greedy_draw_what_generate_draws(tiny_model_path, tokeni
 
 def test_top_k_restricts_every_draw_to_the_k_most_likely_tokens(tiny_model_path, tokenizer):
     torch.manual_seed(0)
-    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=16, max_new_tokens=1, temperature=5.0, top_k=2)
+    model, rollout, ids, mask = _setup(
+        tiny_model_path, tokenizer, group_size=16, max_new_tokens=1, temperature=5.0, top_k=2
+    )
     first = rollout.generate(prompts(ids, mask), model).response_ids[:, 0].reshape(3, 16)  # (P, G)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[:, -1]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits[
+            :, -1
+        ]
     top2 = logits.topk(2, dim=-1).indices  # (P, 2)
     assert bool((first[..., None] == top2[:, None, :]).any(-1).all())
     assert len(set(first.flatten().tolist())) > 1  # at temperature 5 both of a prompt's two tokens are drawn
@@ -142,14 +162,18 @@ def test_dropping_finished_rows_keeps_the_tokens_and_computes_fewer_rows(tiny_mo
             tiny_model_path, tokenizer, group_size=6, max_new_tokens=40, temperature=1.5, return_logprobs=True, drop_finished_rows=drop,
         )  # fmt: skip
         rows = []
-        model.register_forward_hook(lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        model.register_forward_hook(
+            lambda module, args, kwargs, out: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+        )
         torch.manual_seed(0)
         batch = rollout.generate(prompts(ids, mask), model)
         results.append((batch, sum(rows[1:])))  # the decoding steps after the prefill
     (kept, kept_rows), (dropped, dropped_rows) = results
     lengths = kept.response_lengths
     assert lengths.max() >= 4 * lengths.min()  # ragged enough for dropping to matter
-    assert torch.equal(dropped.response_ids, kept.response_ids) and torch.equal(dropped.response_mask, kept.response_mask)
+    assert torch.equal(dropped.response_ids, kept.response_ids) and torch.equal(
+        dropped.response_mask, kept.response_mask
+    )
     torch.testing.assert_close(dropped.rollout_logprobs, kept.rollout_logprobs, rtol=1e-5, atol=1e-6)
     assert dropped_rows < 0.8 * kept_rows
     assert dropped_rows >= int(lengths.sum()) - lengths.numel()  # every running row was computed at every step

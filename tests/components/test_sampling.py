@@ -45,8 +45,8 @@ def _fit(tiny_model_path, tmp_path, sampling):
     from components.reward import FunctionReward
     from components.rollout import HFRollout
     from components.surrogate import PolicyGradient
-    from lightning_rl.data.prompts import PromptDataModule
     from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from lightning_rl.data.prompts import PromptDataModule
     from lightning_rl.loop.module import RLModule
 
     data = tmp_path / "train.jsonl"
@@ -61,8 +61,14 @@ def _fit(tiny_model_path, tmp_path, sampling):
     )
     datamodule = PromptDataModule(train_data=str(data), val_data=None, tokenizer=tiny_model_path, batch_size=2)
     trainer = Trainer(
-        max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
     )
     trainer.fit(module, datamodule)
     initial = load_causal_lm(ModelSpec(path=tiny_model_path)).state_dict()
@@ -75,7 +81,9 @@ def _fit(tiny_model_path, tmp_path, sampling):
     [(None, "every advantage is zero"), (DynamicSampling(max_rounds=2), "dynamic sampling kept no group")],
     ids=["no-sampling", "dynamic-sampling"],
 )
-def test_all_degenerate_batch_is_skipped_with_a_warning_and_parameters_stay(tiny_model_path, tmp_path, sampling, message):
+def test_all_degenerate_batch_is_skipped_with_a_warning_and_parameters_stay(
+    tiny_model_path, tmp_path, sampling, message
+):
     # every sample scores 0.7: each group is degenerate, every advantage is exactly 0
     with pytest.warns(UserWarning, match=message):
         trainer, module, initial = _fit(tiny_model_path, tmp_path, sampling)
@@ -88,8 +96,16 @@ def test_dynamic_sampling_filters_on_a_named_reward_part():
     # group 0: all wrong, but the overlong penalty spreads the total: [0, -0.25, -0.5, -1.0]; group 1: one correct
     accuracy = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     total = accuracy + torch.tensor([0.0, -0.25, -0.5, -1.0, 0.0, 0.0, 0.0, 0.0])
-    batch = RolloutBatch(response_ids=torch.zeros(8, 2, dtype=torch.long), response_mask=torch.ones(8, 2), scores=total, group_ids=torch.arange(2).repeat_interleave(4))
-    assert DynamicSampling(part="accuracy").keep(batch.replace(score_parts={"accuracy": accuracy})).tolist() == [False] * 4 + [True] * 4
+    batch = RolloutBatch(
+        response_ids=torch.zeros(8, 2, dtype=torch.long),
+        response_mask=torch.ones(8, 2),
+        scores=total,
+        group_ids=torch.arange(2).repeat_interleave(4),
+    )
+    assert (
+        DynamicSampling(part="accuracy").keep(batch.replace(score_parts={"accuracy": accuracy})).tolist()
+        == [False] * 4 + [True] * 4
+    )
     assert DynamicSampling().keep(batch).tolist() == [True] * 8  # the total score keeps the all-wrong group
     with pytest.raises(ValueError, match="no part named 'accuracy'"):
         DynamicSampling(part="accuracy").keep(batch.replace(score_parts={"ExactMatch": accuracy}))
@@ -99,7 +115,9 @@ def test_composite_exposes_its_unweighted_parts_by_name():
     from components.reward import Composite, FunctionReward
 
     batch = RolloutBatch(response_ids=torch.zeros(2, 2, dtype=torch.long), response_mask=torch.ones(2, 2))
-    composite = Composite([FunctionReward(constant_reward), FunctionReward(constant_reward)], weights=[1.0, -0.5], names=["a", "b"])
+    composite = Composite(
+        [FunctionReward(constant_reward), FunctionReward(constant_reward)], weights=[1.0, -0.5], names=["a", "b"]
+    )
     batch = batch.replace(columns={"completions": ["x", "y"]})
     torch.testing.assert_close(composite(batch), torch.tensor([0.35, 0.35]))  # 0.7 - 0.5 * 0.7
     scored = composite.score(batch)

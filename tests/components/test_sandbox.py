@@ -31,8 +31,15 @@ def as_trainer(programs: list[str], **env: str) -> list[str]:
         "import json, sys\nfrom components.env import PythonTool\nfrom tests.support.tools import attempt\n"
         "tool = PythonTool(timeout_s=5.0)\nanswers = [attempt(tool, code) for code in json.load(sys.stdin)]\nprint(json.dumps(answers))"
     )
-    trainer = subprocess.run([sys.executable, "-c", script], input=json.dumps(programs), capture_output=True, text=True, timeout=120,
-                             cwd=Path(__file__).parents[2], env={**os.environ, **env})
+    trainer = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(programs),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, **env},
+    )
     assert trainer.returncode == 0, f"the trainer died (exit {trainer.returncode}): {trainer.stderr[-2000:]}"
     return json.loads(trainer.stdout.splitlines()[-1])
 
@@ -78,7 +85,10 @@ def test_no_network(tmp_path):
     waiter = threading.Thread(target=accept)
     waiter.start()
     tool = PythonTool(timeout_s=3.0)
-    answer = attempt(tool, f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=2); s.sendall(b'POST /update_weights_from_disk'); print('SENT')")
+    answer = attempt(
+        tool,
+        f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=2); s.sendall(b'POST /update_weights_from_disk'); print('SENT')",
+    )
     waiter.join()
     server.close()
     assert "SENT" not in answer and accepted == []
@@ -156,14 +166,23 @@ def test_what_the_program_sees(monkeypatch):
     )
     assert PythonTool()(code).splitlines() == [
         "['1', '2'] 0000000000000000 /tmp [] []",
-        "/ Read-only file system", "/usr Read-only file system", "/etc Read-only file system", "/dev Read-only file system", "/tmp writable",
+        "/ Read-only file system",
+        "/usr Read-only file system",
+        "/etc Read-only file system",
+        "/dev Read-only file system",
+        "/tmp writable",
     ]
 
 
 def test_the_network_is_opt_in():
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        assert PythonTool(network=True)(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')") == "connected"
+        assert (
+            PythonTool(network=True)(
+                f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
+            )
+            == "connected"
+        )
 
 
 def test_without_namespaces_the_tool_refuses_unless_opted_out():
@@ -182,9 +201,14 @@ def test_close_ends_a_program_under_way():
 def test_a_trainer_that_is_not_root():
     """The trainer as uid 1000 (in a user namespace): the program is mapped to it, alone in its namespaces, with no capabilities."""
     script = (
-        "from components.env import PythonTool\nprint(PythonTool()('import os; print(open(\"/proc/self/uid_map\").read().split(), "
-        "sorted(p for p in os.listdir(\"/proc\") if p.isdigit()), open(\"/proc/self/status\").read().split(\"CapEff:\")[1].split()[0])'))"
+        'from components.env import PythonTool\nprint(PythonTool()(\'import os; print(open("/proc/self/uid_map").read().split(), '
+        'sorted(p for p in os.listdir("/proc") if p.isdigit()), open("/proc/self/status").read().split("CapEff:")[1].split()[0])\'))'
     )
-    run = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    run = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+    )
     assert run.stdout.strip() == "['0', '1000', '1'] ['1', '2'] 0000000000000000", run.stderr[-2000:]

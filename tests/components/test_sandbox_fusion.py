@@ -21,7 +21,15 @@ def server():
 def test_a_program_runs_on_the_server(server):
     tool = SandboxFusionTool(url=server.url + "/", timeout_s=3.0, memory_mb=256, max_output_chars=5)
     assert tool("print(6 * 7)") == "42"
-    assert server.requests == [{"code": "print(6 * 7)", "language": "python", "run_timeout": 3.0, "compile_timeout": 3.0, "memory_limit_MB": 256}]
+    assert server.requests == [
+        {
+            "code": "print(6 * 7)",
+            "language": "python",
+            "run_timeout": 3.0,
+            "compile_timeout": 3.0,
+            "memory_limit_MB": 256,
+        }
+    ]
     assert tool("print('y' * 50)") == "yyyyy"
 
 
@@ -42,7 +50,9 @@ def test_a_failing_server_is_named_and_warned_about_once(server):
     tool = SandboxFusionTool(url=server.url)
     server.sandbox_error = "runner crashed"
     with pytest.warns(UserWarning, match="tool calls answer errors to the model until it works"):
-        with pytest.raises(ToolError, match=rf"the SandboxFusion server at {server.url} answered 'SandboxError': runner crashed"):
+        with pytest.raises(
+            ToolError, match=rf"the SandboxFusion server at {server.url} answered 'SandboxError': runner crashed"
+        ):
             tool("print(1)")
     with pytest.raises(ToolError, match="runner crashed"):  # warned once
         tool("print(1)")
@@ -51,7 +61,12 @@ def test_a_failing_server_is_named_and_warned_about_once(server):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    with pytest.warns(UserWarning), pytest.raises(ToolError, match=rf"the SandboxFusion server at {nowhere} could not be reached \(.*Connection refused"):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(
+            ToolError, match=rf"the SandboxFusion server at {nowhere} could not be reached \(.*Connection refused"
+        ),
+    ):
         SandboxFusionTool(url=nowhere)("print(1)")
     with pytest.raises(ValueError, match="url must start with http"):
         SandboxFusionTool(url="sandbox:8080")

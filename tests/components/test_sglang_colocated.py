@@ -15,7 +15,8 @@ from components.rollout import SGLangRollout
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import fake_sglang_package
-from tests.helpers import needs_cuda, prompts as make_prompts, pythonpath
+from tests.helpers import needs_cuda, pythonpath
+from tests.helpers import prompts as make_prompts
 from tests.support.sglang import server_logprobs_match
 
 DEVICES = [
@@ -38,7 +39,9 @@ def _served_bytes(rollout: SGLangRollout) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device, weight_sync", DEVICES)
-def test_a_colocated_server_samples_each_update_of_the_trainers_policy(launch, tiny_model_path, prompts, device, weight_sync):
+def test_a_colocated_server_samples_each_update_of_the_trainers_policy(
+    launch, tiny_model_path, prompts, device, weight_sync
+):
     policy = load_causal_lm(ModelSpec(path=tiny_model_path)).to(device)
     rollout = launch(device, weight_sync=weight_sync, release_memory=True, group_size=4, max_new_tokens=8)
     asked = make_prompts(*prompts).to(device)

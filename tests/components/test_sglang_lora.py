@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.rollout import SGLangRollout
 from components.rollout.sglang.client import SGLangClient, SGLangError
 from components.rollout.sglang.weights import push_tensors
-from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.helpers import prompts as make_prompts
 from tests.support.sglang import server_logprobs_match
@@ -17,7 +16,11 @@ from tests.support.sglang import server_logprobs_match
 
 @pytest.fixture
 def lora_policy(tiny_model_path):
-    return load_causal_lm(ModelSpec(path=tiny_model_path, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])))
+    return load_causal_lm(
+        ModelSpec(
+            path=tiny_model_path, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+        )
+    )
 
 
 def _step(policy, batch) -> None:
@@ -27,14 +30,22 @@ def _step(policy, batch) -> None:
     optimizer.step()
 
 
-def test_adapter_sync_from_memory_makes_the_server_sample_from_the_updated_adapter(server, lora_policy, prompts, make_rollout, tmp_path, tiny_model_path):
-    rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path))
-    batch = rollout.generate(make_prompts(*prompts), lora_policy)  # first sync: adapter v1 (B = 0, the base's distribution)
+def test_adapter_sync_from_memory_makes_the_server_sample_from_the_updated_adapter(
+    server, lora_policy, prompts, make_rollout, tmp_path, tiny_model_path
+):
+    rollout = make_rollout(
+        base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path)
+    )
+    batch = rollout.generate(
+        make_prompts(*prompts), lora_policy
+    )  # first sync: adapter v1 (B = 0, the base's distribution)
     _step(lora_policy, batch)
     rollout.sync_weights(lora_policy)
 
     assert "/update_weights_from_disk" not in server.calls and "/load_lora_adapter" not in server.calls
-    assert server.calls.count("/load_lora_adapter_from_tensors") == 2 and not list(tmp_path.iterdir())  # no folder written
+    assert server.calls.count("/load_lora_adapter_from_tensors") == 2 and not list(
+        tmp_path.iterdir()
+    )  # no folder written
     assert list(server.adapters) == ["policy-v2"] and rollout.weight_version == 2  # v1 was unloaded
     batch = rollout.generate(make_prompts(*prompts), lora_policy)
     assert server.generate_calls[-1]["lora_path"] == "policy-v2" and set(batch.versions.tolist()) == {2}
@@ -54,8 +65,17 @@ def test_the_server_checks_every_adapter_tensor_it_received(server, lora_policy,
     assert not server.adapters
 
 
-def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(server, lora_policy, prompts, make_rollout, tmp_path):
-    rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path), lora_sync="merged")
+def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(
+    server, lora_policy, prompts, make_rollout, tmp_path
+):
+    rollout = make_rollout(
+        base_url=server.url,
+        group_size=4,
+        max_new_tokens=8,
+        temperature=1.0,
+        weight_dir=str(tmp_path),
+        lora_sync="merged",
+    )
     _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
     rollout.sync_weights(lora_policy)
     assert "/load_lora_adapter" not in server.calls and not server.adapters and server.weight_version == "2"
@@ -64,10 +84,14 @@ def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(server, lor
     assert server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
 
 
-def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(server, lora_policy, prompts, make_rollout):
+def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(
+    server, lora_policy, prompts, make_rollout
+):
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=8, lora_sync="merged")
     _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
-    push_tensors(SGLangClient(30.0, 0, 0.0), server.url, lora_policy, "2", bucket_bytes=1 << 20)  # CPU tensors: this in-process server only
+    push_tensors(
+        SGLangClient(30.0, 0, 0.0), server.url, lora_policy, "2", bucket_bytes=1 << 20
+    )  # CPU tensors: this in-process server only
     assert server_logprobs_match(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy), 1.0) < 1e-5
 
 
@@ -78,7 +102,9 @@ def test_a_server_that_refuses_the_adapter_says_which_flags_it_needs(server, lor
         rollout.generate(make_prompts(*prompts), lora_policy)
 
 
-def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(server, lora_policy, prompts, make_rollout):
+def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(
+    server, lora_policy, prompts, make_rollout
+):
     """With max_staleness k, a round may still sample with the adapter of k versions ago: k + 1 stay loaded."""
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4)
     rollout.prepare(lora_policy, max_staleness=2)  # v1

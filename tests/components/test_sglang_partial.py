@@ -33,7 +33,9 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    rollout = SGLangRollout(base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01, verify_every=0)
+    rollout = SGLangRollout(
+        base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01, verify_every=0
+    )
     rollout.setup(tokenizer)
     rollout.prepare(old)  # version 1; from now on pushes overlap requests
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
@@ -60,7 +62,9 @@ def test_partial_rollouts_continue_with_the_new_weights_token_by_token(server, t
         assert int(batch.versions[i]) == int(row.min())
     assert (mask.sum(-1)[batch.truncated] == 12).all()  # a continuation counts toward the same max_new_tokens
     check_logprobs_by_version(batch, old, new)
-    continuations = [c for c in server.generate_calls if c["sampling_params"]["n"] == 1]  # prompt + tokens so far, one each
+    continuations = [
+        c for c in server.generate_calls if c["sampling_params"]["n"] == 1
+    ]  # prompt + tokens so far, one each
     assert len(continuations) >= len(split)
 
 

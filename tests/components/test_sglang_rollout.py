@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-
 from components.rollout import SGLangRollout
 from components.rollout.sglang import SGLangError
+from components.rollout.sglang.client import SGLangClient
 from components.rollout.sglang.generation import Sample, to_batch
 from components.rollout.sglang.server import free_port, server_argv
-from components.rollout.sglang.client import SGLangClient
 from components.rollout.sglang.weights import push_tensors, tensor_payloads
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer, fake_sglang_package
-from tests.helpers import prompts as make_prompts, pythonpath
+from tests.helpers import prompts as make_prompts
+from tests.helpers import pythonpath
 from tests.support.sglang import server_logprobs_match
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,9 @@ def policy(tiny_model_path):
 
 def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rollout):
     ids, mask = prompts
-    rollout = make_rollout(base_url=server.url, group_size=3, max_new_tokens=6, temperature=0.7, max_concurrency=1)  # requests in order
+    rollout = make_rollout(
+        base_url=server.url, group_size=3, max_new_tokens=6, temperature=0.7, max_concurrency=1
+    )  # requests in order
     batch = rollout.generate(make_prompts(ids, mask), policy)
 
     assert batch.response_ids.shape[0] == 9 and batch.response_ids.shape[1] <= 6
@@ -52,7 +54,14 @@ def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rol
     calls = server.generate_calls
     assert [c["input_ids"] for c in calls] == [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     assert all(c["return_logprob"] is True for c in calls)
-    assert calls[0]["sampling_params"] == {"n": 3, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6, "stop_token_ids": []}
+    assert calls[0]["sampling_params"] == {
+        "n": 3,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": 6,
+        "stop_token_ids": [],
+    }
     # prompt-major: rows 3i..3i+2 are the n answers to request i, in order, right-padded with pad
     answered = [item for answer in server.answers for item in answer]
     for row, item in enumerate(answered):
@@ -76,7 +85,9 @@ def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollou
 
 
 def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, policy, prompts, make_rollout, tmp_path):
-    rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path))
+    rollout = make_rollout(
+        base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path)
+    )
     batch = rollout.generate(make_prompts(*prompts), policy)
     old = {k: v.clone() for k, v in policy.state_dict().items()}
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
@@ -112,7 +123,9 @@ def test_tensor_sync_runs_in_a_weight_update_session(server, policy, prompts, ma
 
 
 def test_tensor_payloads_cover_every_weight_once_per_tp_rank(policy):
-    state = {k: v for k, v in policy.state_dict().items() if k != "lm_head.weight"}  # tied to the embedding: sent once, as save_pretrained
+    state = {
+        k: v for k, v in policy.state_dict().items() if k != "lm_head.weight"
+    }  # tied to the embedding: sent once, as save_pretrained
     bodies = list(tensor_payloads(policy, bucket_bytes=4096, tp_size=2, weight_version="5"))
     assert len(bodies) > 1
     seen = {}
@@ -147,7 +160,9 @@ def test_length_finish_is_truncated_unless_the_last_token_is_eos():
         Sample([1], [-0.5], "stop", [3]),
         Sample([7, 9], [-1.0, -2.0], "length", [3, 3]),
     ]
-    batch = to_batch(make_prompts(ids, mask), samples, rows=2, greedy_last=False, eos_ids=[1], pad_token_id=0, version=3)
+    batch = to_batch(
+        make_prompts(ids, mask), samples, rows=2, greedy_last=False, eos_ids=[1], pad_token_id=0, version=3
+    )
     assert batch.truncated.tolist() == [False, True, False, True]
     assert batch.response_mask.tolist() == [[1, 1], [1, 1], [1, 0], [1, 1]]
     assert batch.rollout_logprobs.tolist() == [[-0.5, -0.25], [-0.5, -0.25], [-0.5, 0.0], [-1.0, -2.0]]
@@ -157,7 +172,15 @@ def test_length_finish_is_truncated_unless_the_last_token_is_eos():
 def test_a_server_stop_token_unknown_to_the_trainer_still_ends_the_mask():
     # the server stopped on 9 (e.g. an extra EOS in its generation_config): what it did not sample is masked
     samples = [Sample([7, 9], [-1.0, -1.0], "stop", [3, 3]), Sample([7, 8, 6], [-1.0] * 3, "length", [3, 3, 3])]
-    batch = to_batch(make_prompts(torch.tensor([[3], [3]]), torch.ones(2, 1)), samples, rows=1, greedy_last=False, eos_ids=[1], pad_token_id=1, version=1)
+    batch = to_batch(
+        make_prompts(torch.tensor([[3], [3]]), torch.ones(2, 1)),
+        samples,
+        rows=1,
+        greedy_last=False,
+        eos_ids=[1],
+        pad_token_id=1,
+        version=1,
+    )
     assert batch.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert batch.truncated.tolist() == [False, True]
 
@@ -185,7 +208,9 @@ def test_server_death_mid_rollout_names_the_server(server, policy, prompts, make
     rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4, max_retries=1, max_concurrency=1)
     rollout.sync_weights(policy)
     server.die_after = 1  # the second request finds the server dying, the retry finds nothing listening
-    with pytest.raises(SGLangError, match=rf"SGLang server at {server.url}: POST /generate failed after 2 attempt.*unreachable"):
+    with pytest.raises(
+        SGLangError, match=rf"SGLang server at {server.url}: POST /generate failed after 2 attempt.*unreachable"
+    ):
         rollout.generate(make_prompts(*prompts), policy)
 
 
@@ -221,7 +246,9 @@ def test_greedy_validation_and_greedy_baseline(server, policy, prompts, make_rol
         assert batch.response_ids[4 * prompt + 3, :width].tolist() == greedy.response_ids[prompt, :width].tolist()
 
 
-def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(tiny_model_path, policy, prompts, make_rollout):
+def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(
+    tiny_model_path, policy, prompts, make_rollout
+):
     a, b = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     try:
         rollout = make_rollout(base_url=[a.url, b.url], group_size=2, max_new_tokens=4)
@@ -237,7 +264,9 @@ def test_a_server_that_missed_a_weight_update_fails_loudly(tiny_model_path, poli
     a, b = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     try:
         rollout = make_rollout(base_url=[a.url, b.url], weight_update_urls=[a.url], group_size=2, max_new_tokens=4)
-        with pytest.raises(SGLangError, match=rf"{b.url} sampled with weight_version 'default' but the trainer pushed 1"):
+        with pytest.raises(
+            SGLangError, match=rf"{b.url} sampled with weight_version 'default' but the trainer pushed 1"
+        ):
             rollout.generate(make_prompts(*prompts), policy)
     finally:
         a.stop()
@@ -252,13 +281,27 @@ def test_memory_is_released_between_rollouts_and_resumed_before_use(server, poli
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert server.released and set(batch.versions.tolist()) == {2}
     calls = [c for c in server.calls if "memory" in c or c in ("/generate", "/update_weights_from_disk")]
-    assert calls[:6] == ["/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation", "/generate", "/generate", "/generate"]
+    assert calls[:6] == [
+        "/update_weights_from_disk",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/generate",
+        "/generate",
+        "/generate",
+    ]
 
 
 def test_sampling_options_reach_the_request():
     from components.rollout.sglang.generation import sampling_params
 
-    assert sampling_params(4, 0.5, 0.9, 20, 7, [3]) == {"n": 4, "temperature": 0.5, "top_p": 0.9, "top_k": 20, "max_new_tokens": 7, "stop_token_ids": [3]}
+    assert sampling_params(4, 0.5, 0.9, 20, 7, [3]) == {
+        "n": 4,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_new_tokens": 7,
+        "stop_token_ids": [3],
+    }
     assert sampling_params(1, 1.0, 1.0, 0, 7, [])["top_k"] == -1
 
 
@@ -271,9 +314,15 @@ def test_stop_token_ids_end_responses_on_the_server_and_in_the_mask(server, poli
 
 
 def test_without_first_sync_or_flush_the_server_keeps_its_weights(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2, sync_before_first_rollout=False, flush_cache=False)
+    rollout = make_rollout(
+        base_url=server.url, group_size=1, max_new_tokens=2, sync_before_first_rollout=False, flush_cache=False
+    )
     batch = rollout.generate(make_prompts(*prompts), policy)
-    assert set(batch.versions.tolist()) == {0} and server.weight_version == "default" and "/update_weights_from_disk" not in server.calls
+    assert (
+        set(batch.versions.tolist()) == {0}
+        and server.weight_version == "default"
+        and "/update_weights_from_disk" not in server.calls
+    )
     rollout.sync_weights(policy)
     assert server.weight_version == "1" and "/flush_cache" not in server.calls
 
@@ -306,7 +355,16 @@ def test_tensor_sync_of_a_policy_on_the_cpu_is_refused_before_any_request(server
 
 
 def test_server_arguments_become_launch_server_flags():
-    argv = server_argv({"model_path": "/m", "port": 30000, "enable_memory_saver": True, "log_requests": False, "chat_template": None, "cuda_graph_bs": [1, 2]})
+    argv = server_argv(
+        {
+            "model_path": "/m",
+            "port": 30000,
+            "enable_memory_saver": True,
+            "log_requests": False,
+            "chat_template": None,
+            "cuda_graph_bs": [1, 2],
+        }
+    )
     assert argv == ["--model-path", "/m", "--port", "30000", "--enable-memory-saver", "--cuda-graph-bs", "1", "2"]
 
 
@@ -314,7 +372,12 @@ def test_server_arguments_become_launch_server_flags():
 def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, tmp_path, monkeypatch):
     fake_sglang_package(tmp_path)
     monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
-    rollout = SGLangRollout(launch={"model_path": tiny_model_path, "skip_tokenizer_init": True}, group_size=2, max_new_tokens=4, backoff=0.01)
+    rollout = SGLangRollout(
+        launch={"model_path": tiny_model_path, "skip_tokenizer_init": True},
+        group_size=2,
+        max_new_tokens=4,
+        backoff=0.01,
+    )
     rollout.setup(tokenizer)
     process = rollout.server.process
     try:
@@ -356,7 +419,9 @@ def test_sglang_yaml_runs_grpo_end_to_end_against_a_server(server, tiny_model_pa
         ]
     )  # fmt: skip
     rollout = cli.model.rollout
-    assert isinstance(rollout, SGLangRollout) and rollout.params.group_size == 8 and rollout.params.max_new_tokens == 8  # preset's, carried over
+    assert (
+        isinstance(rollout, SGLangRollout) and rollout.params.group_size == 8 and rollout.params.max_new_tokens == 8
+    )  # preset's, carried over
     metrics = cli.trainer.logged_metrics
     assert cli.trainer.global_step == 2
     # sampler and trainer agree on every token of the second iteration, sampled after a weight sync
@@ -366,7 +431,9 @@ def test_sglang_yaml_runs_grpo_end_to_end_against_a_server(server, tiny_model_pa
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("sglang") is None, reason="needs a CUDA device and sglang")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or importlib.util.find_spec("sglang") is None, reason="needs a CUDA device and sglang"
+)
 def test_cuda_tensors_reach_another_process_as_sglang_reads_them():
     layer = torch.nn.Linear(4, 4).cuda()
     body = next(tensor_payloads(layer, bucket_bytes=1 << 20, tp_size=1, weight_version="1"))
@@ -374,7 +441,13 @@ def test_cuda_tensors_reach_another_process_as_sglang_reads_them():
         "import sys, torch; from sglang.srt.utils import MultiprocessingSerializer as S; "
         "print(','.join(f'{n}:{t.double().sum().item():.6f}' for n, t in S.deserialize(sys.stdin.read())))"
     )
-    out = subprocess.run([sys.executable, "-c", reader], input=body["serialized_named_tensors"][0], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", reader],
+        input=body["serialized_named_tensors"][0],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == ",".join(f"{n}:{t.double().sum().item():.6f}" for n, t in layer.state_dict().items())
 
 
@@ -395,7 +468,12 @@ def test_a_stalled_server_logs_progress_and_fails_at_the_deadline(server, policy
     rollout.sync_weights(policy)
     server.delay_s = 30.0
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING), pytest.raises(SGLangError, match=r"0/3 requests answered within deadline_s=1.2 s \(model.rollout.init_args.deadline_s\)"):
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(
+            SGLangError, match=r"0/3 requests answered within deadline_s=1.2 s \(model.rollout.init_args.deadline_s\)"
+        ),
+    ):
         rollout.generate(make_prompts(*prompts), policy)
     assert time.monotonic() - start < 3.0
     progress = [r.getMessage() for r in caplog.records if "SGLang rollout: waiting" in r.getMessage()]

@@ -76,9 +76,14 @@ def test_images_go_with_the_token_ids_as_sglang_takes_them(server, policy, promp
     rollout = make_rollout(base_url=server.url, group_size=3, max_new_tokens=5, max_concurrency=1)  # requests in order
     batch = rollout.generate(prompts, policy)
     calls = server.generate_calls
-    assert [c["input_ids"] for c in calls] == [row[m.bool()].tolist() for row, m in zip(prompts.prompt_ids, prompts.prompt_mask)]
+    assert [c["input_ids"] for c in calls] == [
+        row[m.bool()].tolist() for row, m in zip(prompts.prompt_ids, prompts.prompt_mask)
+    ]
     # n > 1: a batch of one on the server, so one list of images per prompt; a text prompt sends none
-    assert [len(c["image_data"]) for c in calls[:2]] == [1, 1] and [len(c["image_data"][0]) for c in calls[:2]] == [2, 1]
+    assert [len(c["image_data"]) for c in calls[:2]] == [1, 1] and [len(c["image_data"][0]) for c in calls[:2]] == [
+        2,
+        1,
+    ]
     assert "image_data" not in calls[2]
     sent = [decoded(entry) for entry in calls[0]["image_data"][0]]
     assert [im.size for im in sent] == [(84, 56), (28, 56)]
@@ -98,10 +103,14 @@ def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollou
 
 
 @pytest.mark.parametrize("weight_sync", ["disk", "tensor"])
-def test_weight_sync_serves_the_updated_vision_language_policy(server, policy, prompts, make_rollout, tmp_path, weight_sync):
+def test_weight_sync_serves_the_updated_vision_language_policy(
+    server, policy, prompts, make_rollout, tmp_path, weight_sync
+):
     """The push names the weights as the checkpoint files do (transformers renames a VLM's in memory); the probe checks it.
     ``tensor``: the tensor payloads to this in-process server (CUDA IPC, which carries them to another process, needs a GPU)."""
-    rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=6, weight_dir=str(tmp_path), verify_every=1)
+    rollout = make_rollout(
+        base_url=server.url, group_size=4, max_new_tokens=6, weight_dir=str(tmp_path), verify_every=1
+    )
     batch = rollout.generate(prompts, policy)
     old = {k: v.clone() for k, v in policy.state_dict().items()}
     with torch.no_grad():

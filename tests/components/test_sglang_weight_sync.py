@@ -26,7 +26,10 @@ def _perturb(policy, scale: float = 0.05, seed: int = 0) -> None:
 
 def _checksums(policy) -> dict[str, str]:
     """SGLang's CPU weight hash (first 8 bytes of sha256) of every tensor of the trainer."""
-    return {n: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16] for n, t in policy.state_dict().items()}
+    return {
+        n: hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16]
+        for n, t in policy.state_dict().items()
+    }
 
 
 @pytest.fixture
@@ -64,7 +67,9 @@ def test_a_lora_policy_is_sent_merged_bucket_by_bucket_as_merged_state_dict(tiny
     from components.rollout.sglang.buckets import gather
     from lightning_rl.core.lora import LoraSpec, merged_state_dict
 
-    lora = load_causal_lm(ModelSpec(path=tiny_model_path, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "down_proj"])))
+    lora = load_causal_lm(
+        ModelSpec(path=tiny_model_path, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "down_proj"]))
+    )
     with torch.no_grad():
         for name, p in lora.named_parameters():
             if "lora_B" in name:
@@ -117,12 +122,16 @@ def test_the_sampling_gate_holds_new_requests_during_a_push_and_fails_them_after
 def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(pair, policy, prompts, make_rollout):
     a, b = pair
     received = [server.get("/loopback_stats")["buckets_received"] for server in pair]
-    rollout = make_rollout(base_url=[a.url, b.url], weight_sync="distributed", bucket_mb=0.01, group_size=2, max_new_tokens=6)
+    rollout = make_rollout(
+        base_url=[a.url, b.url], weight_sync="distributed", bucket_mb=0.01, group_size=2, max_new_tokens=6
+    )
     _perturb(policy)
     rollout.sync_weights(policy)
     n_buckets = len(plan_buckets(policy, int(0.01 * 2**20)))
     for server, before in zip(pair, received):
-        assert server.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy)  # every tensor, bit for bit
+        assert server.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(
+            policy
+        )  # every tensor, bit for bit
         assert server.get("/model_info")["weight_version"] == "1"
         stats = server.get("/loopback_stats")
         assert stats["buckets_received"] - before == n_buckets > 3 and not stats["paused"] and not stats["session_open"]
@@ -130,10 +139,16 @@ def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(pai
     assert set(batch.versions.tolist()) == {1} and server_logprobs_match(policy, batch, 1.0) < 1e-4
     _perturb(policy, seed=1)
     rollout.sync_weights(policy)  # the same group, version 2
-    assert a.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy) == b.get("/weights_checker")["ranks"][0]["checksums"]
+    assert (
+        a.get("/weights_checker")["ranks"][0]["checksums"]
+        == _checksums(policy)
+        == b.get("/weights_checker")["ranks"][0]["checksums"]
+    )
     groups = a.get("/loopback_stats")["groups"]
     rollout.close()
-    assert len(groups) == 1 and a.get("/loopback_stats")["groups"] == [] == b.get("/loopback_stats")["groups"]  # torn down
+    assert (
+        len(groups) == 1 and a.get("/loopback_stats")["groups"] == [] == b.get("/loopback_stats")["groups"]
+    )  # torn down
 
 
 @pytest.mark.slow
@@ -142,7 +157,9 @@ def test_an_fsdp2_sharded_policy_is_gathered_bucket_by_bucket_and_arrives_exactl
     from tests.components.sglang_fsdp_worker import fsdp_push_worker
 
     out = tmp_path / "fsdp.pt"
-    torch.multiprocessing.spawn(fsdp_push_worker, args=(2, free_port(), tiny_model_path, pair[1].url, 0.01, str(out)), nprocs=2)
+    torch.multiprocessing.spawn(
+        fsdp_push_worker, args=(2, free_port(), tiny_model_path, pair[1].url, 0.01, str(out)), nprocs=2
+    )
     result = torch.load(out)
     assert result["sharded"] and result["version"] == 1
     assert pair[1].get("/weights_checker")["ranks"][0]["checksums"] == result["expected"]  # bit for bit, from shards
@@ -157,7 +174,9 @@ def test_verification_catches_a_server_that_kept_one_tensor_over_the_group(pair,
     stale = pair[0]
     stale.get("/loopback_fault", {"keep_stale": ["model.layers.1.mlp.down_proj.weight"]})
     try:
-        rollout = make_rollout(base_url=stale.url, weight_sync="distributed", verify_every=1, verify_tolerance=1e-3)  # fp32 on both sides
+        rollout = make_rollout(
+            base_url=stale.url, weight_sync="distributed", verify_every=1, verify_tolerance=1e-3
+        )  # fp32 on both sides
         _perturb(policy)
         with pytest.raises(SGLangError, match=rf"{stale.url} does not hold the weights just pushed \(version 1\)"):
             rollout.sync_weights(policy)
@@ -172,26 +191,43 @@ def test_a_restarted_server_gets_a_new_group_and_the_whole_policy(pair, tiny_mod
     rollout.sync_weights(policy)
     first = a.get("/loopback_stats")["groups"]
     b.stop()
-    b = pair[1] = ServerProcess(tiny_model_path, port=b.port, env=ONE_THREAD)  # the same address, launch weights, in no group
+    b = pair[1] = ServerProcess(
+        tiny_model_path, port=b.port, env=ONE_THREAD
+    )  # the same address, launch weights, in no group
     _perturb(policy)
     rollout.sync_weights(policy)
-    assert b.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy) == a.get("/weights_checker")["ranks"][0]["checksums"]
+    assert (
+        b.get("/weights_checker")["ranks"][0]["checksums"]
+        == _checksums(policy)
+        == a.get("/weights_checker")["ranks"][0]["checksums"]
+    )
     assert b.get("/model_info")["weight_version"] == "2" and a.get("/loopback_stats")["groups"] != first  # a new group
 
 
 @pytest.mark.slow
-def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_server_is_sampled(pair, tiny_model_path, policy, prompts, make_rollout):
+def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_server_is_sampled(
+    pair, tiny_model_path, policy, prompts, make_rollout
+):
     healthy, dying = pair[0], ServerProcess(tiny_model_path, env=ONE_THREAD)
     try:
         dying.get("/loopback_fault", {"die_in_bucket": 3})
         before, version = healthy.get("/loopback_stats"), healthy.get("/model_info")["weight_version"]
-        rollout = make_rollout(base_url=[healthy.url, dying.url], weight_sync="distributed", bucket_mb=0.01, group_size=2, max_new_tokens=4, max_retries=0)
+        rollout = make_rollout(
+            base_url=[healthy.url, dying.url],
+            weight_sync="distributed",
+            bucket_mb=0.01,
+            group_size=2,
+            max_new_tokens=4,
+            max_retries=0,
+        )
         _perturb(policy)
         with pytest.raises(SGLangError, match=dying.url):
             rollout.sync_weights(policy)
         assert dying.process.wait(timeout=30) == 17
         stats = healthy.get("/loopback_stats")
-        assert 2 <= stats["buckets_received"] - before["buckets_received"] < len(plan_buckets(policy, int(0.01 * 2**20)))  # part of the push
+        assert (
+            2 <= stats["buckets_received"] - before["buckets_received"] < len(plan_buckets(policy, int(0.01 * 2**20)))
+        )  # part of the push
         assert stats["paused"] and healthy.get("/model_info")["weight_version"] == version  # not the new one
         with pytest.raises(SGLangError, match=dying.url):  # the next rollout pushes everything again first, and cannot
             rollout.generate(make_prompts(*prompts), policy)
@@ -202,7 +238,9 @@ def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("partial", [False, True])
-def test_a_push_during_generation_never_samples_from_a_partly_updated_server(pair, policy, tokenizer, make_rollout, partial):
+def test_a_push_during_generation_never_samples_from_a_partly_updated_server(
+    pair, policy, tokenizer, make_rollout, partial
+):
     """Asynchronous training: without partial rollouts the push waits for the requests in flight (each response is one
     version); with them it ends the requests in flight, which continue on the new weights, token by token."""
     import copy
@@ -214,7 +252,14 @@ def test_a_push_during_generation_never_samples_from_a_partly_updated_server(pai
     server = pair[0]
     new = copy.deepcopy(policy)
     _perturb(new, scale=0.1)
-    rollout = make_rollout(base_url=server.url, weight_sync="distributed", bucket_mb=0.01, group_size=4, max_new_tokens=12, partial_rollouts=partial)
+    rollout = make_rollout(
+        base_url=server.url,
+        weight_sync="distributed",
+        bucket_mb=0.01,
+        group_size=4,
+        max_new_tokens=12,
+        partial_rollouts=partial,
+    )
     rollout.prepare(policy)  # version 1; from now on pushes overlap requests
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     server.get("/loopback_fault", {"token_delay_s": 0.04})
@@ -245,10 +290,14 @@ def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model
     good, bad = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     bad.keep_stale = {"model.layers.0.self_attn.o_proj.weight"}
     try:
-        rollout = make_rollout(base_url=[good.url, bad.url], verify_every=1, verify_tolerance=1e-3, group_size=2, max_new_tokens=4)  # fp32
+        rollout = make_rollout(
+            base_url=[good.url, bad.url], verify_every=1, verify_tolerance=1e-3, group_size=2, max_new_tokens=4
+        )  # fp32
         rollout.sync_weights(policy)  # the launch weights: the stale tensor is right by chance
         _perturb(policy)
-        with pytest.raises(SGLangError, match=rf"{bad.url} does not hold the weights just pushed \(version 2\).*verify_tolerance=0.001"):
+        with pytest.raises(
+            SGLangError, match=rf"{bad.url} does not hold the weights just pushed \(version 2\).*verify_tolerance=0.001"
+        ):
             rollout.sync_weights(policy)
         bad.keep_stale = set()  # repaired: the next rollout pushes again before it samples
         batch = rollout.generate(make_prompts(*prompts), policy)
@@ -289,10 +338,19 @@ def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
 
 def test_the_probe_scores_the_same_tokens_on_the_server_and_on_the_trainer(server, policy, tokenizer):
     from components.rollout.sglang.client import SGLangClient
-    from components.rollout.sglang.verify import PROBE_TOKENS, probe_prompt, server_continuation, server_scores, trainer_continuation, trainer_scores
+    from components.rollout.sglang.verify import (
+        PROBE_TOKENS,
+        probe_prompt,
+        server_continuation,
+        server_scores,
+        trainer_continuation,
+        trainer_scores,
+    )
 
     client, prompt = SGLangClient(30.0, 0, 0.0), probe_prompt(len(tokenizer))
-    ids, served, version = server_continuation(client, server.url, prompt, None)  # the server writes, the trainer scores
+    ids, served, version = server_continuation(
+        client, server.url, prompt, None
+    )  # the server writes, the trainer scores
     expected = trainer_scores(policy.train(), prompt, [ids])
     assert len(ids) == PROBE_TOKENS and expected.shape == (1, PROBE_TOKENS) and version == "default"
     torch.testing.assert_close(served, expected[0], atol=1e-5, rtol=0)
@@ -309,7 +367,9 @@ def test_nccl_push_from_a_policy_on_the_gpu_to_a_server_on_another_gpu(tiny_mode
     """The path a GPU cluster takes (backend chosen from the policy's device); CPU CI runs the same code over gloo."""
     server = ServerProcess(tiny_model_path, device="cuda:1")
     try:
-        rollout = make_rollout(base_url=server.url, weight_sync="distributed", bucket_mb=0.01, verify_every=1, verify_tolerance=1e-3)
+        rollout = make_rollout(
+            base_url=server.url, weight_sync="distributed", bucket_mb=0.01, verify_every=1, verify_tolerance=1e-3
+        )
         policy.to("cuda:0")
         _perturb(policy)
         rollout.sync_weights(policy)  # nccl: the policy is on a GPU; verified against the server's probe

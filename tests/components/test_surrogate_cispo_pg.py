@@ -10,7 +10,12 @@ from lightning_rl.core.batch import RolloutBatch
 def _batch(advantages, old, mask=None):
     advantages = torch.as_tensor(advantages, dtype=torch.float32)
     mask = torch.ones_like(advantages, dtype=torch.long) if mask is None else mask
-    return RolloutBatch(response_ids=torch.zeros_like(mask), response_mask=mask, advantages=advantages, old_logprobs=torch.as_tensor(old))
+    return RolloutBatch(
+        response_ids=torch.zeros_like(mask),
+        response_mask=mask,
+        advantages=advantages,
+        old_logprobs=torch.as_tensor(old),
+    )
 
 
 def _grad(surrogate, ratio, advantage, old=-1.0):
@@ -97,7 +102,11 @@ def test_policy_gradient_is_minus_advantage_times_log_prob():
 
 def test_policy_gradient_needs_no_old_logprobs():
     assert PolicyGradient.requires == frozenset({"advantages"})
-    batch = RolloutBatch(response_ids=torch.zeros(1, 2, dtype=torch.long), response_mask=torch.ones(1, 2, dtype=torch.long), advantages=torch.ones(1, 2))
+    batch = RolloutBatch(
+        response_ids=torch.zeros(1, 2, dtype=torch.long),
+        response_mask=torch.ones(1, 2, dtype=torch.long),
+        advantages=torch.ones(1, 2),
+    )
     loss, metrics = PolicyGradient()(torch.tensor([[-1.0, -2.0]]), batch)
     torch.testing.assert_close(loss, torch.tensor([[1.0, 2.0]]))
     assert metrics == {}

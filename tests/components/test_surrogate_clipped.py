@@ -8,7 +8,12 @@ from lightning_rl.core.batch import RolloutBatch
 def _batch(advantages, old, mask=None):
     advantages = torch.as_tensor(advantages, dtype=torch.float32)
     mask = torch.ones_like(advantages, dtype=torch.long) if mask is None else mask
-    return RolloutBatch(response_ids=torch.zeros_like(mask), response_mask=mask, advantages=advantages, old_logprobs=torch.as_tensor(old))
+    return RolloutBatch(
+        response_ids=torch.zeros_like(mask),
+        response_mask=mask,
+        advantages=advantages,
+        old_logprobs=torch.as_tensor(old),
+    )
 
 
 def _loss(surrogate, ratio, advantage):

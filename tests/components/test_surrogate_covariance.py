@@ -16,7 +16,12 @@ LOG_RATIO = torch.tensor([[0.1, 0.1, 0.1, -0.2]])  # log pi_theta - log pi_old
 
 
 def _batch():
-    return RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=LOGP - LOG_RATIO, advantages=ADV)
+    return RolloutBatch(
+        response_ids=torch.zeros(1, 4, dtype=torch.long),
+        response_mask=torch.ones(1, 4),
+        old_logprobs=LOGP - LOG_RATIO,
+        advantages=ADV,
+    )
 
 
 def _loss_and_grad(surrogate):
@@ -53,8 +58,17 @@ def test_clip_cov_detaches_ratio_x_n_tokens_drawn_at_random_from_the_band():
     # log pi = [-2, 0, -1, -1] (mean -1), A = [-1, 3, 1, 1] (mean 1): Cov = [2, 2, 0, 0], tokens 0 and 1 in the band
     # [1, 5], each with a nonzero advantage. ratio 0.25 of 4 tokens = 1 token: one of the two, drawn at random, loses
     # its gradient (value kept); the other and the tokens outside the band keep theirs
-    logp, adv, log_ratio = torch.tensor([[-2.0, 0.0, -1.0, -1.0]]), torch.tensor([[-1.0, 3.0, 1.0, 1.0]]), torch.tensor([[0.1, -0.1, 0.2, 0.0]])
-    batch = RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=logp - log_ratio, advantages=adv)
+    logp, adv, log_ratio = (
+        torch.tensor([[-2.0, 0.0, -1.0, -1.0]]),
+        torch.tensor([[-1.0, 3.0, 1.0, 1.0]]),
+        torch.tensor([[0.1, -0.1, 0.2, 0.0]]),
+    )
+    batch = RolloutBatch(
+        response_ids=torch.zeros(1, 4, dtype=torch.long),
+        response_mask=torch.ones(1, 4),
+        old_logprobs=logp - log_ratio,
+        advantages=adv,
+    )
     full = -(log_ratio.exp() * adv)  # -r A: the loss, and its gradient d/dlogp, of every token left alone
     drawn = []
     for seed in range(12):
@@ -77,7 +91,9 @@ def test_kl_cov_matches_an_independent_rederivation_on_random_tensors():
     b, t = 4, 6
     mask = (torch.rand(b, t) > 0.2).float()
     logp, old, adv = -torch.rand(b, t) * 3, -torch.rand(b, t) * 3, torch.randn(b, t)
-    batch = RolloutBatch(response_ids=torch.zeros(b, t, dtype=torch.long), response_mask=mask.long(), old_logprobs=old, advantages=adv)
+    batch = RolloutBatch(
+        response_ids=torch.zeros(b, t, dtype=torch.long), response_mask=mask.long(), old_logprobs=old, advantages=adv
+    )
     loss, _ = CovariancePG("kl_cov", ratio=0.2, beta=0.5)(logp, batch)
     # independent: list the valid tokens, compute Cov with python floats, take the top int(0.2 * N)
     cells = [(i, j) for i in range(b) for j in range(t) if mask[i, j] > 0]
@@ -94,7 +110,12 @@ def test_kl_cov_matches_an_independent_rederivation_on_random_tensors():
 def test_kl_cov_penalty_is_logged_and_zero_on_policy():
     _, _, metrics = _loss_and_grad(CovariancePG("kl_cov", ratio=0.25, beta=1.0))
     assert metrics["policy/cov_penalty"].item() == pytest.approx(0.2 / 4)  # beta |log r| = 0.2 on 1 of 4 tokens
-    on_policy = RolloutBatch(response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), old_logprobs=LOGP, advantages=ADV)
+    on_policy = RolloutBatch(
+        response_ids=torch.zeros(1, 4, dtype=torch.long),
+        response_mask=torch.ones(1, 4),
+        old_logprobs=LOGP,
+        advantages=ADV,
+    )
     logprobs = LOGP.clone().requires_grad_(True)
     loss, metrics = CovariancePG("kl_cov", ratio=0.25, beta=1.0)(logprobs, on_policy)
     loss.sum().backward()
@@ -113,7 +134,9 @@ def test_a_ratio_penalty_on_a_single_on_policy_update_warns():
         RLModule(surrogate=CovariancePG("kl_cov"), loop=LoopConfig(ppo_epochs=1, num_mini_batches=1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        RLModule(surrogate=CovariancePG("kl_cov"), loop=LoopConfig(num_mini_batches=4))  # off-policy after the first mini-batch
+        RLModule(
+            surrogate=CovariancePG("kl_cov"), loop=LoopConfig(num_mini_batches=4)
+        )  # off-policy after the first mini-batch
         RLModule(surrogate=CovariancePG("kl_cov"), loop=LoopConfig(ppo_epochs=2))
         RLModule(surrogate=CovariancePG("clip_cov"))  # detaching a token's gradient acts on-policy too
         RLModule(surrogate=CovariancePG("kl_cov", beta=0.0))

@@ -53,7 +53,13 @@ def test_random_tensors_match_an_independent_derivation():
     b, r, eps_low, eps_high, cap = 4, 7, 0.2, 0.28, 1.5
     theta, prox, behav = (torch.randn(b, r) * 0.3 - 1.0 for _ in range(3))
     advantages, mask = torch.randn(b, r), (torch.rand(b, r) > 0.2).long()
-    batch = RolloutBatch(response_ids=torch.ones(b, r, dtype=torch.long), response_mask=mask, old_logprobs=prox, rollout_logprobs=behav, advantages=advantages)
+    batch = RolloutBatch(
+        response_ids=torch.ones(b, r, dtype=torch.long),
+        response_mask=mask,
+        old_logprobs=prox,
+        rollout_logprobs=behav,
+        advantages=advantages,
+    )
     logprobs = theta.clone().requires_grad_()
     loss, _ = DecoupledClip(eps_low, eps_high, behaviour_cap=cap)(logprobs, batch)
     expected = torch.zeros(b, r)
@@ -68,7 +74,9 @@ def test_random_tensors_match_an_independent_derivation():
 
 def test_a_correction_multiplies_on_top():
     logprobs, batch = _batch(THETA, PROX, BEHAV, ADV)
-    sequence_reject = OffPolicyCorrection(mode="reject", cap=1.0, level="sequence")  # product of w = 1.875 > 1: the sequence goes
+    sequence_reject = OffPolicyCorrection(
+        mode="reject", cap=1.0, level="sequence"
+    )  # product of w = 1.875 > 1: the sequence goes
     loss, _ = DecoupledClip(behaviour_cap=2.0, correction=sequence_reject)(logprobs, batch)
     assert loss.abs().sum() == 0
 

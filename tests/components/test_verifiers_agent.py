@@ -12,9 +12,9 @@ pytest.importorskip("verifiers")
 from components.reward import ResultScore  # noqa: E402
 from components.rollout.endpoint import HermesToolCalls, VerifiersAgent  # noqa: E402
 from lightning_rl.data.prompts import load_rows  # noqa: E402
-from tests.support.openai import ScriptedChat  # noqa: E402
 from tests.fixtures.chat_templates import family_tokenizer  # noqa: E402
 from tests.helpers import prompts  # noqa: E402
+from tests.support.openai import ScriptedChat  # noqa: E402
 
 ROWS = [{"question": "What is 1+2?", "answer": "3"}, {"question": "What is 2+2?", "answer": "4"}]
 
@@ -73,7 +73,9 @@ def _run(environment: str, tokenizer, sampler, rows):
         agent.close()
 
 
-@pytest.mark.parametrize("environment, calls, tool_calls", [("single_turn_env", 1, 0), ("tool_env", 3, 2), ("multi_turn_env", 2, 0)])
+@pytest.mark.parametrize(
+    "environment, calls, tool_calls", [("single_turn_env", 1, 0), ("tool_env", 3, 2), ("multi_turn_env", 2, 0)]
+)
 def test_a_verifiers_environment_runs_through_the_endpoint_and_its_rubric_is_the_reward(environment, calls, tool_calls):
     tokenizer = family_tokenizer("chatml")
     sampler = ScriptedChat(tokenizer, "chatml", group_size=2)

@@ -45,13 +45,23 @@ def test_the_minimal_script_trains_what_rlmodule_trains():
     )
     torch.manual_seed(seed)
     module.loop_state.rng.state = {"torch": torch.get_rng_state()}  # the iterations sample from the example's stream
-    data = PromptDataModule(train_data="builtin:arithmetic", val_data=None, tokenizer=TINY_MODEL_PATH, batch_size=batch_size)
-    trainer = Trainer(max_steps=iterations, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    data = PromptDataModule(
+        train_data="builtin:arithmetic", val_data=None, tokenizer=TINY_MODEL_PATH, batch_size=batch_size
+    )
+    trainer = Trainer(
+        max_steps=iterations,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, data)
 
     ours, theirs = module.policy.state_dict(), policy.state_dict()
     assert ours.keys() == theirs.keys()
-    initial = {k: v for k, v in _example().load_causal_lm(_example().ModelSpec(path=TINY_MODEL_PATH)).state_dict().items()}
+    initial = {
+        k: v for k, v in _example().load_causal_lm(_example().ModelSpec(path=TINY_MODEL_PATH)).state_dict().items()
+    }
     assert any(not torch.equal(theirs[k], initial[k]) for k in theirs)  # it trained
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name

@@ -7,7 +7,9 @@ from pathlib import Path
 from lightning_rl.cli import main
 
 
-def cli_args(root: Path, model_path: str, steps: int = 3, *extra: str, config: str | None = "configs/grpo.yaml") -> list[str]:
+def cli_args(
+    root: Path, model_path: str, steps: int = 3, *extra: str, config: str | None = "configs/grpo.yaml"
+) -> list[str]:
     args = [] if config is None else ["--config", str(Path(__file__).parents[2] / config)]
     return [
         *args,
@@ -52,5 +54,7 @@ def texts(root: Path) -> dict[str, list[tuple[int, str]]]:
     (version,) = sorted((root / "run").glob("version_*"))[-1:]
     events = EventAccumulator(str(version), size_guidance={"tensors": 0})
     events.Reload()
-    tags = [t for t in events.Tags()["tensors"] if t.endswith("/text_summary")]  # not the Custom Scalars layout (a serialised proto)
+    tags = [
+        t for t in events.Tags()["tensors"] if t.endswith("/text_summary")
+    ]  # not the Custom Scalars layout (a serialised proto)
     return {tag: [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)] for tag in tags}

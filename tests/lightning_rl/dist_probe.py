@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-
 from lightning import Callback
 
 from components.rollout import HFRollout
@@ -33,7 +32,9 @@ class SeededRollout(HFRollout):
             parts.append(super().generate(one, policy, params))
         batch = RolloutBatch.cat(parts)
         rows = parts[0].batch_size
-        return batch.replace(group_ids=torch.arange(len(parts), device=prompts.prompt_ids.device).repeat_interleave(rows))
+        return batch.replace(
+            group_ids=torch.arange(len(parts), device=prompts.prompt_ids.device).repeat_interleave(rows)
+        )
 
 
 class Probe(Callback):
@@ -67,7 +68,13 @@ class Probe(Callback):
         state = trainable_state_dict(trainer, module)
         from torch.distributed.fsdp import FSDPModule
 
-        record = {"state": state, "losses": self.losses, "rewards": self.rewards, "world_size": trainer.world_size, "snapshots": self.snapshots}
+        record = {
+            "state": state,
+            "losses": self.losses,
+            "rewards": self.rewards,
+            "world_size": trainer.world_size,
+            "snapshots": self.snapshots,
+        }
         scorer = getattr(module.reward, "model", None)  # RewardModel's classifier; its backbone is the sharded unit
         reward = getattr(scorer, getattr(scorer, "base_model_prefix", ""), None)
         roots = {"policy": module.policy, "reference": module.reference, "critic": module.critic, "reward": reward}
@@ -75,12 +82,18 @@ class Probe(Callback):
         if self.generate_lengths:
             # greedy, 5 new tokens at most: rank 0 stops after its first token (every id is a stop token), rank 1 never
             # stops early; each sharded forward is a collective, so rank 0 must keep stepping until rank 1 is done
-            rollout = HFRollout(group_size=1, max_new_tokens=5, stop_token_ids=list(range(module.policy.config.vocab_size)) if trainer.global_rank == 0 else [])
+            rollout = HFRollout(
+                group_size=1,
+                max_new_tokens=5,
+                stop_token_ids=list(range(module.policy.config.vocab_size)) if trainer.global_rank == 0 else [],
+            )
             rollout.setup(module.tokenizer)
             if trainer.global_rank > 0:
                 rollout.eos_token_id = -1
             ids = torch.tensor([[5, 6, 7]], device=module.device)
-            out = rollout.generate(prompts(ids, torch.ones_like(ids)), module.policy, replace(rollout.params, greedy=True))
+            out = rollout.generate(
+                prompts(ids, torch.ones_like(ids)), module.policy, replace(rollout.params, greedy=True)
+            )
             lengths = [torch.zeros((), dtype=torch.long) for _ in range(trainer.world_size)]
             torch.distributed.all_gather(lengths, torch.tensor(out.response_ids.shape[1]))
             record["generated_lengths"] = [int(n) for n in lengths]

@@ -15,15 +15,18 @@ def reductions_worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
-    from lightning_rl.loop.metrics import WeightedMeans
     from lightning_rl.core.ops import all_reduce_sum, masked_whiten, world_size
+    from lightning_rl.loop.metrics import WeightedMeans
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     x, mask = reduction_inputs()
     rows = slice(rank * x.shape[0] // world, (rank + 1) * x.shape[0] // world)  # this rank's samples
     x, mask = x[rows], mask[rows]
-    result = {"whitened": masked_whiten(x, mask, global_stats=True), "whitened_scale_only": masked_whiten(x, mask, shift_mean=False, global_stats=True)}
+    result = {
+        "whitened": masked_whiten(x, mask, global_stats=True),
+        "whitened_scale_only": masked_whiten(x, mask, shift_mean=False, global_stats=True),
+    }
     for aggregator in (TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(4.0)):
         # as RLModule._optimize: the global normaliser, divided by the world size that DDP averages over
         total = all_reduce_sum(aggregator.denominator(mask)) / world_size()

@@ -13,7 +13,9 @@ from components.surrogate import CISPO, ClippedSurrogate, CovariancePG, OffPolic
 from lightning_rl.core.batch import RolloutBatch, terminal_rewards
 
 B, R, V = 4, 7, 11
-RESPONSE_MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]])
+RESPONSE_MASK = torch.tensor(
+    [[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0]]
+)
 ACTION_MASK = torch.tensor([[1, 1, 0, 0, 1, 1, 1], [1, 0, 0, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 0, 1, 1]])
 ENV = (RESPONSE_MASK * (1 - ACTION_MASK)).bool()  # (B, R) the environment's tokens
 ACTIONS = (RESPONSE_MASK * ACTION_MASK).bool()
@@ -29,7 +31,9 @@ SURROGATES = {
     "tis": ClippedSurrogate(correction=OffPolicyCorrection("tis", cap=1.5)),
     "mis_sequence": PolicyGradient(correction=OffPolicyCorrection("mis", cap=50.0, lower=0.0, level="sequence")),
 }
-KLS = {f"{e}_loss": KLRegularizer(0.1, e, "loss") for e in ("k1", "k2", "k3")} | {"k3_weighted": KLRegularizer(0.1, "k3", "loss", importance_weighted=True)}
+KLS = {f"{e}_loss": KLRegularizer(0.1, e, "loss") for e in ("k1", "k2", "k3")} | {
+    "k3_weighted": KLRegularizer(0.1, "k3", "loss", importance_weighted=True)
+}
 TERMS = {"entropy": EntropyBonus(0.01), "positive_nll": PositiveNLL(0.1)}
 AGGREGATORS = [TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(16.0)]
 
@@ -112,12 +116,20 @@ def test_kl_in_the_reward_and_the_terminal_reward_skip_environment_tokens():
 
 @pytest.mark.parametrize(
     "estimator",
-    [GroupNormalized(), LeaveOneOut(), ReinforceBaseline(), ReinforcePlusPlus(gamma=0.9), GAE(gamma=0.9, lam_actor=0.9)],
+    [
+        GroupNormalized(),
+        LeaveOneOut(),
+        ReinforceBaseline(),
+        ReinforcePlusPlus(gamma=0.9),
+        GAE(gamma=0.9, lam_actor=0.9),
+    ],
     ids=lambda e: type(e).__name__,
 )
 def test_estimators_leave_environment_tokens_without_advantage(estimator):
     batch = _batch()
-    batch = batch.replace(token_rewards=terminal_rewards(batch.scores, batch.action_tokens), values=torch.rand(B, R) * RESPONSE_MASK)
+    batch = batch.replace(
+        token_rewards=terminal_rewards(batch.scores, batch.action_tokens), values=torch.rand(B, R) * RESPONSE_MASK
+    )
     advantages, returns = estimator(batch)
     assert torch.equal(advantages[ENV], torch.zeros(int(ENV.sum())))
     assert bool((advantages[ACTIONS] != 0).any())
@@ -127,7 +139,11 @@ def test_estimators_leave_environment_tokens_without_advantage(estimator):
 
 def test_reinforce_pp_discounts_over_the_models_tokens():
     # one row, tokens: model, observation, observation, model; score 1, gamma 0.5 -> G = [0.5, 0, 0, 1]
-    batch = RolloutBatch(response_ids=torch.ones(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), action_mask=torch.tensor([[1, 0, 0, 1]]))
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 4, dtype=torch.long),
+        response_mask=torch.ones(1, 4),
+        action_mask=torch.tensor([[1, 0, 0, 1]]),
+    )
     batch = batch.replace(token_rewards=terminal_rewards(torch.tensor([1.0]), batch.action_tokens))
     advantages, _ = ReinforcePlusPlus(gamma=0.5, whiten="none")(batch)
     assert advantages.tolist() == [[0.5, 0.0, 0.0, 1.0]]
@@ -168,10 +184,15 @@ def test_surrogate_loss_and_metrics_ignore_environment_tokens(name):
         results.append((TokenMean()(loss, b.loss_mask), metrics))
     (loss, metrics), (wild_loss, wild_metrics) = results
     assert torch.equal(loss, wild_loss)
-    assert metrics.keys() == wild_metrics.keys() and all(torch.equal(metrics[k], wild_metrics[k]) for k in metrics), name
+    assert metrics.keys() == wild_metrics.keys() and all(torch.equal(metrics[k], wild_metrics[k]) for k in metrics), (
+        name
+    )
     if name == "clipped":  # the check can fail: over every response token, the wild ratios would clip
         everywhere = SURROGATES[name](logprobs, _wild(batch).replace(action_mask=None))[1]
-        assert everywhere["policy/clipfrac_low"] + everywhere["policy/clipfrac_high"] > metrics["policy/clipfrac_low"] + metrics["policy/clipfrac_high"]
+        assert (
+            everywhere["policy/clipfrac_low"] + everywhere["policy/clipfrac_high"]
+            > metrics["policy/clipfrac_low"] + metrics["policy/clipfrac_high"]
+        )
 
 
 @pytest.mark.parametrize("value_clip", [None, 0.2])
@@ -196,7 +217,6 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
     # (turn 2), then a trailing observation 6 (a transcript cut after it) and padding 7. The environment rewarded
     # turn 1 with -0.25 on its last token; the score 1 lands on the model's last token (5), never on an observation;
     # the KL penalty (k1, beta 0.5, log pi_old - log ref = 0.2 everywhere) only on the model's tokens.
-    from types import SimpleNamespace
 
     from lightning_rl.loop.estimate import estimate
     from lightning_rl.loop.metrics import WeightedMeans
@@ -207,7 +227,9 @@ def test_the_module_places_the_score_the_environments_rewards_and_the_kl_penalty
         response_ids=torch.ones(1, 8, dtype=torch.long), response_mask=response_mask, action_mask=action_mask, env_rewards=env_rewards,
         scores=torch.tensor([1.0]), sample_mask=torch.ones(1), old_logprobs=torch.full((1, 8), -1.0), ref_logprobs=torch.full((1, 8), -1.2),
     )  # fmt: skip
-    out = estimate(batch, ReinforcePlusPlus(gamma=1.0, whiten="none"), KLRegularizer(0.5, "k1", "reward"), WeightedMeans())
+    out = estimate(
+        batch, ReinforcePlusPlus(gamma=1.0, whiten="none"), KLRegularizer(0.5, "k1", "reward"), WeightedMeans()
+    )
     expected = torch.tensor([[-0.1, -0.35, 0, 0, -0.1, 0.9, 0, 0]])
     torch.testing.assert_close(out.token_rewards, expected, atol=1e-6, rtol=0)
     # reward-to-go over the model's tokens: 0.35, 0.45, -, -, 0.8, 0.9
@@ -222,8 +244,8 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
     from types import SimpleNamespace
 
     import lightning_rl.core.logprobs as logprobs_module
-    from lightning_rl.loop.metrics import WeightedMeans
     from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from lightning_rl.loop.metrics import WeightedMeans
     from lightning_rl.loop.optimize import PolicyUpdate
 
     policy = load_causal_lm(ModelSpec(path=tiny_model_path))

@@ -12,7 +12,13 @@ from components.rollout import MultiTurnRollout, SGLangRollout
 REPO = Path(__file__).resolve().parents[2]
 AGENT = str(REPO / "configs/agent_calc.yaml")
 TINY_CALC = str(REPO / "lightning_rl/assets/tiny-calc")
-AGENT_METRICS = ["agent/turns_mean", "agent/tool_calls_mean", "tool/error_frac", "agent/observation_tokens_mean", "agent/max_turns_frac"]
+AGENT_METRICS = [
+    "agent/turns_mean",
+    "agent/tool_calls_mean",
+    "tool/error_frac",
+    "agent/observation_tokens_mean",
+    "agent/max_turns_frac",
+]
 
 
 def _fit(tmp_path, *configs: str, extra: list[str] = ()):
@@ -34,7 +40,9 @@ def _fit(tmp_path, *configs: str, extra: list[str] = ()):
 def _samples_text(tmp_path) -> str:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(next((tmp_path / "logs").rglob("events.out.tfevents.*")).parent), size_guidance={"tensors": 0})
+    events = EventAccumulator(
+        str(next((tmp_path / "logs").rglob("events.out.tfevents.*")).parent), size_guidance={"tensors": 0}
+    )
     events.Reload()
     return "".join(e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples/text_summary"))
 
@@ -58,7 +66,9 @@ def test_agent_calc_trains_three_iterations_with_the_calculator(tmp_path, monkey
     env = (last.response_mask * (1 - last.action_mask)).bool()  # (B, R) the calculator's tokens
     assert env.any() and metrics["agent/observation_tokens_mean"] == pytest.approx(float(env.sum(-1).float().mean()))
     lengths = last.action_tokens.sum(-1)
-    assert metrics["response_length/mean"] == pytest.approx(float((lengths * last.sample_mask).sum() / last.sample_mask.sum()))
+    assert metrics["response_length/mean"] == pytest.approx(
+        float((lengths * last.sample_mask).sum() / last.sample_mask.sum())
+    )
     assert not last.advantages[env].any() and not last.token_rewards[env].any()
     assert all(k in metrics for k in AGENT_METRICS), sorted(metrics)
     # the shipped policy calls the calculator on about a third of the problems; every call is well formed
@@ -71,7 +81,9 @@ def test_agent_calc_trains_three_iterations_with_the_calculator(tmp_path, monkey
 
 @pytest.mark.slow
 def test_agent_calc_ppo_fragment_trains_a_critic_over_the_models_tokens(tmp_path):
-    cli = _fit(tmp_path, str(REPO / "configs/agent_calc_ppo.yaml"), extra=["--model.critic.init_args.pretrain_steps", "1"])
+    cli = _fit(
+        tmp_path, str(REPO / "configs/agent_calc_ppo.yaml"), extra=["--model.critic.init_args.pretrain_steps", "1"]
+    )
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert cli.model.critic is not None and cli.trainer.global_step == 3
     assert "critic/loss" in metrics and "policy/loss" in metrics and metrics["agent/tool_calls_mean"] > 0
@@ -83,7 +95,11 @@ def test_agent_calc_on_the_sglang_server(tmp_path):
 
     server = FakeSGLangServer(TINY_CALC).start()
     try:
-        cli = _fit(tmp_path, str(REPO / "configs/rollout/sglang.yaml"), extra=["--model.rollout.init_args.base_url", server.url, "--model.rollout.init_args.backoff", "0.01"])
+        cli = _fit(
+            tmp_path,
+            str(REPO / "configs/rollout/sglang.yaml"),
+            extra=["--model.rollout.init_args.base_url", server.url, "--model.rollout.init_args.backoff", "0.01"],
+        )
     finally:
         server.stop()
     assert isinstance(cli.model.rollout, SGLangRollout) and isinstance(cli.model.agent, MultiTurnRollout)
@@ -96,7 +112,11 @@ def test_agent_calc_on_the_sglang_server(tmp_path):
     # the trainer's log-probs of the model's tokens agree with the server's, sampled over several turns
     assert metrics["rollout/logprob_diff_max"] < 1e-4
     # later turns were sent with the whole context (prompt, call, result) as input_ids, one sample each
-    later = [c for c in server.generate_calls if c["sampling_params"]["n"] == 1 and not c["sampling_params"].get("ignore_eos")]  # not the weight probes
+    later = [
+        c
+        for c in server.generate_calls
+        if c["sampling_params"]["n"] == 1 and not c["sampling_params"].get("ignore_eos")
+    ]  # not the weight probes
     assert later and all(c["sampling_params"]["stop_token_ids"] for c in later)
 
 

@@ -19,7 +19,10 @@ from tests.support.resume import assert_same, compared
 from .cli_runs import cli_args, run_cli, scalars
 
 REPO = Path(__file__).resolve().parents[2]
-DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
+DENSE_REWARD = [
+    "--model.reward=components.reward.FunctionReward",
+    "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+]
 ASYNC = [
     "--config", str(REPO / "configs/loop/async.yaml"),
     *DENSE_REWARD,
@@ -54,7 +57,9 @@ def test_staleness_without_a_correction_warns_and_a_negative_bound_is_refused():
 
     with pytest.warns(UserWarning, match="nothing corrects for their staleness"):
         RLModule(surrogate=ClippedSurrogate(), loop=LoopConfig(max_staleness=1))
-    with pytest.raises(ValueError, match="return_logprobs: true"):  # DecoupledClip reads the sampler's log-probs: HFRollout must report them
+    with pytest.raises(
+        ValueError, match="return_logprobs: true"
+    ):  # DecoupledClip reads the sampler's log-probs: HFRollout must report them
         RLModule(surrogate=DecoupledClip(), loop=LoopConfig(max_staleness=1))
     with pytest.raises(ValueError, match="max_staleness=-1"):
         LoopConfig(max_staleness=-1)
@@ -63,7 +68,17 @@ def test_staleness_without_a_correction_warns_and_a_negative_bound_is_refused():
 @pytest.mark.slow
 def test_max_staleness_zero_is_the_synchronous_loop(tmp_path, tiny_model_path):
     run_cli("fit", cli_args(tmp_path / "sync", tiny_model_path, 3, *KEEP, "--model.rollout.init_args.temperature=3.0"))
-    run_cli("fit", cli_args(tmp_path / "zero", tiny_model_path, 3, *KEEP, "--model.rollout.init_args.temperature=3.0", "--model.loop.max_staleness=0"))
+    run_cli(
+        "fit",
+        cli_args(
+            tmp_path / "zero",
+            tiny_model_path,
+            3,
+            *KEEP,
+            "--model.rollout.init_args.temperature=3.0",
+            "--model.loop.max_staleness=0",
+        ),
+    )
     load = lambda run: torch.load(tmp_path / run / "checkpoints" / "step=2.ckpt", weights_only=False)  # noqa: E731
     assert_same(compared(load("sync")), compared(load("zero")))
     assert "async/staleness_mean" not in scalars(tmp_path / "zero")
@@ -77,9 +92,21 @@ def test_staleness_one_trains_within_the_bound_and_logs_it(tmp_path, tiny_model_
     assert cli.trainer.global_step == 5
     logged = scalars(tmp_path)
     staleness = [v for _, v in logged["async/staleness_max"]]
-    assert staleness == [0.0, 1.0, 1.0, 1.0, 1.0]  # the first round is sampled by the first weights; each later one, a version behind
+    assert staleness == [
+        0.0,
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+    ]  # the first round is sampled by the first weights; each later one, a version behind
     assert all(v == 0.0 for _, v in logged["async/dropped_frac"])
-    for tag in ("async/staleness_mean", "time/rollout_wait_s", "time/sync_s", "async/rollout_s", "policy/behaviour_weight_mean"):
+    for tag in (
+        "async/staleness_mean",
+        "time/rollout_wait_s",
+        "time/sync_s",
+        "async/rollout_s",
+        "policy/behaviour_weight_mean",
+    ):
         assert tag in logged, tag
     # the checkpoint's data position is that of the first round not trained, not of the last one requested
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
@@ -107,7 +134,9 @@ def test_resume_with_a_round_in_flight_loses_and_repeats_no_prompt(tmp_path, tin
         extra = [f"--ckpt_path={tmp_path / resume / 'checkpoints' / 'step=2.ckpt'}"] if resume else []
         # validation every 2 iterations samples 3 responses per prompt: it must wait for the round in flight, never
         # change the group size or temperature it samples with
-        run_cli("fit", cli_args(tmp_path / name, tiny_model_path, 4, *ASYNC, *KEEP, "--model.loop.val_samples=3", *extra))
+        run_cli(
+            "fit", cli_args(tmp_path / name, tiny_model_path, 4, *ASYNC, *KEEP, "--model.loop.val_samples=3", *extra)
+        )
         runs[name] = trained[-1]
     assert len(runs["straight"]) == 4 and len(runs["resumed"]) == 2
     assert runs["straight"][:2] + runs["resumed"] == runs["straight"]  # same prompts, in order: none lost, none twice
@@ -128,7 +157,10 @@ def test_a_server_that_dies_with_a_round_in_flight_fails_the_iteration_clearly(t
     start = time.monotonic()
     try:
         with pytest.raises(SGLangError, match=server.url):
-            run_cli("fit", cli_args(tmp_path, tiny_model_path, 6, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
+            run_cli(
+                "fit",
+                cli_args(tmp_path, tiny_model_path, 6, *sglang, "--config", str(REPO / "configs/loop/async.yaml")),
+            )
     finally:
         server.stop()
     assert time.monotonic() - start < 120
@@ -144,13 +176,23 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
     from tests.fixtures.sglang_server import FakeSGLangServer
 
     server = FakeSGLangServer(tiny_model_path).start()
-    sglang = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url", server.url, *DENSE_REWARD]
+    sglang = [
+        "--config",
+        str(REPO / "configs/rollout/sglang.yaml"),
+        "--model.rollout.init_args.base_url",
+        server.url,
+        *DENSE_REWARD,
+    ]
     try:
-        cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/loop/async.yaml")))
+        cli = run_cli(
+            "fit", cli_args(tmp_path, tiny_model_path, 4, *sglang, "--config", str(REPO / "configs/loop/async.yaml"))
+        )
     finally:
         server.stop()
     updates = cli.model.loop_state.optimizer_steps["policy"]
-    assert cli.trainer.global_step == 4 and updates == 4 and server.weight_version == "5"  # a first push, then one per update
+    assert (
+        cli.trainer.global_step == 4 and updates == 4 and server.weight_version == "5"
+    )  # a first push, then one per update
     logged = scalars(tmp_path)
     assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
     # a separate flush is refused while requests run: only the push before training (validation's) sends one; the
@@ -190,7 +232,9 @@ def test_validation_waits_for_the_round_in_flight():
     from lightning_rl.loop.ahead import RolloutAhead
 
     gate, finished = threading.Event(), []
-    batch = RolloutBatch(response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long))
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long)
+    )
 
     def produce(prompts, policy):
         if prompts > 0:
@@ -219,14 +263,18 @@ def test_no_round_is_requested_past_the_last_iteration():
 
     from lightning_rl.loop.ahead import RolloutAhead
 
-    batch = RolloutBatch(response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long))
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long)
+    )
     requested = []
 
     def next_prompts():
         requested.append(len(requested))
         return {"prompts": requested[-1]}
 
-    ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), lambda prompts, policy: (batch, {}), depth=100)
+    ahead = RolloutAhead(
+        SimpleNamespace(samples_in_process=True, weight_version=0), lambda prompts, policy: (batch, {}), depth=100
+    )
     policy = torch.nn.Linear(1, 1)
     taken = [ahead.take(next_prompts, policy, rounds_left=3 - step)[0]["prompts"] for step in range(3)]
     assert taken == [0, 1, 2] and requested == [0, 1, 2]
@@ -247,5 +295,10 @@ def test_a_bound_deeper_than_the_run_samples_only_the_runs_rounds(tmp_path, tiny
         return produce(self, prompts, policy, push)
 
     monkeypatch.setattr(RolloutAhead, "_produce", counting)
-    cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 3, *ASYNC, "--model.loop.max_staleness=100", "--trainer.limit_val_batches=0"))
+    cli = run_cli(
+        "fit",
+        cli_args(
+            tmp_path, tiny_model_path, 3, *ASYNC, "--model.loop.max_staleness=100", "--trainer.limit_val_batches=0"
+        ),
+    )
     assert cli.trainer.global_step == 3 and len(requested) == 3

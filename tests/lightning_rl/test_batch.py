@@ -12,7 +12,11 @@ def test_terminal_rewards_sit_on_the_last_valid_token():
 
 def test_cat_pads_responses_right_and_prompts_left():
     a = RolloutBatch(
-        prompt_ids=torch.tensor([[5, 6]]), prompt_mask=torch.tensor([[1, 1]]), response_ids=torch.tensor([[7]]), response_mask=torch.tensor([[1]]), scores=torch.tensor([1.0])
+        prompt_ids=torch.tensor([[5, 6]]),
+        prompt_mask=torch.tensor([[1, 1]]),
+        response_ids=torch.tensor([[7]]),
+        response_mask=torch.tensor([[1]]),
+        scores=torch.tensor([1.0]),
     )
     b = RolloutBatch(
         prompt_ids=torch.tensor([[5, 6, 7]]),
@@ -30,7 +34,11 @@ def test_cat_pads_responses_right_and_prompts_left():
 
 
 def test_select_split_and_loss_mask():
-    batch = RolloutBatch(response_ids=torch.zeros(5, 2, dtype=torch.long), response_mask=torch.ones(5, 2, dtype=torch.long), sample_mask=torch.tensor([1.0, 0, 1, 1, 1]))
+    batch = RolloutBatch(
+        response_ids=torch.zeros(5, 2, dtype=torch.long),
+        response_mask=torch.ones(5, 2, dtype=torch.long),
+        sample_mask=torch.tensor([1.0, 0, 1, 1, 1]),
+    )
     assert [b.batch_size for b in batch.split(2)] == [2, 2, 1]
     assert batch.select(torch.tensor([True, False, True, False, False])).batch_size == 2
     assert batch.loss_mask.sum().item() == 8
@@ -65,14 +73,23 @@ def _rows() -> RolloutBatch:
 
 def test_per_row_fields_follow_every_row_selection():
     batch = _rows()
-    for index, rows in [(torch.tensor([True, False, True, False]), [0, 2]), (torch.tensor([3, 1]), [3, 1]), (slice(1, 3), [1, 2])]:
+    for index, rows in [
+        (torch.tensor([True, False, True, False]), [0, 2]),
+        (torch.tensor([3, 1]), [3, 1]),
+        (slice(1, 3), [1, 2]),
+    ]:
         picked = batch.select(index)
-        assert picked.columns == {"answer": [list("abcd")[i] for i in rows], "completions": [list("wxyz")[i] for i in rows]}
+        assert picked.columns == {
+            "answer": [list("abcd")[i] for i in rows],
+            "completions": [list("wxyz")[i] for i in rows],
+        }
         assert picked.score_parts["accuracy"].tolist() == [[0.0, 1.0, 1.0, 0.0][i] for i in rows]
         assert picked.scores.tolist() == [float(i) for i in rows]  # the tensors and the rows stay together
     assert [part.columns["answer"] for part in batch.split(3)] == [["a", "b", "c"], ["d"]]
     joined = RolloutBatch.cat(batch.split(3))
-    assert joined.columns == batch.columns and torch.equal(joined.score_parts["accuracy"], batch.score_parts["accuracy"])
+    assert joined.columns == batch.columns and torch.equal(
+        joined.score_parts["accuracy"], batch.score_parts["accuracy"]
+    )
     with pytest.raises(ValueError, match="different names"):
         RolloutBatch.cat([batch, batch.replace(columns={"answer": list("abcd")})])
 
@@ -85,7 +102,9 @@ def test_with_columns_adds_per_row_values_and_checks_their_count():
 
 
 def test_prompts_lay_their_fields_out_over_each_prompts_rows():
-    prompts = Prompts(torch.tensor([[0, 5], [6, 7]]), torch.tensor([[0, 1], [1, 1]]), {"prompt": ["p", "q"], "answer": ["1", "2"]})
+    prompts = Prompts(
+        torch.tensor([[0, 5], [6, 7]]), torch.tensor([[0, 1], [1, 1]]), {"prompt": ["p", "q"], "answer": ["1", "2"]}
+    )
     rows = prompts.per_row(3)
     assert rows["prompt_ids"].tolist() == [[0, 5]] * 3 + [[6, 7]] * 3 and rows["prompt_mask"].shape == (6, 2)
     assert rows["columns"] == {"prompt": ["p"] * 3 + ["q"] * 3, "answer": ["1"] * 3 + ["2"] * 3}

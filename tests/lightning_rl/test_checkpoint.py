@@ -92,7 +92,9 @@ def test_sharded_checkpoint_folder_is_swapped_in_only_when_complete(tmp_path, mo
     monkeypatch.setattr(ModelParallelStrategy, "save_checkpoint", crash_mid_write)
     with pytest.raises(OSError, match="simulated crash"):
         strategy.save_checkpoint({}, target)
-    assert (target / "meta.pt").read_bytes() == b"previous" and (target / "__0_0.distcp").read_bytes() == b"previous shard"
+    assert (target / "meta.pt").read_bytes() == b"previous" and (
+        target / "__0_0.distcp"
+    ).read_bytes() == b"previous shard"
 
     def complete_write(self, checkpoint, filepath, storage_options=None):
         filepath.mkdir(parents=True, exist_ok=True)
@@ -131,7 +133,9 @@ def test_temporary_files_of_killed_saves_are_swept_at_the_next_save(tmp_path):
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     stale = folder / f".last.ckpt.tmp-{dead}"

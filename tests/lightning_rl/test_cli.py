@@ -9,9 +9,9 @@ import torch
 
 from lightning_rl.cli import main
 from lightning_rl.core.models import ModelSpec, load_causal_lm
+from tests.helpers import pythonpath
 
 from .cli_runs import cli_args, run_cli, scalars
-from tests.helpers import pythonpath
 
 REPO = Path(__file__).parents[2]
 
@@ -41,7 +41,14 @@ def test_fit_changes_parameters_logs_metrics_and_checkpoints(tmp_path, tiny_mode
     # temperature 3 makes the random tiny model's answers varied enough that some are right
     cli = run_cli(
         "fit",
-        cli_args(tmp_path, tiny_model_path, 4, "--model.rollout.init_args.temperature=3.0", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"),
+        cli_args(
+            tmp_path,
+            tiny_model_path,
+            4,
+            "--model.rollout.init_args.temperature=3.0",
+            "--model.reward=components.reward.FunctionReward",
+            "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+        ),
     )
     module = cli.model
     initial = load_causal_lm(ModelSpec(path=tiny_model_path))
@@ -74,7 +81,9 @@ def test_relative_interpolation_follows_stacked_overrides(capsys):
     from lightning_rl.cli import main
 
     with pytest.raises(SystemExit):
-        main(["fit", "--config", "configs/dr_grpo.yaml", "--model.rollout.init_args.max_new_tokens=6", "--print_config"])
+        main(
+            ["fit", "--config", "configs/dr_grpo.yaml", "--model.rollout.init_args.max_new_tokens=6", "--print_config"]
+        )
     printed = capsys.readouterr().out
     aggregator = printed[printed.index("components.aggregator.TokenSumNorm") :]
     assert "constant: 6.0" in aggregator.splitlines()[2]
@@ -100,7 +109,9 @@ def test_help_lists_exactly_the_working_subcommands(capsys):
 
 def test_a_mistyped_option_fails_with_a_suggestion_and_no_usage(capsys):
     code, last = _cli_error(capsys, "fit", "--model.advantge", "x")
-    assert code == 2 and "unrecognized arguments: --model.advantge" in last and "did you mean --model.advantage?" in last
+    assert (
+        code == 2 and "unrecognized arguments: --model.advantge" in last and "did you mean --model.advantage?" in last
+    )
     assert capsys.readouterr().err == ""  # nothing after it (the 100 lines of usage are gone)
 
 
@@ -114,10 +125,22 @@ def test_a_suggestion_follows_the_last_names_meaning_not_the_whole_strings_spell
 @pytest.mark.parametrize(
     "yaml_text, suggestion",
     [
-        ("model:\n  advantage:\n    clas_path: components.advantage.GroupNormalized\n", "clas_path -> did you mean class_path?"),
-        ("model:\n  advantage:\n    class_path: components.advantage.GroupNormalized\n    init_arg: {scale: group}\n", "init_arg -> did you mean init_args?"),
-        ("model:\n  advantage:\n    class_path: components.advantage.GroupNormalized\n    init_args: {scal: group}\n", "scal -> did you mean scale?"),
-        ("model:\n  advantge:\n    class_path: components.advantage.GroupNormalized\n", "model.advantge.class_path -> did you mean model.advantage?"),
+        (
+            "model:\n  advantage:\n    clas_path: components.advantage.GroupNormalized\n",
+            "clas_path -> did you mean class_path?",
+        ),
+        (
+            "model:\n  advantage:\n    class_path: components.advantage.GroupNormalized\n    init_arg: {scale: group}\n",
+            "init_arg -> did you mean init_args?",
+        ),
+        (
+            "model:\n  advantage:\n    class_path: components.advantage.GroupNormalized\n    init_args: {scal: group}\n",
+            "scal -> did you mean scale?",
+        ),
+        (
+            "model:\n  advantge:\n    class_path: components.advantage.GroupNormalized\n",
+            "model.advantge.class_path -> did you mean model.advantage?",
+        ),
     ],
     ids=["class_path", "init_args", "init-argument", "key"],
 )
@@ -134,7 +157,10 @@ def test_a_misspelled_key_in_a_yaml_gets_a_suggestion(tmp_path, capsys, yaml_tex
         (["--data.batch_size=-2"], "error: data.batch_size=-2 must be >= 1"),
         (["--model.kl.init_args.refresh_every=0"], "error: model.kl: KLRegularizer: refresh_every must be >= 1"),
         (["--model.loop.max_tokens_per_micro_batch=0"], "error: model.loop.max_tokens_per_micro_batch=0 must be >= 1"),
-        (["--config", "configs/agent_calc.yaml", "--model.agent.init_args.max_turns=0"], "error: model.agent: MultiTurnRollout: max_turns (0)"),
+        (
+            ["--config", "configs/agent_calc.yaml", "--model.agent.init_args.max_turns=0"],
+            "error: model.agent: MultiTurnRollout: max_turns (0)",
+        ),
     ],
     ids=["batch_size", "refresh_every", "max_tokens_per_micro_batch", "max_turns"],
 )
@@ -155,7 +181,9 @@ def test_an_abbreviated_option_is_rejected_not_guessed(capsys):
     assert code != 0 and "did you mean --trainer.max_steps?" in last
 
 
-@pytest.mark.parametrize("flag, route", [("--optimizer", "--model.optimizer"), ("--lr_scheduler", "--model.optimizer.schedule")])
+@pytest.mark.parametrize(
+    "flag, route", [("--optimizer", "--model.optimizer"), ("--lr_scheduler", "--model.optimizer.schedule")]
+)
 def test_lightnings_optimizer_flags_are_not_offered_but_routed(capsys, flag, route):
     code, last = _cli_error(capsys, "fit", flag, "Adam")
     assert code != 0 and f"{flag} -> did you mean {route}?" in last
@@ -168,7 +196,10 @@ def test_fit_help_documents_the_loop_and_optimizer_options(capsys):
     assert "--model.loop.ppo_epochs PPO_EPOCHS Passes over each rollout batch." in out
     assert "--model.loop.val_samples VAL_SAMPLES Responses sampled per held-out prompt" in out
     assert "--model.optimizer.max_grad_norm MAX_GRAD_NORM Clip this group's gradients" in out
-    assert "--dry_run Compose the run and print its components" in out and "--new_run With --ckpt_path: start a new version" in out
+    assert (
+        "--dry_run Compose the run and print its components" in out
+        and "--new_run With --ckpt_path: start a new version" in out
+    )
     assert "DESIGN" not in out and "STYLE.md" not in out
 
 
@@ -181,24 +212,52 @@ def _entry(monkeypatch, capsys, *argv) -> str:
     return capsys.readouterr().out
 
 
-def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(tmp_path, tiny_model_path, monkeypatch, capsys, recwarn):
-    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/dapo.yaml", "--dry_run", f"--model.policy.path={tiny_model_path}", f"--trainer.default_root_dir={tmp_path}",
-                 f"--trainer.logger.save_dir={tmp_path}", f"--trainer.callbacks.dirpath={tmp_path}/dapo/checkpoints")
+def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(
+    tmp_path, tiny_model_path, monkeypatch, capsys, recwarn
+):
+    out = _entry(
+        monkeypatch,
+        capsys,
+        "fit",
+        "--config",
+        "configs/dapo.yaml",
+        "--dry_run",
+        f"--model.policy.path={tiny_model_path}",
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--trainer.logger.save_dir={tmp_path}",
+        f"--trainer.callbacks.dirpath={tmp_path}/dapo/checkpoints",
+    )
     # dapo: 8 prompts x group 8 = 64 samples, 1 epoch x 4 mini-batches, 16 samples x 8 tokens per step
     assert "samples            64 per rank (group_size 8) = 64" in out
     assert "optimizer steps    4 (ppo_epochs 1 x num_mini_batches 4)" in out
     assert "per optimizer step 16 samples, at most 128 response tokens" in out
     assert "model.sampling    DynamicSampling" in out and "policy " in out
     assert "sampling           synchronous (loop.max_staleness 0)" in out
-    assert f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest/checkpoints will link to its checkpoints)" in out
-    assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.loop.runs will put them
+    assert (
+        f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest/checkpoints will link to its checkpoints)"
+        in out
+    )
+    assert (
+        f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out
+    )  # where lightning_rl.loop.runs will put them
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
     assert not [w for w in recwarn if "args parameter" in str(w.message)]  # Lightning's warning of args given twice
 
 
 def test_dry_run_names_asynchronous_sampling(tmp_path, tiny_model_path, monkeypatch, capsys):
-    out = _entry(monkeypatch, capsys, "fit", "--config", "configs/grpo.yaml", "--config", "configs/loop/async.yaml", "--dry_run",
-                 f"--model.policy.path={tiny_model_path}", "--model.rollout.init_args.return_logprobs=true", f"--trainer.default_root_dir={tmp_path}")
+    out = _entry(
+        monkeypatch,
+        capsys,
+        "fit",
+        "--config",
+        "configs/grpo.yaml",
+        "--config",
+        "configs/loop/async.yaml",
+        "--dry_run",
+        f"--model.policy.path={tiny_model_path}",
+        "--model.rollout.init_args.return_logprobs=true",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert "model.surrogate   DecoupledClip" in out
     assert "sampling           asynchronous: 1 round(s) ahead, on weights at most 1 version(s) older" in out
 
@@ -215,8 +274,21 @@ def test_gpu_accelerator_on_cpu_torch_says_how_to_install_cuda(tmp_path, tiny_mo
         main(["fit", *cli_args(tmp_path, tiny_model_path, 1, "--trainer.accelerator=gpu")])
 
 
-NOISE = ("Seed set to", "No seed found", "Tip:", "Total estimated model params size", "Total FLOPs", "| Name", "`Trainer.fit` stopped",
-         "GPU available", "TPU available", "Loading weights", "Writing model shards", "FutureWarning", "Traceback")
+NOISE = (
+    "Seed set to",
+    "No seed found",
+    "Tip:",
+    "Total estimated model params size",
+    "Total FLOPs",
+    "| Name",
+    "`Trainer.fit` stopped",
+    "GPU available",
+    "TPU available",
+    "Loading weights",
+    "Writing model shards",
+    "FutureWarning",
+    "Traceback",
+)
 
 
 def _console(*args, cwd=None, env=None) -> str:
@@ -225,7 +297,14 @@ def _console(*args, cwd=None, env=None) -> str:
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=cwd or REPO, env={**os.environ, **(env or {})})
+    run = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd or REPO,
+        env={**os.environ, **(env or {})},
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     return run.stdout + run.stderr
 
@@ -236,13 +315,29 @@ def test_console_of_a_fit_on_sglang_and_its_validate_has_none_of_the_noise(tmp_p
 
     server = FakeSGLangServer(tiny_model_path).start()
     try:
-        args = [a for a in cli_args(tmp_path, tiny_model_path, 2, "--data.val_size=4", "--model.rollout.init_args.temperature=3.0",
-                                    "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
-                                    "--config", str(REPO / "configs/rollout/sglang.yaml"), f"--model.rollout.init_args.base_url={server.url}")
-                if not a.startswith(("--trainer.enable_progress_bar", "--trainer.enable_model_summary"))]
+        args = [
+            a
+            for a in cli_args(
+                tmp_path,
+                tiny_model_path,
+                2,
+                "--data.val_size=4",
+                "--model.rollout.init_args.temperature=3.0",
+                "--model.reward=components.reward.FunctionReward",
+                "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+                "--config",
+                str(REPO / "configs/rollout/sglang.yaml"),
+                f"--model.rollout.init_args.base_url={server.url}",
+            )
+            if not a.startswith(("--trainer.enable_progress_bar", "--trainer.enable_model_summary"))
+        ]
         fit = _console("-m", "lightning_rl.cli", "fit", *args)
-        assert server.calls.count("/update_weights_from_disk") >= 2  # a weight push per iteration (and one at the start): no bar for any
-        validate = _console("cli.py", "validate", *args, f"--ckpt_path={tmp_path}/checkpoints/last.ckpt", "--trainer.logger=false")
+        assert (
+            server.calls.count("/update_weights_from_disk") >= 2
+        )  # a weight push per iteration (and one at the start): no bar for any
+        validate = _console(
+            "cli.py", "validate", *args, f"--ckpt_path={tmp_path}/checkpoints/last.ckpt", "--trainer.logger=false"
+        )
     finally:
         server.stop()
     for noise in NOISE:
@@ -255,7 +350,9 @@ def test_console_of_a_fit_on_sglang_and_its_validate_has_none_of_the_noise(tmp_p
 def test_lora_fit_and_export_print_no_deprecation_of_transformers(tmp_path, tiny_model_path):
     args = cli_args(tmp_path, tiny_model_path, 1, "--data.val_data=null", config="configs/grpo_lora.yaml")
     fit = _console("cli.py", "fit", *args)
-    export = _console("cli.py", "export", f"{tmp_path}/checkpoints/last.ckpt", str(tmp_path / "hf"))  # through the shim too
+    export = _console(
+        "cli.py", "export", f"{tmp_path}/checkpoints/last.ckpt", str(tmp_path / "hf")
+    )  # through the shim too
     for noise in NOISE:
         assert noise not in fit and noise not in export, noise
     assert (tmp_path / "hf" / "policy").is_dir()
@@ -270,9 +367,19 @@ def test_a_server_that_does_not_answer_is_one_line(tmp_path, tiny_model_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = cli_args(tmp_path, tiny_model_path, 1, "--data.val_data=null", "--config", str(REPO / "configs/rollout/sglang.yaml"),
-                    f"--model.rollout.init_args.base_url=http://127.0.0.1:{port}", "--model.rollout.init_args.max_retries=0")
-    run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "fit", *args], capture_output=True, text=True, timeout=300, cwd=REPO)
+    args = cli_args(
+        tmp_path,
+        tiny_model_path,
+        1,
+        "--data.val_data=null",
+        "--config",
+        str(REPO / "configs/rollout/sglang.yaml"),
+        f"--model.rollout.init_args.base_url=http://127.0.0.1:{port}",
+        "--model.rollout.init_args.max_retries=0",
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "lightning_rl.cli", "fit", *args], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith(f"error: SGLang server at http://127.0.0.1:{port}")
@@ -287,12 +394,26 @@ def test_a_project_with_its_own_components_folder_does_not_shadow_ours(tmp_path,
     import sys
 
     (tmp_path / "components").mkdir()
-    (tmp_path / "components" / "__init__.py").write_text("raise ImportError('the project\'s own components package')\n")
+    (tmp_path / "components" / "__init__.py").write_text("raise ImportError('the project's own components package')\n")
     (tmp_path / "project_rewards.py").write_text("def score(completions, **_):\n    return [1.0] * len(completions)\n")
     env = {**os.environ, "PYTHONPATH": pythonpath()}
-    args = ["fit", "--dry_run", f"--model.policy.path={tiny_model_path}", "--model.reward=components.reward.FunctionReward",
-            "--model.reward.fn=project_rewards.score", f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.save_dir={tmp_path}"]
-    run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    args = [
+        "fit",
+        "--dry_run",
+        f"--model.policy.path={tiny_model_path}",
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.fn=project_rewards.score",
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--trainer.logger.save_dir={tmp_path}",
+    ]
+    run = subprocess.run(
+        [sys.executable, "-m", "lightning_rl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "model.reward      FunctionReward" in run.stdout
 
@@ -303,5 +424,14 @@ def test_a_reward_in_the_working_folder_imports_by_dotted_path(tmp_path, tiny_mo
     (tmp_path / "my_rewards_here.py").write_text("def score(completions, **_):\n    return [1.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    out = _entry(monkeypatch, capsys, "fit", "--dry_run", f"--model.policy.path={tiny_model_path}", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=my_rewards_here.score", f"--trainer.default_root_dir={tmp_path}")
+    out = _entry(
+        monkeypatch,
+        capsys,
+        "fit",
+        "--dry_run",
+        f"--model.policy.path={tiny_model_path}",
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.fn=my_rewards_here.score",
+        f"--trainer.default_root_dir={tmp_path}",
+    )
     assert "model.reward      FunctionReward" in out

@@ -58,7 +58,12 @@ def test_cross_rank_reductions_equal_single_process_statistics(tmp_path):
     ranks = torch.load(out)
     x, mask = reduction_inputs()
     torch.testing.assert_close(torch.cat([r["whitened"] for r in ranks]), masked_whiten(x, mask), rtol=0, atol=1e-6)
-    torch.testing.assert_close(torch.cat([r["whitened_scale_only"] for r in ranks]), masked_whiten(x, mask, shift_mean=False), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.cat([r["whitened_scale_only"] for r in ranks]),
+        masked_whiten(x, mask, shift_mean=False),
+        rtol=0,
+        atol=1e-6,
+    )
     # whitening each rank on its own would give other numbers: the global statistics matter here
     assert not torch.allclose(masked_whiten(x[:3], mask[:3]), masked_whiten(x, mask)[:3], atol=1e-3)
     for aggregator in (TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(4.0)):
@@ -79,7 +84,13 @@ def one_process_grpo(tmp_path_factory, tiny_model_path) -> dict:
 @pytest.fixture(scope="module")
 def ddp_grpo(tmp_path_factory, tiny_model_path) -> tuple[dict, Path]:
     root = tmp_path_factory.mktemp("grpo-ddp")
-    args = [*probe_args(root, tiny_model_path, 2, 2), *SEEDED, *every_step_checkpoints(root), "--config", "configs/strategy/ddp.yaml"]
+    args = [
+        *probe_args(root, tiny_model_path, 2, 2),
+        *SEEDED,
+        *every_step_checkpoints(root),
+        "--config",
+        "configs/strategy/ddp.yaml",
+    ]
     return launch("configs/grpo.yaml", args), root
 
 
@@ -93,19 +104,30 @@ def test_ddp_grpo_steps_equal_one_process(ddp_grpo, one_process_grpo):
 @pytest.mark.slow
 def test_ddp_resume_from_a_checkpoint_file_continues_exactly(ddp_grpo, tmp_path, tiny_model_path):
     straight, root = ddp_grpo
-    args = [*probe_args(tmp_path, tiny_model_path, 2, 2), *SEEDED, *every_step_checkpoints(tmp_path), "--config", "configs/strategy/ddp.yaml"]
+    args = [
+        *probe_args(tmp_path, tiny_model_path, 2, 2),
+        *SEEDED,
+        *every_step_checkpoints(tmp_path),
+        "--config",
+        "configs/strategy/ddp.yaml",
+    ]
     resumed = launch("configs/grpo.yaml", [*args, f"--ckpt_path={root / 'checkpoints' / 'step=1.ckpt'}"])
     assert resumed["rewards"] == straight["rewards"][1:] and resumed["losses"] == straight["losses"][1:]
     assert_same(straight["state"], resumed["state"], "state")
     a, b = (torch.load(r / "checkpoints" / "step=2.ckpt", weights_only=False) for r in (root, tmp_path))
-    assert_same({k: a[k] for k in ("optimizer_states", "rng", "optimizer_steps", "PromptDataModule")}, {k: b[k] for k in ("optimizer_states", "rng", "optimizer_steps", "PromptDataModule")})
+    assert_same(
+        {k: a[k] for k in ("optimizer_states", "rng", "optimizer_steps", "PromptDataModule")},
+        {k: b[k] for k in ("optimizer_states", "rng", "optimizer_steps", "PromptDataModule")},
+    )
     assert len(a["rng"]) == 2  # one random state per rank
 
 
 @pytest.mark.slow
 def test_fsdp2_grpo_steps_equal_one_process_and_generation_works_sharded(tmp_path, tiny_model_path, one_process_grpo):
     args = [*probe_args(tmp_path, tiny_model_path, 2, 2), "--trainer.callbacks.generate_lengths=true", *SEEDED]
-    two = launch("configs/grpo.yaml", [*args, *every_step_checkpoints(tmp_path), "--config", "configs/strategy/fsdp.yaml"])
+    two = launch(
+        "configs/grpo.yaml", [*args, *every_step_checkpoints(tmp_path), "--config", "configs/strategy/fsdp.yaml"]
+    )
     assert_same_training(one_process_grpo, two)
     # the rollout sampled on the sharded policy, also with 1 vs 5 new tokens on the two ranks (ranks stepped together)
     assert two["fsdp_managed"] and two["generated_lengths"] == [1, 5]
@@ -138,19 +160,35 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_continues_exactly(tmp_path, tiny
         "--config",
         "configs/strategy/fsdp.yaml",
     ]
-    straight = launch("configs/grpo.yaml", [*probe_args(tmp_path / "a", tiny_model_path, 2, 2), *every_step_checkpoints(tmp_path / "a"), *extra])
+    straight = launch(
+        "configs/grpo.yaml",
+        [*probe_args(tmp_path / "a", tiny_model_path, 2, 2), *every_step_checkpoints(tmp_path / "a"), *extra],
+    )
     resume_from = tmp_path / "a" / "checkpoints" / "step=1.ckpt"
-    resumed = launch("configs/grpo.yaml", [*probe_args(tmp_path / "b", tiny_model_path, 2, 2), *every_step_checkpoints(tmp_path / "b"), *extra, f"--ckpt_path={resume_from}"])
+    resumed = launch(
+        "configs/grpo.yaml",
+        [
+            *probe_args(tmp_path / "b", tiny_model_path, 2, 2),
+            *every_step_checkpoints(tmp_path / "b"),
+            *extra,
+            f"--ckpt_path={resume_from}",
+        ],
+    )
     assert resumed["rewards"] == straight["rewards"][1:]  # iteration 1 sampled the same responses
     assert_same(straight["state"], resumed["state"], "state")
-    assert not torch.equal(straight["state"]["kl.coef"], torch.tensor(0.05, dtype=torch.float64))  # the controller moved
+    assert not torch.equal(
+        straight["state"]["kl.coef"], torch.tensor(0.05, dtype=torch.float64)
+    )  # the controller moved
 
     from lightning.fabric.utilities.load import _load_distributed_checkpoint
 
     a = _load_distributed_checkpoint(tmp_path / "a" / "checkpoints" / "step=2.ckpt")
     b = _load_distributed_checkpoint(tmp_path / "b" / "checkpoints" / "step=2.ckpt")
     assert_same(a["optimizer_0"], b["optimizer_0"], "optimizer")  # AdamW moments and step counts, all shards
-    assert_same({k: a[k] for k in ("rng", "optimizer_steps", "PromptDataModule")}, {k: b[k] for k in ("rng", "optimizer_steps", "PromptDataModule")})
+    assert_same(
+        {k: a[k] for k in ("rng", "optimizer_steps", "PromptDataModule")},
+        {k: b[k] for k in ("rng", "optimizer_steps", "PromptDataModule")},
+    )
     assert not any(k.startswith("reference.") for k in a["state_dict"])  # frozen: reloaded from its path, not stored
 
 
@@ -168,10 +206,15 @@ def test_ddp_critic_pretraining_and_global_whitening_equal_one_process(tmp_path,
         *no_checkpoints(),
     ]
     one = one_process("configs/vc_ppo.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
-    two = launch("configs/vc_ppo.yaml", [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/ddp.yaml"])
+    two = launch(
+        "configs/vc_ppo.yaml",
+        [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/ddp.yaml"],
+    )
     assert_same_training(one, two)
     initial, after_pretraining, after_update = two["snapshots"]
-    assert all(torch.equal(initial[n], after_pretraining[n]) for n in initial)  # bit-identical while the critic pretrains
+    assert all(
+        torch.equal(initial[n], after_pretraining[n]) for n in initial
+    )  # bit-identical while the critic pretrains
     assert not all(torch.equal(initial[n], after_update[n]) for n in initial)
     assert any(k.startswith("critic.") for k in two["state"])
 
@@ -193,10 +236,15 @@ def test_fsdp2_ppo_rlhf_four_models_equal_one_process(tmp_path, tiny_model_path)
         *no_checkpoints(),
     ]
     one = one_process("configs/ppo_rlhf.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
-    two = launch("configs/ppo_rlhf.yaml", [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/fsdp.yaml"])
+    two = launch(
+        "configs/ppo_rlhf.yaml",
+        [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/fsdp.yaml"],
+    )
     assert two["sharded"] == ["critic", "policy", "reference", "reward"] and one["sharded"] == []
     assert_same_training(one, two)
-    assert any(k.startswith("critic.head") for k in two["state"]) and not any(k.startswith(("reference.", "reward.model.")) for k in two["state"])
+    assert any(k.startswith("critic.head") for k in two["state"]) and not any(
+        k.startswith(("reference.", "reward.model.")) for k in two["state"]
+    )
 
 
 @pytest.mark.slow
@@ -204,13 +252,39 @@ def test_two_nodes_of_one_process_on_loopback_equal_one_process(tmp_path, tiny_m
     """A multi-node launch as a cluster does it (torchrun, SLURM): each "node" starts its own process with Lightning's
     environment variables (MASTER_ADDR / MASTER_PORT / NODE_RANK / LOCAL_RANK / WORLD_SIZE) and --trainer.num_nodes=2;
     no launcher spawns anything. Two loopback nodes of 1 process each train exactly like 1 process."""
-    args = [*probe_args(tmp_path, tiny_model_path, 1, 2), *SEEDED, *no_checkpoints(), "--config", "configs/strategy/ddp.yaml", "--trainer.num_nodes=2"]
+    args = [
+        *probe_args(tmp_path, tiny_model_path, 1, 2),
+        *SEEDED,
+        *no_checkpoints(),
+        "--config",
+        "configs/strategy/ddp.yaml",
+        "--trainer.num_nodes=2",
+    ]
     port = _free_port()
     cmd = [sys.executable, "-m", "tests.lightning_rl.dist_probe", "fit", "--config", "configs/grpo.yaml", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": pythonpath()}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": pythonpath(),
+    }
     nodes = [
-        subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+        subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **env,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "NODE_RANK": str(node),
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "2",
+            },
+        )
         for node in (0, 1)
     ]
     try:

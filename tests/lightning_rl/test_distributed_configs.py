@@ -33,7 +33,9 @@ def test_fsdp_fragment(preset):
     assert isinstance(strategy, FSDP2Strategy) and strategy.sharding == "all"
 
 
-@pytest.mark.parametrize(("fragment", "stage"), [("configs/strategy/deepspeed.yaml", 2), ("configs/strategy/deepspeed_zero3.yaml", 3)])
+@pytest.mark.parametrize(
+    ("fragment", "stage"), [("configs/strategy/deepspeed.yaml", 2), ("configs/strategy/deepspeed_zero3.yaml", 3)]
+)
 def test_deepspeed_fragments(fragment, stage):
     pytest.importorskip("deepspeed")
     # the fragments ask for a GPU; on a CPU host only the construction is checked (DeepSpeed refuses CPU at setup)

@@ -26,7 +26,8 @@ from tests.support.distributed import (
 from tests.support.resume import assert_same
 
 needs_deepspeed = pytest.mark.skipif(
-    not torch.cuda.is_available() or importlib.util.find_spec("deepspeed") is None, reason="needs a CUDA device and deepspeed"
+    not torch.cuda.is_available() or importlib.util.find_spec("deepspeed") is None,
+    reason="needs a CUDA device and deepspeed",
 )
 
 
@@ -51,13 +52,27 @@ def test_ddp_and_fsdp2_on_gpus_train_as_one_gpu_and_resume(tmp_path, tiny_model_
     ranks = min(2, torch.cuda.device_count())
 
     def run(root, *extra):
-        return launch("configs/grpo.yaml", on_gpu([*probe_args(root, tiny_model_path, ranks, 4 // ranks), *SEEDED, *every_step_checkpoints(root), "--config", fragment, *extra]))
+        return launch(
+            "configs/grpo.yaml",
+            on_gpu(
+                [
+                    *probe_args(root, tiny_model_path, ranks, 4 // ranks),
+                    *SEEDED,
+                    *every_step_checkpoints(root),
+                    "--config",
+                    fragment,
+                    *extra,
+                ]
+            ),
+        )
 
     straight = run(tmp_path / "straight")
     assert straight["world_size"] == ranks and straight["rewards"] == pytest.approx(plain_gpu_grpo["rewards"], abs=1e-6)
     assert straight["losses"] == pytest.approx(plain_gpu_grpo["losses"], abs=1e-5)
     for name, value in plain_gpu_grpo["state"].items():
-        torch.testing.assert_close(straight["state"][name].float(), value.float(), rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            straight["state"][name].float(), value.float(), rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}"
+        )
     resumed = run(tmp_path / "resumed", f"--ckpt_path={tmp_path / 'straight' / 'checkpoints' / 'step=1.ckpt'}")
     assert resumed["rewards"] == straight["rewards"][1:] and resumed["losses"] == straight["losses"][1:]
     assert_same(straight["state"], resumed["state"], "state")
@@ -73,11 +88,23 @@ def test_deepspeed_grpo_steps_equal_plain_training(tmp_path, tiny_model_path, fr
     parameters as the same global batch trained on one GPU without DeepSpeed."""
     ranks = min(2, torch.cuda.device_count())
     micro = ["--model.loop.micro_batch_size=4"]
-    plain = launch("configs/grpo.yaml", on_gpu([*probe_args(tmp_path / "plain", tiny_model_path, 1, 4), *SEEDED, *micro, *no_checkpoints()]))
-    ds_args = [*probe_args(tmp_path / "ds", tiny_model_path, ranks, 4 // ranks), *SEEDED, *micro, *no_checkpoints(), "--config", fragment]
+    plain = launch(
+        "configs/grpo.yaml",
+        on_gpu([*probe_args(tmp_path / "plain", tiny_model_path, 1, 4), *SEEDED, *micro, *no_checkpoints()]),
+    )
+    ds_args = [
+        *probe_args(tmp_path / "ds", tiny_model_path, ranks, 4 // ranks),
+        *SEEDED,
+        *micro,
+        *no_checkpoints(),
+        "--config",
+        fragment,
+    ]
     deepspeed = launch("configs/grpo.yaml", on_gpu(ds_args))
     assert deepspeed["world_size"] == ranks and deepspeed["rewards"] == pytest.approx(plain["rewards"], abs=1e-6)
     assert deepspeed["losses"] == pytest.approx(plain["losses"], abs=1e-5)
     assert plain["state"].keys() == deepspeed["state"].keys()
     for name, value in plain["state"].items():
-        torch.testing.assert_close(deepspeed["state"][name].float(), value.float(), rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            deepspeed["state"][name].float(), value.float(), rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}"
+        )

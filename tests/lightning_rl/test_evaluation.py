@@ -27,7 +27,9 @@ def test_pass_at_k_hand_computed():
     # 4 samples per prompt with 0, 1, 2 and 4 correct; C(4,2) = 6 pairs
     correct = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 1], [1, 1, 1, 1]]).bool()
     assert pass_at_k(correct, 1).item() == pytest.approx((0 + 1 / 4 + 2 / 4 + 1) / 4)
-    assert pass_at_k(correct, 2).item() == pytest.approx((0 + (1 - 3 / 6) + (1 - 1 / 6) + 1) / 4)  # C(3,2)=3, C(2,2)=1 all-wrong pairs
+    assert pass_at_k(correct, 2).item() == pytest.approx(
+        (0 + (1 - 3 / 6) + (1 - 1 / 6) + 1) / 4
+    )  # C(3,2)=3, C(2,2)=1 all-wrong pairs
     assert pass_at_k(correct, 4).item() == pytest.approx(3 / 4)
     with pytest.raises(ValueError, match="1 <= k <= n"):
         pass_at_k(correct, 5)
@@ -51,10 +53,18 @@ def test_reported_ks_and_mean():
 @pytest.mark.slow
 def test_sampled_validation_on_two_sets_matches_a_hand_count(tmp_path, tiny_model_path):
     n, n_prompts = 4, 6
-    args = cli_args(tmp_path, tiny_model_path, 1, "--model.val_reward=components.reward.FunctionReward",
-                    "--model.val_reward.fn=tests.lightning_rl.rewards.starts_with_digit", f"--model.loop.val_samples={n}",
-                    "--model.loop.val_temperature=1.0", f"--data.val_size={n_prompts}", "--data.val_data.easy=builtin:arithmetic",
-                    "--data.val_data.hard=builtin:arithmetic")
+    args = cli_args(
+        tmp_path,
+        tiny_model_path,
+        1,
+        "--model.val_reward=components.reward.FunctionReward",
+        "--model.val_reward.fn=tests.lightning_rl.rewards.starts_with_digit",
+        f"--model.loop.val_samples={n}",
+        "--model.loop.val_temperature=1.0",
+        f"--data.val_size={n_prompts}",
+        "--data.val_data.easy=builtin:arithmetic",
+        "--data.val_data.hard=builtin:arithmetic",
+    )
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
     rewards.SCORED.clear()
     easy, hard = cli.trainer.validate(cli.model, datamodule=cli.datamodule)  # one dict per set

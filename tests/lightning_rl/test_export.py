@@ -22,7 +22,12 @@ from .cli_runs import cli_args, run_cli
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory, tiny_model_path):
     root = tmp_path_factory.mktemp("export-grpo")
-    extra = [*DENSE_REWARD, "--data.val_data=null", "--trainer.callbacks+=lightning_rl.callbacks.HFExport", f"--trainer.callbacks.dirpath={root / 'at_fit_end'}"]
+    extra = [
+        *DENSE_REWARD,
+        "--data.val_data=null",
+        "--trainer.callbacks+=lightning_rl.callbacks.HFExport",
+        f"--trainer.callbacks.dirpath={root / 'at_fit_end'}",
+    ]
     cli = run_cli("fit", cli_args(root, tiny_model_path, 2, *extra))
     return cli.model, root
 
@@ -55,7 +60,18 @@ def test_export_command_and_dtype(grpo_run, tmp_path, monkeypatch, capsys):
     from lightning_rl.cli import entry
 
     _, root = grpo_run
-    monkeypatch.setattr(sys, "argv", ["lightning-rl", "export", str(root / "checkpoints" / "last.ckpt"), str(tmp_path / "bf16"), "--dtype", "bfloat16"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "lightning-rl",
+            "export",
+            str(root / "checkpoints" / "last.ckpt"),
+            str(tmp_path / "bf16"),
+            "--dtype",
+            "bfloat16",
+        ],
+    )
     entry()
     assert "policy: " in capsys.readouterr().out
     weights = load_file(tmp_path / "bf16" / "policy" / "model.safetensors")
@@ -66,17 +82,26 @@ def test_export_command_and_dtype(grpo_run, tmp_path, monkeypatch, capsys):
 def test_exported_critic_reloads_as_a_token_classifier_with_the_same_values(tmp_path, tiny_model_path):
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-    extra = [*DENSE_REWARD, "--data.val_data=null", "--model.rollout.init_args.group_size=2", "--model.critic.init_args.pretrain_steps=1"]
+    extra = [
+        *DENSE_REWARD,
+        "--data.val_data=null",
+        "--model.rollout.init_args.group_size=2",
+        "--model.critic.init_args.pretrain_steps=1",
+    ]
     cli = run_cli("fit", cli_args(tmp_path / "run", tiny_model_path, 2, *extra, config="configs/vc_ppo.yaml"))
     written = export_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", tmp_path / "hf")
     assert set(written) == {"policy", "critic"}
     critic = AutoModelForTokenClassification.from_pretrained(written["critic"])
     batch = probe_batch(AutoTokenizer.from_pretrained(written["critic"]))
-    input_ids, attention_mask, position_ids = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    input_ids, attention_mask, position_ids = sequence_inputs(
+        batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+    )
     r = batch.response_ids.shape[1]
     with torch.no_grad():
         expected = cli.model.critic(batch)  # (B, R)
-        logits = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits  # (B, P + R, 1)
+        logits = critic(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).logits  # (B, P + R, 1)
     got = logits[:, -(r + 1) : -1, 0] * batch.response_mask
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
     assert expected.abs().max() > 1e-4  # the value head was trained away from its zero initialisation
@@ -97,7 +122,9 @@ def test_reward_model_checkpoint_exports_as_a_sequence_classifier(tmp_path, tiny
     exported = AutoModelForSequenceClassification.from_pretrained(written["reward_model"])
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     with torch.no_grad():
-        torch.testing.assert_close(exported(input_ids=ids).logits, module.model.eval()(input_ids=ids).logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            exported(input_ids=ids).logits, module.model.eval()(input_ids=ids).logits, rtol=0, atol=1e-6
+        )
 
 
 def test_unknown_checkpoint_is_a_clear_error(tmp_path):

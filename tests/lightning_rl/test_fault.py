@@ -19,12 +19,23 @@ from tests.support.resume import assert_same
 
 from .cli_runs import cli_args, run_cli
 
-DENSE = ["--model.reward=components.reward.FunctionReward", "--model.rollout.init_args.temperature=3.0", "--model.rollout.init_args.group_size=4"]
-RARE_CADENCE = ["--trainer.callbacks.every_n_train_steps=5", "--data.val_data=null"]  # no cadence save within these runs
+DENSE = [
+    "--model.reward=components.reward.FunctionReward",
+    "--model.rollout.init_args.temperature=3.0",
+    "--model.rollout.init_args.group_size=4",
+]
+RARE_CADENCE = [
+    "--trainer.callbacks.every_n_train_steps=5",
+    "--data.val_data=null",
+]  # no cadence save within these runs
 
 
 def faulty(key: str, fault: str, at: int) -> list[str]:
-    return [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count_then_fault", f"--model.reward.kwargs={{fault_at: {at}, key: {key}, fault: {fault}}}"]
+    return [
+        *DENSE,
+        "--model.reward.fn=tests.lightning_rl.rewards.digit_count_then_fault",
+        f"--model.reward.kwargs={{fault_at: {at}, key: {key}, fault: {fault}}}",
+    ]
 
 
 def fit(root, model_path, steps: int, extra: list[str], ckpt_path=None):
@@ -42,7 +53,9 @@ def training_state(checkpoint: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_is_exact(tmp_path, tiny_model_path, monkeypatch):
+def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_is_exact(
+    tmp_path, tiny_model_path, monkeypatch
+):
     """The reward fails in iteration 3 of 4 with no cadence save so far: last.ckpt holds iteration 2, and resuming from it
     (to the end of fit, which saves iteration 4 though 4 is not a multiple of every_n_train_steps=5) equals a straight run."""
     fit(tmp_path / "straight", tiny_model_path, 4, [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count"])
@@ -58,7 +71,13 @@ def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_
     saved = last(tmp_path / "failed")
     assert saved["global_step"] == 2 and saved["PromptDataModule"]["position"]["batch"] == 2
 
-    fit(tmp_path / "failed", tiny_model_path, 4, [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count"], ckpt_path=tmp_path / "failed" / "checkpoints" / "last.ckpt")
+    fit(
+        tmp_path / "failed",
+        tiny_model_path,
+        4,
+        [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count"],
+        ckpt_path=tmp_path / "failed" / "checkpoints" / "last.ckpt",
+    )
     assert_same(training_state(last(tmp_path / "straight")), training_state(last(tmp_path / "failed")))
 
 
@@ -114,9 +133,22 @@ def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, s
     repo = Path(__file__).resolve().parents[2]
     overlay, marker, log = tmp_path / "hanging_tool.yaml", tmp_path / "hang", tmp_path / "log.txt"
     overlay.write_text(HANGING_TOOL.format(root=tmp_path))
-    command = [sys.executable, "-m", "lightning_rl.cli", "fit", "--config", "configs/agent_calc.yaml", "--config", "configs/loop/async.yaml", "--config", str(overlay)]
+    command = [
+        sys.executable,
+        "-m",
+        "lightning_rl.cli",
+        "fit",
+        "--config",
+        "configs/agent_calc.yaml",
+        "--config",
+        "configs/loop/async.yaml",
+        "--config",
+        str(overlay),
+    ]
     with open(log, "wb") as out:
-        run = subprocess.Popen(command, cwd=repo, env={**os.environ, "HANG_MARKER": str(marker)}, stdout=out, stderr=subprocess.STDOUT)
+        run = subprocess.Popen(
+            command, cwd=repo, env={**os.environ, "HANG_MARKER": str(marker)}, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         _wait_for(tmp_path / "checkpoints" / "last.ckpt", run, 300.0)
         marker.touch()  # from now on every tool call hangs

@@ -16,8 +16,13 @@ from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
 from .cli_runs import cli_args, run_cli, scalars
 
 NAN = float("nan")
-DENSE = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
-         "--model.rollout.init_args.temperature=3.0", "--model.rollout.init_args.group_size=4", "--data.val_data=null"]
+DENSE = [
+    "--model.reward=components.reward.FunctionReward",
+    "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+    "--model.rollout.init_args.temperature=3.0",
+    "--model.rollout.init_args.group_size=4",
+    "--data.val_data=null",
+]
 
 
 def test_finite_step_skips_counts_and_stops_after_the_configured_streak():
@@ -35,7 +40,9 @@ def test_finite_step_skips_counts_and_stops_after_the_configured_streak():
 
 def test_checkpoint_with_non_finite_weights_is_refused():
     trainer, module = SimpleNamespace(global_step=7), SimpleNamespace(device=torch.device("cpu"))
-    FiniteCheckpoints().on_save_checkpoint(trainer, module, {"state_dict": {"w": torch.ones(3), "steps": torch.tensor([1])}})
+    FiniteCheckpoints().on_save_checkpoint(
+        trainer, module, {"state_dict": {"w": torch.ones(3), "steps": torch.tensor([1])}}
+    )
     with pytest.raises(NonFiniteTrainingError, match="step 7: 1 weight tensor.*policy.w.*previous checkpoint is kept"):
         FiniteCheckpoints().on_save_checkpoint(trainer, module, {"state_dict": {"policy.w": torch.tensor([1.0, NAN])}})
 
@@ -52,7 +59,11 @@ def test_divergence_is_warned_once_with_what_to_try():
             health.observe({"sampling/zero_var_groups": 1.0, "policy/entropy": 0.001}, i)
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2  # each said once
-    assert "iteration 4: every group has been degenerate" in messages[0] and "2 iterations in a row" in messages[0] and "model.optimizer.lr" in messages[0]
+    assert (
+        "iteration 4: every group has been degenerate" in messages[0]
+        and "2 iterations in a row" in messages[0]
+        and "model.optimizer.lr" in messages[0]
+    )
     assert "entropy fell to 0.001" in messages[1] and "EntropyBonus" in messages[1]
 
 
@@ -61,16 +72,31 @@ def test_nan_update_is_skipped_and_a_nan_streak_stops_the_run_with_finite_checkp
     """Iteration 2's loss is NaN: its step is skipped (logged as health/skipped_nonfinite), the weights stay finite and
     training goes on. Then NaN from iteration 2 on: the third skip in a row stops the run naming the LR, and last.ckpt
     (iteration 3: its skipped iterations completed) holds the finite weights of iteration 1."""
-    nan = lambda calls: ["--model.surrogate=tests.lightning_rl.fault_parts.NaNSurrogate", f"--model.surrogate.nan_calls={calls}"]  # noqa: E731
+
+    def nan(calls: str) -> list[str]:
+        return ["--model.surrogate=tests.lightning_rl.fault_parts.NaNSurrogate", f"--model.surrogate.nan_calls={calls}"]
+
     run = run_cli("fit", cli_args(tmp_path / "one", tiny_model_path, 3, *DENSE, *nan("[2]")))
     skipped = dict(scalars(tmp_path / "one")["health/skipped_nonfinite"])
     assert skipped == {0: 0.0, 1: 1.0, 2: 0.0}
     assert run.trainer.global_step == 3 and run.model.loop_state.optimizer_steps["policy"] == 2
     saved = torch.load(tmp_path / "one" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert saved["global_step"] == 3 and all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
+    assert saved["global_step"] == 3 and all(
+        torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point()
+    )
 
     with pytest.raises(NonFiniteTrainingError, match="model.optimizer.lr=0.0001"):
-        run_cli("fit", cli_args(tmp_path / "streak", tiny_model_path, 6, *DENSE, *nan("[2, 3, 4, 5, 6]"), "--trainer.callbacks.every_n_train_steps=1"))
+        run_cli(
+            "fit",
+            cli_args(
+                tmp_path / "streak",
+                tiny_model_path,
+                6,
+                *DENSE,
+                *nan("[2, 3, 4, 5, 6]"),
+                "--trainer.callbacks.every_n_train_steps=1",
+            ),
+        )
     saved = torch.load(tmp_path / "streak" / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 3 and saved["optimizer_steps"]["policy"] == 1
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())

@@ -27,7 +27,9 @@ def test_fragment_names_a_logger_with_arguments_it_takes(fragment):
 
 def _fit(tmp_path, model_path, fragment, *extra):
     args = cli_args(tmp_path, model_path, 1, "--data.val_data=null", config="configs/grpo.yaml")
-    args = [a for a in args if not a.startswith("--trainer.logger")]  # the fragment's logger, not the test runs' TensorBoard
+    args = [
+        a for a in args if not a.startswith("--trainer.logger")
+    ]  # the fragment's logger, not the test runs' TensorBoard
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args, "--config", str(fragment), *extra], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli
@@ -39,18 +41,28 @@ def test_wandb_offline(tmp_path, tiny_model_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     fragment = next(f for f in FRAGMENTS if f.stem == "wandb")
-    cli = _fit(tmp_path, tiny_model_path, fragment, "--trainer.logger.init_args.offline=true", f"--trainer.logger.init_args.save_dir={tmp_path}")
+    cli = _fit(
+        tmp_path,
+        tiny_model_path,
+        fragment,
+        "--trainer.logger.init_args.offline=true",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+    )
     cli.trainer.logger.experiment.finish()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     assert list(run.glob("*.wandb"))  # the run's records, for `wandb sync`
-    assert "reward/mean" in cli.trainer.logger.experiment.summary.keys() or list(run.glob("*.wandb"))[0].stat().st_size > 0
+    assert (
+        "reward/mean" in cli.trainer.logger.experiment.summary.keys() or list(run.glob("*.wandb"))[0].stat().st_size > 0
+    )
 
 
 @pytest.mark.slow
 def test_mlflow_to_a_local_folder(tmp_path, tiny_model_path):
     pytest.importorskip("mlflow")
     fragment = next(f for f in FRAGMENTS if f.stem == "mlflow")
-    cli = _fit(tmp_path, tiny_model_path, fragment, f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path}/mlflow.db")
+    cli = _fit(
+        tmp_path, tiny_model_path, fragment, f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path}/mlflow.db"
+    )
     logger = cli.trainer.logger
     metrics = logger.experiment.get_run(logger.run_id).data.metrics
     assert "reward/mean" in metrics and "time/rollout_s" in metrics
@@ -65,8 +77,11 @@ def test_reruns_with_a_logger_without_folders_keep_their_checkpoints_apart(tmp_p
     pytest.importorskip("mlflow")
     fragment = next(f for f in FRAGMENTS if f.stem == "mlflow")
     for steps in (1, 2):
-        args = [f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path}/mlflow.db", f"--trainer.max_steps={steps}",
-                f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints"]
+        args = [
+            f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            f"--trainer.max_steps={steps}",
+            f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints",
+        ]
         _fit(tmp_path, tiny_model_path, fragment, *args)
     run = tmp_path / "run"
     assert sorted(p.name for p in run.iterdir()) == ["latest", "version_0", "version_1"]

@@ -42,7 +42,9 @@ def test_entropy_matches_definition_with_and_without_grad():
 
 
 def test_position_ids_skip_left_padding():
-    ids, mask, pos = sequence_inputs(torch.tensor([[0, 0, 5, 6]]), torch.tensor([[0, 0, 1, 1]]), torch.tensor([[7, 1]]), torch.tensor([[1, 1]]))
+    ids, mask, pos = sequence_inputs(
+        torch.tensor([[0, 0, 5, 6]]), torch.tensor([[0, 0, 1, 1]]), torch.tensor([[7, 1]]), torch.tensor([[1, 1]])
+    )
     assert pos.tolist() == [[0, 0, 0, 1, 2, 3]]
     assert ids.tolist() == [[0, 0, 5, 6, 7, 1]]
 
@@ -54,7 +56,12 @@ def test_trainer_logprobs_ignore_left_padding(tiny_model_path):
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
     prompt = torch.tensor([[5, 6, 7]])
     response = torch.tensor([[8, 9, 1]])
-    a = RolloutBatch(prompt_ids=prompt, prompt_mask=torch.ones_like(prompt), response_ids=response, response_mask=torch.ones_like(response))
+    a = RolloutBatch(
+        prompt_ids=prompt,
+        prompt_mask=torch.ones_like(prompt),
+        response_ids=response,
+        response_mask=torch.ones_like(response),
+    )
     padded = torch.tensor([[0, 0, 5, 6, 7]])
     b = a.replace(prompt_ids=padded, prompt_mask=torch.tensor([[0, 0, 1, 1, 1]]))
     with torch.no_grad():
@@ -104,10 +111,18 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
     torch.manual_seed(0)
     response = torch.randint(3, 15, (6, 5))
     response_mask = (torch.arange(5)[None] < torch.tensor([5, 2, 1, 4, 5, 3])[:, None]).long()
-    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=(prompts > 0).long(), response_ids=response * response_mask, response_mask=response_mask)
+    batch = RolloutBatch(
+        prompt_ids=prompts,
+        prompt_mask=(prompts > 0).long(),
+        response_ids=response * response_mask,
+        response_mask=response_mask,
+    )
     weights = torch.randn(6, 5) * response_mask
     grads = []
-    for logits_fn in (_full_logits, lambda m, b: logprobs.response_logits(m, b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask)):
+    for logits_fn in (
+        _full_logits,
+        lambda m, b: logprobs.response_logits(m, b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask),
+    ):
         model.zero_grad()
         calls.clear()
         values = sampled_logprobs(logits_fn(model, batch), batch.response_ids) * response_mask
@@ -139,7 +154,12 @@ def test_shared_prefix_with_one_response_token(tiny_model_path):
 
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
     prompts = torch.tensor([[5, 6, 7]]).repeat(4, 1)
-    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), response_ids=torch.tensor([[8], [9], [1], [8]]), response_mask=torch.ones(4, 1, dtype=torch.long))
+    batch = RolloutBatch(
+        prompt_ids=prompts,
+        prompt_mask=torch.ones_like(prompts),
+        response_ids=torch.tensor([[8], [9], [1], [8]]),
+        response_mask=torch.ones(4, 1, dtype=torch.long),
+    )
     with torch.no_grad():
         shared = response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
         torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
@@ -155,7 +175,14 @@ def test_shared_prefix_under_activation_checkpointing(tiny_model_path, max_token
     monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)
     model = load_causal_lm(ModelSpec(path=tiny_model_path, gradient_checkpointing=True)).train()
     prompts = torch.tensor([[5, 6, 7]]).repeat(3, 1)
-    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), response_ids=torch.tensor([[8, 9], [9, 1], [1, 0]]), response_mask=torch.tensor([[1, 1], [1, 1], [1, 0]]))
-    shared = logprobs.response_logits(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    batch = RolloutBatch(
+        prompt_ids=prompts,
+        prompt_mask=torch.ones_like(prompts),
+        response_ids=torch.tensor([[8, 9], [9, 1], [1, 0]]),
+        response_mask=torch.tensor([[1, 1], [1, 1], [1, 0]]),
+    )
+    shared = logprobs.response_logits(
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
+    )
     torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
     shared.sum().backward()  # the checkpointed layers recompute and backpropagate

@@ -12,7 +12,11 @@ from tests.support.probes import DENSE_REWARD, probe_batch
 
 from .cli_runs import cli_args, run_cli
 
-LORA = ["--model.policy.lora.rank=4", "--model.policy.lora.alpha=8", "--model.policy.lora.target_modules=[q_proj,v_proj,up_proj]"]
+LORA = [
+    "--model.policy.lora.rank=4",
+    "--model.policy.lora.alpha=8",
+    "--model.policy.lora.target_modules=[q_proj,v_proj,up_proj]",
+]
 WITH_KL = ["--model.kl.init_args.coef=0.1", "--model.optimizer.lr=1e-2"]
 
 
@@ -88,7 +92,10 @@ def test_adapters_disabled_switches_back_even_on_error(tiny_model_path):
 
 @pytest.mark.parametrize(
     "targets, message",
-    [(["nope_proj"], "target_modules=\\['nope_proj'\\].*linear layers are named .*q_proj"), (["input_layernorm"], "cannot put adapters on LlamaForCausalLM")],
+    [
+        (["nope_proj"], "target_modules=\\['nope_proj'\\].*linear layers are named .*q_proj"),
+        (["input_layernorm"], "cannot put adapters on LlamaForCausalLM"),
+    ],
 )
 def test_bad_lora_targets_are_one_clear_error(tiny_model_path, targets, message):
     with pytest.raises(ValueError, match=message):
@@ -104,19 +111,28 @@ def test_merged_and_adapter_only_exports_reload_with_the_lora_models_logprobs(lo
     module, root, _ = lora_grpo
     checkpoint = root / "checkpoints" / "last.ckpt"
     stored = torch.load(checkpoint, weights_only=False)["state_dict"]
-    assert {k for k in stored if k.startswith("policy.")} == {"policy." + n for n, p in module.policy.named_parameters() if p.requires_grad}
+    assert {k for k in stored if k.startswith("policy.")} == {
+        "policy." + n for n, p in module.policy.named_parameters() if p.requires_grad
+    }
     batch = probe_batch(module.tokenizer)
     with torch.no_grad():
         expected = policy_logprobs(module.policy, batch)[0]
-        merged = AutoModelForCausalLM.from_pretrained(export([str(checkpoint), str(tmp_path / "merged")])["policy"]).eval()
+        merged = AutoModelForCausalLM.from_pretrained(
+            export([str(checkpoint), str(tmp_path / "merged")])["policy"]
+        ).eval()
         torch.testing.assert_close(policy_logprobs(merged, batch)[0], expected, rtol=0, atol=1e-5)
         folder = export([str(checkpoint), str(tmp_path / "adapter"), "--adapter_only"])["policy"]
-        assert sorted(p.name for p in folder.iterdir() if p.name.startswith("adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+        assert sorted(p.name for p in folder.iterdir() if p.name.startswith("adapter")) == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        ]
         adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path), folder).eval()
         torch.testing.assert_close(policy_logprobs(adapted, batch)[0], expected, rtol=0, atol=1e-5)
 
 
-def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(lora_grpo, tiny_model_path, tmp_path, monkeypatch):
+def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(
+    lora_grpo, tiny_model_path, tmp_path, monkeypatch
+):
     """adapter_config.json names the task (peft needs it to pick the model class) and a base path that resolves from
     anywhere: a run started with a relative model.policy.path exported an adapter only that folder could load."""
     import json
@@ -130,7 +146,9 @@ def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(lora_grp
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir(), elsewhere.mkdir()
     checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
-    checkpoint["hf_export"]["policy"]["path"] = os.path.relpath(tiny_model_path, work)  # as recorded by a run started in work/
+    checkpoint["hf_export"]["policy"]["path"] = os.path.relpath(
+        tiny_model_path, work
+    )  # as recorded by a run started in work/
     torch.save(checkpoint, tmp_path / "relative.ckpt")
     monkeypatch.chdir(work)
     folder = export_checkpoint(tmp_path / "relative.ckpt", tmp_path / "hf", adapter_only=True)["policy"]
@@ -140,13 +158,26 @@ def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(lora_grp
     adapted = AutoPeftModelForCausalLM.from_pretrained(folder).eval()
     batch = probe_batch(module.tokenizer)
     with torch.no_grad():
-        torch.testing.assert_close(policy_logprobs(adapted, batch)[0], policy_logprobs(module.policy, batch)[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            policy_logprobs(adapted, batch)[0], policy_logprobs(module.policy, batch)[0], rtol=0, atol=1e-5
+        )
 
 
 def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, tiny_model_path_b, tmp_path):
     _, root, _ = lora_grpo
-    args = cli_args(tmp_path, tiny_model_path_b, 3, *DENSE_REWARD, *LORA, *WITH_KL, "--data.val_data=null", f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}")
-    with pytest.raises(ValueError, match="model.policy: the checkpoint holds LoRA adapters trained on a different base model than"):
+    args = cli_args(
+        tmp_path,
+        tiny_model_path_b,
+        3,
+        *DENSE_REWARD,
+        *LORA,
+        *WITH_KL,
+        "--data.val_data=null",
+        f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}",
+    )
+    with pytest.raises(
+        ValueError, match="model.policy: the checkpoint holds LoRA adapters trained on a different base model than"
+    ):
         run_cli("fit", args)
     with pytest.raises(ValueError, match="different base model"):
         _export_on(root, tiny_model_path_b, tmp_path)
@@ -156,16 +187,32 @@ def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, ti
     "change, message",
     [
         (["--model.policy.lora.rank=8"], r"model.policy.lora.rank: 4 in the checkpoint, 8 in this config"),
-        (["--model.policy.lora.target_modules=[q_proj,v_proj]"], r"model.policy.lora.target_modules: \['q_proj', 'v_proj', 'up_proj'\] in the checkpoint, \['q_proj', 'v_proj'\] in this config .*up_proj"),
+        (
+            ["--model.policy.lora.target_modules=[q_proj,v_proj]"],
+            r"model.policy.lora.target_modules: \['q_proj', 'v_proj', 'up_proj'\] in the checkpoint, \['q_proj', 'v_proj'\] in this config .*up_proj",
+        ),
         (["--model.policy.lora.alpha=16"], r"model.policy.lora.alpha: 8.0 in the checkpoint, 16.0 in this config"),
-        (["--model.policy.lora=null"], r"model.policy.lora: the checkpoint holds LoRA adapters .*rank 4.*this config trains the policy in full"),
+        (
+            ["--model.policy.lora=null"],
+            r"model.policy.lora: the checkpoint holds LoRA adapters .*rank 4.*this config trains the policy in full",
+        ),
     ],
 )
 def test_resuming_adapters_with_another_lora_spec_names_the_key(lora_grpo, tiny_model_path, tmp_path, change, message):
     """Instead of torch's dozens of size mismatches (another rank), missing keys (other targets), or silently another
     scale (another alpha): one error naming the setting, with the checkpoint's value."""
     _, root, _ = lora_grpo
-    args = cli_args(tmp_path, tiny_model_path, 3, *DENSE_REWARD, *LORA, *WITH_KL, "--data.val_data=null", *change, f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}")
+    args = cli_args(
+        tmp_path,
+        tiny_model_path,
+        3,
+        *DENSE_REWARD,
+        *LORA,
+        *WITH_KL,
+        "--data.val_data=null",
+        *change,
+        f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}",
+    )
     with pytest.raises(ValueError, match=message):
         run_cli("fit", args)
 
@@ -173,8 +220,18 @@ def test_resuming_adapters_with_another_lora_spec_names_the_key(lora_grpo, tiny_
 def test_resuming_a_full_fine_tune_with_lora_names_the_key(tmp_path, tiny_model_path):
     full = tmp_path / "full"
     run_cli("fit", cli_args(full, tiny_model_path, 1, *DENSE_REWARD, "--data.val_data=null"))
-    args = cli_args(tmp_path / "lora", tiny_model_path, 2, *DENSE_REWARD, *LORA, "--data.val_data=null", f"--ckpt_path={full / 'checkpoints' / 'last.ckpt'}")
-    with pytest.raises(ValueError, match=r"model.policy.lora: the checkpoint's policy was trained in full .*model.policy.lora: null"):
+    args = cli_args(
+        tmp_path / "lora",
+        tiny_model_path,
+        2,
+        *DENSE_REWARD,
+        *LORA,
+        "--data.val_data=null",
+        f"--ckpt_path={full / 'checkpoints' / 'last.ckpt'}",
+    )
+    with pytest.raises(
+        ValueError, match=r"model.policy.lora: the checkpoint's policy was trained in full .*model.policy.lora: null"
+    ):
         run_cli("fit", args)
 
 
@@ -192,7 +249,14 @@ def _export_on(root, base: str, tmp_path):
 def test_lora_resume_is_exact_and_checkpoints_hold_adapters_only(tmp_path, tiny_model_path):
     from tests.support.resume import resume_matches_straight
 
-    extra = [*DENSE_REWARD, *LORA, *WITH_KL, "--model.rollout.init_args.group_size=2", "--model.loop.ppo_epochs=2", "--model.loop.num_mini_batches=2"]
+    extra = [
+        *DENSE_REWARD,
+        *LORA,
+        *WITH_KL,
+        "--model.rollout.init_args.group_size=2",
+        "--model.loop.ppo_epochs=2",
+        "--model.loop.num_mini_batches=2",
+    ]
     final, middle = resume_matches_straight(tmp_path, tiny_model_path, "configs/grpo.yaml", extra)
     policy = {k for k in final["state_dict"] if k.startswith("policy.")}
     assert policy and all(".lora_" in k for k in policy) and "policy." in final["lora_base"]
@@ -206,8 +270,18 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
     from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
     reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)
-    critic = ["--model.critic.init_args.init_from=policy", "--model.critic.init_args.lora.rank=4", "--model.critic.init_args.lora.target_modules=[q_proj,v_proj]"]
-    args = [*LORA, *critic, f"--model.reward.init_args.path={reward_model}", "--model.loop.ppo_epochs=1", "--data.val_data=null"]
+    critic = [
+        "--model.critic.init_args.init_from=policy",
+        "--model.critic.init_args.lora.rank=4",
+        "--model.critic.init_args.lora.target_modules=[q_proj,v_proj]",
+    ]
+    args = [
+        *LORA,
+        *critic,
+        f"--model.reward.init_args.path={reward_model}",
+        "--model.loop.ppo_epochs=1",
+        "--data.val_data=null",
+    ]
     cli = run_cli("fit", cli_args(tmp_path, tiny_model_path, 2, *args, config="configs/ppo_rlhf.yaml"))
     module = cli.model
     assert module.reference is None and module.reference_is_base
@@ -218,7 +292,9 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n or n.startswith("critic.head.") for n in trainable)
     stored = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    assert set(stored["state_dict"]) >= {k for k in trainable} and not any(".base_layer." in k for k in stored["state_dict"])
+    assert set(stored["state_dict"]) >= {k for k in trainable} and not any(
+        ".base_layer." in k for k in stored["state_dict"]
+    )
     written = export_checkpoint(tmp_path / "checkpoints" / "last.ckpt", tmp_path / "hf")
     from transformers import AutoModelForTokenClassification
 
@@ -228,7 +304,10 @@ def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, t
 
     ids, mask, positions = sequence_inputs(batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     with torch.no_grad():
-        values = exported(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -5:-1, 0] * batch.response_mask
+        values = (
+            exported(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -5:-1, 0]
+            * batch.response_mask
+        )
         torch.testing.assert_close(values, module.critic(batch), rtol=0, atol=1e-5)
 
 
@@ -241,12 +320,23 @@ def one_process_lora(tmp_path_factory, tiny_model_path) -> dict:
         probe_args,
     )
 
-    return one_process("configs/grpo.yaml", [*probe_args(tmp_path_factory.mktemp("lora-1"), tiny_model_path, 1, 4), *SEEDED, *LORA, *WITH_KL, *no_checkpoints()])
+    return one_process(
+        "configs/grpo.yaml",
+        [
+            *probe_args(tmp_path_factory.mktemp("lora-1"), tiny_model_path, 1, 4),
+            *SEEDED,
+            *LORA,
+            *WITH_KL,
+            *no_checkpoints(),
+        ],
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(tmp_path, tiny_model_path, one_process_lora, strategy):
+def test_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(
+    tmp_path, tiny_model_path, one_process_lora, strategy
+):
     """DDP, and FSDP2 (adapters and frozen base sharded alike; the reference is the sharded policy with adapters off)."""
     from tests.support.distributed import (
         SEEDED,

@@ -20,8 +20,10 @@ def test_token_budget_groups_are_consecutive_and_within_budget():
 
 def test_trim_cuts_padding_on_both_sides():
     batch = RolloutBatch(
-        prompt_ids=torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9]]), prompt_mask=torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]]),
-        response_ids=torch.tensor([[4, 0, 0, 0], [4, 5, 0, 0]]), response_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0]]),
+        prompt_ids=torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9]]),
+        prompt_mask=torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]]),
+        response_ids=torch.tensor([[4, 0, 0, 0], [4, 5, 0, 0]]),
+        response_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0]]),
         advantages=torch.ones(2, 4),
     )
     small = trim(batch)
@@ -33,7 +35,14 @@ def _model(kind: str, attention: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    small = dict(vocab_size=20, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    small = dict(
+        vocab_size=20,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     config = (LlamaConfig if kind == "llama" else Qwen2Config)(**small, attn_implementation=attention)
     model = (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(config).train()
     # float64 pins the comparison to the layout; eager attention in float64 turns fully masked padding rows into NaN
@@ -49,8 +58,10 @@ def _batch(seed: int = 0) -> RolloutBatch:
     prompt_mask = (torch.arange(5)[None] >= 5 - prompt_lengths[:, None]).long()
     response_mask = (torch.arange(9)[None] < response_lengths[:, None]).long()
     return RolloutBatch(
-        prompt_ids=prompts * prompt_mask, prompt_mask=prompt_mask,
-        response_ids=torch.randint(3, 20, (10, 9), generator=g) * response_mask, response_mask=response_mask,
+        prompt_ids=prompts * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(3, 20, (10, 9), generator=g) * response_mask,
+        response_mask=response_mask,
         old_logprobs=-torch.rand(10, 9, generator=g, dtype=torch.float64) * response_mask,
         advantages=torch.randn(10, 9, generator=g, dtype=torch.float64) * response_mask,
         sample_mask=torch.tensor([1.0] * 9 + [0.0]),
@@ -63,7 +74,9 @@ def _loss_and_grads(model, batch, aggregator, budget):
     total = aggregator.denominator(batch.loss_mask)
     loss = 0.0
     for micro in micro_batches(batch, batch.batch_size, budget):
-        logprobs, entropy = policy_logprobs(model, micro, 0.7, with_entropy=True, entropy_grad=True, chunk_rows=7, packed=budget is not None)
+        logprobs, entropy = policy_logprobs(
+            model, micro, 0.7, with_entropy=True, entropy_grad=True, chunk_rows=7, packed=budget is not None
+        )
         ratio = (logprobs - micro.old_logprobs).exp()
         per_token = -torch.minimum(ratio * micro.advantages, ratio.clamp(0.8, 1.2) * micro.advantages) - 0.01 * entropy
         part = aggregator(per_token, micro.loss_mask, total)
@@ -115,7 +128,11 @@ def test_mutating_the_packed_mask_breaks_equality(monkeypatch):
     """Plain causal attention over the packed row (responses seeing earlier samples) must change the values."""
     model, batch = _model("llama", "sdpa"), _batch()
     padded = policy_logprobs(model, batch)[0] * batch.response_mask
-    monkeypatch.setattr(packing, "block_causal_mask", lambda segment, prompt_of: torch.ones(len(segment), len(segment), dtype=torch.bool).tril())
+    monkeypatch.setattr(
+        packing,
+        "block_causal_mask",
+        lambda segment, prompt_of: torch.ones(len(segment), len(segment), dtype=torch.bool).tril(),
+    )
     packed = policy_logprobs(model, batch, packed=True)[0]
     assert (packed - padded).abs().max() > 1e-3
 
@@ -127,7 +144,9 @@ def test_critic_values_packed_equal_padded_in_value_and_gradient():
 
     torch.manual_seed(0)
     critic = ValueCritic()
-    critic.backbone = LlamaModel(LlamaConfig(vocab_size=20, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)).double()
+    critic.backbone = LlamaModel(
+        LlamaConfig(vocab_size=20, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ).double()
     critic.head = torch.nn.Linear(32, 1)
     torch.nn.init.normal_(critic.head.weight)
     batch = _batch(seed=2)

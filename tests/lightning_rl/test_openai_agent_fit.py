@@ -47,10 +47,18 @@ def test_the_example_openai_agent_trains_three_iterations_with_its_tool(tmp_path
     assert isinstance(cli.model.agent, OpenAIAgent) and cli.trainer.global_step == 3
     assert cli.model.loop_state.optimizer_steps["policy"] >= 1
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
-    assert metrics["agent/tool_calls_mean"] > 0 and metrics["agent/error_frac"] == 0 and metrics["agent/prefix_breaks"] == 0
-    assert metrics["rollout/logprob_diff_max"] < 1e-4  # the trainer's log-probs of the served tokens equal the sampler's
+    assert (
+        metrics["agent/tool_calls_mean"] > 0
+        and metrics["agent/error_frac"] == 0
+        and metrics["agent/prefix_breaks"] == 0
+    )
+    assert (
+        metrics["rollout/logprob_diff_max"] < 1e-4
+    )  # the trainer's log-probs of the served tokens equal the sampler's
     last = batches[-1]
-    results = (last.response_mask * (1 - last.action_mask)).bool()  # the calculator's results: in the rows, never trained
+    results = (
+        last.response_mask * (1 - last.action_mask)
+    ).bool()  # the calculator's results: in the rows, never trained
     assert results.any() and "val/reward" in metrics
     assert any("<result>" in t for t in last.columns["transcripts"])
 
@@ -61,7 +69,11 @@ def test_the_example_openai_agent_on_the_sglang_server(tmp_path):
 
     server = FakeSGLangServer(TINY_CALC).start()
     try:
-        cli = _fit(tmp_path, str(REPO / "configs/rollout/sglang.yaml"), extra=["--model.rollout.init_args.base_url", server.url, "--model.rollout.init_args.backoff", "0.01"])
+        cli = _fit(
+            tmp_path,
+            str(REPO / "configs/rollout/sglang.yaml"),
+            extra=["--model.rollout.init_args.base_url", server.url, "--model.rollout.init_args.backoff", "0.01"],
+        )
     finally:
         server.stop()
     assert isinstance(cli.model.rollout, SGLangRollout) and isinstance(cli.model.agent, OpenAIAgent)
@@ -69,4 +81,8 @@ def test_the_example_openai_agent_on_the_sglang_server(tmp_path):
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert metrics["agent/tool_calls_mean"] > 0 and metrics["rollout/logprob_diff_max"] < 1e-4
     # a later call is sent with the whole recorded context (prompt, call, result) as input_ids
-    assert any("<result>" in server.tokenizer.decode(c["input_ids"][0] if isinstance(c["input_ids"][0], list) else c["input_ids"]) for c in server.generate_calls)
+    assert any(
+        "<result>"
+        in server.tokenizer.decode(c["input_ids"][0] if isinstance(c["input_ids"][0], list) else c["input_ids"])
+        for c in server.generate_calls
+    )

@@ -12,7 +12,10 @@ from lightning_rl.recipes.reward_model import save_tiny_reward_model
 from .cli_runs import cli_args, scalars, texts
 
 CRITIC_METRICS = ["critic/loss", "critic/explained_var", "critic/clipfrac", "critic/values_mean", "critic/grad_norm"]
-DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
+DENSE_REWARD = [
+    "--model.reward=components.reward.FunctionReward",
+    "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,9 @@ class Snapshots(Callback):
 
 def _fit(tmp_path, policy_path, config, steps, *extra):
     # run=False has no `fit` subcommand, so its default trainer settings are passed as the first config
-    cli = main(["--config", DEFAULT_TRAINER_CONFIG, *cli_args(tmp_path, policy_path, steps, *extra, config=config)], run=False)
+    cli = main(
+        ["--config", DEFAULT_TRAINER_CONFIG, *cli_args(tmp_path, policy_path, steps, *extra, config=config)], run=False
+    )
     cli.model.configure_model()  # idempotent: build the models now to snapshot the initial weights
     initial = {
         "policy": {n: p.detach().clone() for n, p in cli.model.policy.named_parameters()},
@@ -55,22 +60,41 @@ def _equal(a: dict, b: dict) -> bool:
 
 @pytest.mark.slow
 def test_ppo_rlhf_four_models(tmp_path, tiny_model_path, tiny_rm_path):
-    cli, initial, snapshots = _fit(tmp_path, tiny_model_path, "configs/ppo_rlhf.yaml", 3, f"--model.reward.init_args.path={tiny_rm_path}")
+    cli, initial, snapshots = _fit(
+        tmp_path, tiny_model_path, "configs/ppo_rlhf.yaml", 3, f"--model.reward.init_args.path={tiny_rm_path}"
+    )
     module = cli.model
     assert cli.trainer.global_step == 3
     logged = scalars(tmp_path)
-    missing = [m for m in [*CRITIC_METRICS, "kl/ref", "kl/coef", "policy/loss", "advantage/std", "val/reward"] if m not in logged]
+    missing = [
+        m
+        for m in [*CRITIC_METRICS, "kl/ref", "kl/coef", "policy/loss", "advantage/std", "val/reward"]
+        if m not in logged
+    ]
     assert not missing, missing
     # the reward model's score and the reward PPO maximises (score - beta * KL(pi_old || ref), k1 summed per response) apart
-    for (_, score), (_, coef), (_, kl), (_, shaped) in zip(*(logged[k] for k in ("reward/mean", "kl/coef", "kl/ref", "reward/shaped_mean")), strict=True):
+    for (_, score), (_, coef), (_, kl), (_, shaped) in zip(
+        *(logged[k] for k in ("reward/mean", "kl/coef", "kl/ref", "reward/shaped_mean")), strict=True
+    ):
         assert shaped == pytest.approx(score - coef * kl, abs=1e-5)
     assert len({v for _, v in logged["kl/ref"]}) > 1  # the KL moved: the two are not equal by accident
-    (step, table), = texts(tmp_path)["samples/text_summary"]  # a short run shows its samples too: the first iteration's
-    assert step == 1 and table.startswith("| prompt | completion | reward | gold | advantage |") and len(table.splitlines()) == 4
+    ((step, table),) = texts(tmp_path)[
+        "samples/text_summary"
+    ]  # a short run shows its samples too: the first iteration's
+    assert (
+        step == 1
+        and table.startswith("| prompt | completion | reward | gold | advantage |")
+        and len(table.splitlines()) == 4
+    )
     assert not _equal(snapshots.policy[-1], initial["policy"]) and not _equal(snapshots.critic[-1], initial["critic"])
 
     # four distinct models with no shared storage
-    models = {"policy": module.policy, "reference": module.reference, "reward": module.reward.model, "critic": module.critic.backbone}
+    models = {
+        "policy": module.policy,
+        "reference": module.reference,
+        "reward": module.reward.model,
+        "critic": module.critic.backbone,
+    }
     assert len({id(m) for m in models.values()}) == 4
     storages = [{p.untyped_storage().data_ptr() for p in m.parameters()} for m in models.values()]
     assert all(storages[i].isdisjoint(storages[j]) for i in range(4) for j in range(i + 1, 4))
@@ -92,8 +116,14 @@ def test_ppo_rlhf_four_models(tmp_path, tiny_model_path, tiny_rm_path):
     assert [g["name"] for g in optimizer.param_groups] == ["policy", "critic"]
     # frozen weights stay out of checkpoints (reloaded from their paths); the reward's running statistics are state
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-    assert any(k.startswith("critic.") for k in state) and not any(k.startswith(("reward.model.", "reference.")) for k in state)
-    assert {k for k in state if k.startswith("reward.")} == {"reward.running_count", "reward.running_mean", "reward.running_m2"}
+    assert any(k.startswith("critic.") for k in state) and not any(
+        k.startswith(("reward.model.", "reference.")) for k in state
+    )
+    assert {k for k in state if k.startswith("reward.")} == {
+        "reward.running_count",
+        "reward.running_mean",
+        "reward.running_m2",
+    }
 
 
 @pytest.mark.slow
@@ -134,7 +164,13 @@ def test_vapo_runs_with_its_package(tmp_path, tiny_model_path):
 def test_token_budget_packed_iterations_train_like_fixed_micro_batches(tmp_path, tiny_model_path):
     """Old log-probs, values and the update (2 epochs x 2 mini-batches) in packed token-budget micro-batches:
     the same losses and the same weights as fixed-size micro-batches."""
-    common = ("--model.critic.init_args.pretrain_steps=0", "--model.rollout.init_args.temperature=3.0", "--seed_everything=3", "--trainer.limit_val_batches=0", *DENSE_REWARD)
+    common = (
+        "--model.critic.init_args.pretrain_steps=0",
+        "--model.rollout.init_args.temperature=3.0",
+        "--seed_everything=3",
+        "--trainer.limit_val_batches=0",
+        *DENSE_REWARD,
+    )
     runs = []
     for i, extra in enumerate([(), ("--model.loop.max_tokens_per_micro_batch=40",)]):
         cli, _, snapshots = _fit(tmp_path / str(i), tiny_model_path, "configs/vc_ppo.yaml", 2, *common, *extra)

@@ -13,11 +13,24 @@ from lightning_rl.cli.progress import RLProgressBar
 
 from .cli_runs import cli_args, scalars
 
-PHASES = ("rollout", "score", "estimate", "optimize", "sync")  # an iteration's phases (time/rollout_wait_s is inside rollout)
+PHASES = (
+    "rollout",
+    "score",
+    "estimate",
+    "optimize",
+    "sync",
+)  # an iteration's phases (time/rollout_wait_s is inside rollout)
 
 
 def _fit(tmp_path, model_path, steps, ckpt_path=None):
-    args = cli_args(tmp_path, model_path, steps, "--trainer.enable_progress_bar=true", "--data.val_data=null", config="configs/dapo.yaml")
+    args = cli_args(
+        tmp_path,
+        model_path,
+        steps,
+        "--trainer.enable_progress_bar=true",
+        "--data.val_data=null",
+        config="configs/dapo.yaml",
+    )
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
     start = time.monotonic()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
@@ -32,8 +45,15 @@ def _shown(bar, task) -> tuple[int, int, int, float]:
     from rich.text import Text
 
     row = " ".join(r.plain for r in (column.render(task) for column in bar.progress.columns) if isinstance(r, Text))
-    done, total, h, m, s, rate, unit = re.search(r"(\d+)/(\d+)\s+(\d+):(\d\d):(\d\d) • \S+\s+([\d.]+) ?(it/s|s/it)", row).groups()
-    return int(done), int(total), int(h) * 3600 + int(m) * 60 + int(s), float(rate) if unit == "it/s" else 1 / float(rate)
+    done, total, h, m, s, rate, unit = re.search(
+        r"(\d+)/(\d+)\s+(\d+):(\d\d):(\d\d) • \S+\s+([\d.]+) ?(it/s|s/it)", row
+    ).groups()
+    return (
+        int(done),
+        int(total),
+        int(h) * 3600 + int(m) * 60 + int(s),
+        float(rate) if unit == "it/s" else 1 / float(rate),
+    )
 
 
 def _phase_seconds(root, first_step: int) -> float:
@@ -52,7 +72,9 @@ def test_bar_counts_and_times_iterations_for_dynamic_sampling_and_resume(tmp_pat
     assert 2 / wall * 0.95 <= rate <= 2 / _phase_seconds(tmp_path, 0) * 1.05 + 0.01
     assert elapsed <= wall
     shown = bar.get_metrics(trainer, trainer.lightning_module)
-    assert shown["reward"].count(".") == 1 and shown["length"].endswith(" tok") and shown["speed"].endswith(" samples/s")
+    assert (
+        shown["reward"].count(".") == 1 and shown["length"].endswith(" tok") and shown["speed"].endswith(" samples/s")
+    )
     bar, task, _, wall = _fit(tmp_path, tiny_model_path, 4, tmp_path / "checkpoints" / "last.ckpt")
     done, total, elapsed, rate = _shown(bar, task)
     assert (done, total) == (4, 4)  # resumed at 2: never 4/3
@@ -89,7 +111,10 @@ def test_the_held_out_score_is_named_by_its_metric_not_as_an_accuracy():
 
 @pytest.mark.slow
 def test_zero_var_groups_is_logged_only_where_groups_exist(tmp_path, tiny_model_path):
-    for config, logged, samples in (("configs/reinforce.yaml", False, 2 * 1), ("configs/grpo.yaml", True, 2 * 8)):  # 2 prompts x G
+    for config, logged, samples in (
+        ("configs/reinforce.yaml", False, 2 * 1),
+        ("configs/grpo.yaml", True, 2 * 8),
+    ):  # 2 prompts x G
         args = cli_args(tmp_path / config.split("/")[1], tiny_model_path, 1, "--data.val_data=null", config=config)
         cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -26,11 +26,14 @@ def test_rows_are_seeded_with_a_disjoint_held_out_split():
     assert int(train[0]["answer"]) == a + b  # the settings reached the task: two terms, +, two digits
 
 
-@pytest.mark.parametrize("source, split, message", [
-    ("reasoning_gym:no_such_task", "train", "unknown reasoning-gym task 'no_such_task'"),
-    ("reasoning_gym:basic_arithmetic?max_digitz=2", "train", "has no setting 'max_digitz'"),
-    ("reasoning_gym:basic_arithmetic", "validation", "has splits 'train' and 'test'"),
-])
+@pytest.mark.parametrize(
+    "source, split, message",
+    [
+        ("reasoning_gym:no_such_task", "train", "unknown reasoning-gym task 'no_such_task'"),
+        ("reasoning_gym:basic_arithmetic?max_digitz=2", "train", "has no setting 'max_digitz'"),
+        ("reasoning_gym:basic_arithmetic", "validation", "has splits 'train' and 'test'"),
+    ],
+)
 def test_mistakes_name_the_source_and_the_fix(source, split, message):
     with pytest.raises(ValueError, match=message):
         load_rows(source, split)

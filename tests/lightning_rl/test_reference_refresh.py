@@ -10,7 +10,17 @@ from .cli_runs import cli_args
 
 
 def _fit(tmp_path, tiny_model_path, *extra):
-    args = cli_args(tmp_path, tiny_model_path, 2, "--data.batch_size=4", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count", "--model.optimizer.lr=1e-2", *extra, config="configs/grpo_deepseekmath.yaml")
+    args = cli_args(
+        tmp_path,
+        tiny_model_path,
+        2,
+        "--data.batch_size=4",
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+        "--model.optimizer.lr=1e-2",
+        *extra,
+        config="configs/grpo_deepseekmath.yaml",
+    )
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli.model
@@ -24,11 +34,15 @@ def _same(a, b) -> bool:
 def test_reference_follows_the_policy_every_n_iterations(tmp_path, tiny_model_path):
     refreshed = _fit(tmp_path / "a", tiny_model_path, "--model.kl.init_args.refresh_every=1")
     assert _same(refreshed.reference, refreshed.policy)
-    saved = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    saved = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
     assert any(k.startswith("reference.") for k in saved)  # the moved anchor is state now
     fixed = _fit(tmp_path / "b", tiny_model_path)
     assert not _same(fixed.reference, fixed.policy)
-    saved = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    saved = torch.load(tmp_path / "b" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
     assert not any(k.startswith("reference.") for k in saved)  # reloaded from its path
 
 

@@ -14,7 +14,11 @@ import torch
 
 from tests.support.resume import resume_matches_straight
 
-DENSE_REWARD = ["--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count", "--model.rollout.init_args.temperature=3.0"]
+DENSE_REWARD = [
+    "--model.reward=components.reward.FunctionReward",
+    "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+    "--model.rollout.init_args.temperature=3.0",
+]
 # keep every checkpoint, one per 2 iterations, named by step
 
 # REINFORCE with the moving-average baseline, an adaptive KL coefficient (reference model), 2 epochs x
@@ -31,7 +35,11 @@ REINFORCE = [
     "--model.optimizer.total_steps=20",
 ]
 # PPO-RLHF with the reward model's running score normalisation (buffers next to its frozen weights)
-PPO_RLHF = ["--model.rollout.init_args.temperature=3.0", "--model.reward.init_args.normalize=running", "--model.loop.ppo_epochs=2"]
+PPO_RLHF = [
+    "--model.rollout.init_args.temperature=3.0",
+    "--model.reward.init_args.normalize=running",
+    "--model.loop.ppo_epochs=2",
+]
 # VC-PPO with critic pretraining that ends after the stop (iterations 0-2 train only the critic)
 VC_PPO = [*DENSE_REWARD, "--model.rollout.init_args.group_size=2", "--model.critic.init_args.pretrain_steps=3"]
 
@@ -43,8 +51,12 @@ def test_resume_reinforce_with_adaptive_kl_and_minibatches(tmp_path, tiny_model_
     state, before = final["state_dict"], middle["state_dict"]
     assert not torch.equal(state["kl.coef"], before["kl.coef"])
     assert not torch.equal(state["advantage.running_mean"], before["advantage.running_mean"])
-    assert final["optimizer_steps"]["policy"] == 16 and middle["optimizer_steps"]["policy"] == 8  # 4 steps per iteration
-    assert not torch.equal(state["policy.model.layers.0.mlp.up_proj.weight"], before["policy.model.layers.0.mlp.up_proj.weight"])
+    assert (
+        final["optimizer_steps"]["policy"] == 16 and middle["optimizer_steps"]["policy"] == 8
+    )  # 4 steps per iteration
+    assert not torch.equal(
+        state["policy.model.layers.0.mlp.up_proj.weight"], before["policy.model.layers.0.mlp.up_proj.weight"]
+    )
 
 
 @pytest.mark.slow
@@ -60,6 +72,10 @@ def test_resume_ppo_rlhf_keeps_the_reward_models_running_statistics(tmp_path, ti
     from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
     reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)
-    final, middle = resume_matches_straight(tmp_path, tiny_model_path, "configs/ppo_rlhf.yaml", [*PPO_RLHF, f"--model.reward.init_args.path={reward_model}"])
+    final, middle = resume_matches_straight(
+        tmp_path, tiny_model_path, "configs/ppo_rlhf.yaml", [*PPO_RLHF, f"--model.reward.init_args.path={reward_model}"]
+    )
     assert final["state_dict"]["reward.running_count"] > middle["state_dict"]["reward.running_count"] > 0
-    assert not any(k.startswith(("reference.", "reward.model.")) for k in final["state_dict"])  # frozen weights stay out
+    assert not any(
+        k.startswith(("reference.", "reward.model.")) for k in final["state_dict"]
+    )  # frozen weights stay out

@@ -11,8 +11,8 @@ import torch
 
 from components.reward import RewardModel
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.recipes.reward_model import BradleyTerryRewardModel, PairDataModule, arithmetic_pairs, main, pair_loss
 from lightning_rl.data.tasks import arithmetic_rows
+from lightning_rl.recipes.reward_model import BradleyTerryRewardModel, PairDataModule, arithmetic_pairs, main, pair_loss
 
 
 def _write_pairs(path, n: int, seed: int, columns=("prompt", "chosen", "rejected")) -> str:
@@ -40,7 +40,13 @@ def test_arithmetic_pairs_are_correct_against_wrong_and_keep_the_split():
 
 def test_pairs_from_jsonl_with_a_column_mapping(tmp_path, tiny_model_path):
     data = _write_pairs(tmp_path / "p.jsonl", 6, 0, columns=("question", "good", "bad"))
-    dm = PairDataModule(train_data=data, val_data=None, columns={"prompt": "question", "chosen": "good", "rejected": "bad"}, tokenizer=tiny_model_path, batch_size=3)
+    dm = PairDataModule(
+        train_data=data,
+        val_data=None,
+        columns={"prompt": "question", "chosen": "good", "rejected": "bad"},
+        tokenizer=tiny_model_path,
+        batch_size=3,
+    )
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     tok = dm._tokenizer()
@@ -67,9 +73,13 @@ def test_loss_and_accuracy_hand_computed(tiny_model_path):
     module = BradleyTerryRewardModel(path=tiny_model_path)
     module.configure_model()
     dm = PairDataModule(tokenizer=tiny_model_path, val_data=None)
-    batch = dm._collate([{"chosen": [5, 6, 7, 1], "rejected": [5, 6, 8, 1]}, {"chosen": [9, 1], "rejected": [9, 9, 9, 1]}])
+    batch = dm._collate(
+        [{"chosen": [5, 6, 7, 1], "rejected": [5, 6, 8, 1]}, {"chosen": [9, 1], "rejected": [9, 9, 9, 1]}]
+    )
     # log(1 + e^-2) = 0.126928, log(1 + e^1) = 1.313262
-    assert float(pair_loss(torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0]))) == pytest.approx((0.126928 + 1.313262) / 2, abs=1e-6)
+    assert float(pair_loss(torch.tensor([2.0, 0.0]), torch.tensor([0.0, 1.0]))) == pytest.approx(
+        (0.126928 + 1.313262) / 2, abs=1e-6
+    )
     with torch.no_grad():
         module.model.score.weight.zero_()  # every score 0: loss log 2
         assert float(pair_loss(*module.pair_scores(batch))) == pytest.approx(math.log(2), abs=1e-6)
@@ -102,14 +112,26 @@ def test_fit_through_the_cli_saves_a_reward_model_rl_can_load(tmp_path, tiny_mod
     reward.setup(cli.datamodule._tokenizer())
     tok = cli.datamodule._tokenizer()
     prompt = torch.tensor([[tok.pad_token_id] + tok("12+30=", add_special_tokens=False)["input_ids"]])
-    responses = torch.tensor([[tok.convert_tokens_to_ids("1"), tok.eos_token_id, tok.pad_token_id], [tok.convert_tokens_to_ids("0"), tok.eos_token_id, tok.pad_token_id]])
+    responses = torch.tensor(
+        [
+            [tok.convert_tokens_to_ids("1"), tok.eos_token_id, tok.pad_token_id],
+            [tok.convert_tokens_to_ids("0"), tok.eos_token_id, tok.pad_token_id],
+        ]
+    )
     batch = RolloutBatch(
         prompt_ids=prompt.repeat(2, 1), prompt_mask=(prompt != tok.pad_token_id).long().repeat(2, 1),
         response_ids=responses, response_mask=torch.tensor([[1, 1, 0], [1, 1, 0]]),
     )  # fmt: skip
     scores = reward(batch)
     assert float(scores[0]) > float(scores[1])
-    pairs = cli.datamodule._collate([{"chosen": prompt[0, 1:].tolist() + responses[0, :2].tolist(), "rejected": prompt[0, 1:].tolist() + responses[1, :2].tolist()}])
+    pairs = cli.datamodule._collate(
+        [
+            {
+                "chosen": prompt[0, 1:].tolist() + responses[0, :2].tolist(),
+                "rejected": prompt[0, 1:].tolist() + responses[1, :2].tolist(),
+            }
+        ]
+    )
     with torch.no_grad():
         trained = torch.cat(cli.model.pair_scores(pairs))
     torch.testing.assert_close(scores, trained, atol=1e-5, rtol=1e-5)

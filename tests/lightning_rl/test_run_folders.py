@@ -11,15 +11,24 @@ import pytest
 import torch
 import yaml
 
-from .cli_runs import cli_args, run_cli
 from tests.helpers import pythonpath
+
+from .cli_runs import cli_args, run_cli
 
 REPO = Path(__file__).parents[2]
 
 
 def _args(root, model_path, steps, *extra):
     # the presets' layout (runs/grpo/checkpoints) under a logger renamed to exp_a: the checkpoints must follow the logger
-    return cli_args(root, model_path, steps, "--data.val_data=null", "--trainer.logger.name=exp_a", f"--trainer.callbacks.dirpath={root}/grpo/checkpoints", *extra)
+    return cli_args(
+        root,
+        model_path,
+        steps,
+        "--data.val_data=null",
+        "--trainer.logger.name=exp_a",
+        f"--trainer.callbacks.dirpath={root}/grpo/checkpoints",
+        *extra,
+    )
 
 
 def _step(path) -> int:
@@ -77,7 +86,16 @@ cli.main(["fit", *args])
 def test_two_fits_started_together_claim_different_versions(tmp_path, tiny_model_path):
     gate = tmp_path / "gates"
     args = _args(tmp_path, tiny_model_path, 1, f"--trainer.callbacks.dirpath={tmp_path}/exp_a/checkpoints")
-    fits = [subprocess.Popen([sys.executable, "-c", _GATED_FIT, str(gate), *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    fits = [
+        subprocess.Popen(
+            [sys.executable, "-c", _GATED_FIT, str(gate), *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     for fit in fits:
         out, _ = fit.communicate(timeout=300)
         assert fit.returncode == 0, out[-3000:]
@@ -108,13 +126,18 @@ def test_resuming_a_runs_checkpoint_through_latest_continues_that_run(tmp_path, 
 
     run_cli("fit", _args(tmp_path, tiny_model_path, 5, f"--ckpt_path={runs}/latest/checkpoints/last.ckpt", "--new_run"))
     assert sorted(p.name for p in runs.iterdir()) == ["latest", "version_0", "version_1"]  # asked for a new run
-    assert _step(runs / "version_1" / "checkpoints" / "last.ckpt") == 5 and _step(runs / "version_0" / "checkpoints" / "last.ckpt") == 4
+    assert (
+        _step(runs / "version_1" / "checkpoints" / "last.ckpt") == 5
+        and _step(runs / "version_0" / "checkpoints" / "last.ckpt") == 4
+    )
     assert _step(runs / "latest" / "checkpoints" / "last.ckpt") == 5
 
 
 @pytest.mark.slow
 def test_validate_never_overwrites_the_runs_config_and_leaves_nothing_without_a_logger(tmp_path, tiny_model_path):
-    args = cli_args(tmp_path, tiny_model_path, 2, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints", "--data.val_size=4")
+    args = cli_args(
+        tmp_path, tiny_model_path, 2, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints", "--data.val_size=4"
+    )
     run_cli("fit", [*args, "--model.optimizer.lr=3e-4"])
     run = tmp_path / "run" / "version_0"
     trained = (run / "config.yaml").read_text()
@@ -135,7 +158,9 @@ def test_validate_never_overwrites_the_runs_config_and_leaves_nothing_without_a_
 def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_model_path, capsys):
     from .cli_runs import scalars
 
-    args = cli_args(tmp_path, tiny_model_path, 3, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints")  # validates every 2
+    args = cli_args(
+        tmp_path, tiny_model_path, 3, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints"
+    )  # validates every 2
     run_cli("fit", args)
     logged = scalars(tmp_path)
     assert [step for step, _ in logged["val/reward"]] == [0, 2, 3]  # before training, every 2, after the last
@@ -175,8 +200,19 @@ def test_two_ranks_share_one_run_folder_and_resume_it(tmp_path, tiny_model_path)
     ddp = ["--config", str(REPO / "configs/strategy/ddp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2"]
 
     def fit(steps, *extra):
-        args = [a for a in _args(tmp_path, tiny_model_path, steps, *extra) if not a.startswith("--trainer.enable_progress_bar")]
-        run = subprocess.run([sys.executable, "-m", "lightning_rl.cli", "fit", *args, *ddp], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        args = [
+            a
+            for a in _args(tmp_path, tiny_model_path, steps, *extra)
+            if not a.startswith("--trainer.enable_progress_bar")
+        ]
+        run = subprocess.run(
+            [sys.executable, "-m", "lightning_rl.cli", "fit", *args, *ddp],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
 
     fit(2)

@@ -15,19 +15,43 @@ from tests.helpers import batch_from_scores
 def _batch():
     # 3 prompts x 2 samples; the first row of each group is the greedy baseline (ReMax layout) for group 1 only
     batch = batch_from_scores([1.0, 0.0, 0.5, 0.25, 0.0, 1.0], lengths=[2, 1, 2, 2, 1, 2], group_size=2)
-    advantages = torch.tensor([[0.5, 1.5], [-1.0, 9.0], [0.0, 0.0], [0.3, 0.3], [2.0, 0.0], [-0.5, -0.5]]) * batch.response_mask
+    advantages = (
+        torch.tensor([[0.5, 1.5], [-1.0, 9.0], [0.0, 0.0], [0.3, 0.3], [2.0, 0.0], [-0.5, -0.5]]) * batch.response_mask
+    )
     return batch.replace(advantages=advantages, is_greedy=torch.tensor([0, 0, 1, 0, 0, 0]))
 
 
-META = {"prompts": ["1+1=", "1+1=", "2+2=", "2+2=", "3|3", "3|3"], "completions": ["2", "3", "4", "5", "6\nx", "6"], "answer": ["2", "2", "4", "4", "6", "6"]}
+META = {
+    "prompts": ["1+1=", "1+1=", "2+2=", "2+2=", "3|3", "3|3"],
+    "completions": ["2", "3", "4", "5", "6\nx", "6"],
+    "answer": ["2", "2", "4", "4", "6", "6"],
+}
 
 
 def test_one_row_per_prompt_with_gold_and_sequence_mean_advantage():
     rows = sample_rows(_batch().replace(columns=META), 5)
     assert rows == [
-        {"prompt": "1+1=", "completion": "2", "reward": "1.000", "gold": "2", "advantage": "+1.000"},  # mean of 0.5, 1.5
-        {"prompt": "2+2=", "completion": "5", "reward": "0.250", "gold": "4", "advantage": "+0.300"},  # greedy row 2 skipped
-        {"prompt": "3|3", "completion": "6 x", "reward": "0.000", "gold": "6", "advantage": "+2.000"},  # padding token excluded
+        {
+            "prompt": "1+1=",
+            "completion": "2",
+            "reward": "1.000",
+            "gold": "2",
+            "advantage": "+1.000",
+        },  # mean of 0.5, 1.5
+        {
+            "prompt": "2+2=",
+            "completion": "5",
+            "reward": "0.250",
+            "gold": "4",
+            "advantage": "+0.300",
+        },  # greedy row 2 skipped
+        {
+            "prompt": "3|3",
+            "completion": "6 x",
+            "reward": "0.000",
+            "gold": "6",
+            "advantage": "+2.000",
+        },  # padding token excluded
     ]
     assert len(sample_rows(_batch().replace(columns=META), 2)) == 2
 
@@ -53,7 +77,11 @@ def test_a_transcript_shows_its_marked_observations_and_the_advantage_of_the_mod
     # sits on the model's tokens only, so the row's advantage is 0.8 (not 0.8 * 3/5 diluted by the observation)
     batch = batch_from_scores([1.0], lengths=[5], action_mask=torch.tensor([[1, 1, 0, 0, 1]]))
     batch = batch.replace(advantages=torch.tensor([[0.8, 0.8, 0.0, 0.0, 0.8]]))
-    meta = {"prompts": ["12*3="], "completions": ["36"], "transcripts": ["<call>12*3</call>[[env: <result>36</result>]]36"]}
+    meta = {
+        "prompts": ["12*3="],
+        "completions": ["36"],
+        "transcripts": ["<call>12*3</call>[[env: <result>36</result>]]36"],
+    }
     rows = sample_rows(batch.replace(columns=meta), 1)
     assert rows[0]["advantage"] == "+0.800" and rows[0]["completion"] == meta["transcripts"][0]
     out = io.StringIO()

@@ -17,7 +17,12 @@ def test_rows_and_temperature_per_mode():
     baseline = dataclasses.replace(params, greedy_baseline=True)
     assert (baseline.samples_per_prompt, baseline.rows_per_prompt, baseline.with_baseline) == (4, 5, True)
     greedy = dataclasses.replace(baseline, greedy=True)  # validation: one greedy row, no baseline
-    assert (greedy.samples_per_prompt, greedy.rows_per_prompt, greedy.sampling_temperature, greedy.with_baseline) == (1, 1, 0.0, False)
+    assert (greedy.samples_per_prompt, greedy.rows_per_prompt, greedy.sampling_temperature, greedy.with_baseline) == (
+        1,
+        1,
+        0.0,
+        False,
+    )
 
 
 def test_a_value_nobody_changes_in_place():
@@ -48,5 +53,7 @@ def test_one_check_for_every_rollout_naming_it(kwargs, message):
 
 
 def test_a_rollout_keeps_its_configured_settings_as_a_value():
-    rollout = HFRollout(group_size=4, max_new_tokens=6, temperature=0.5, top_k=3, stop_token_ids=[9], greedy_baseline=True)
+    rollout = HFRollout(
+        group_size=4, max_new_tokens=6, temperature=0.5, top_k=3, stop_token_ids=[9], greedy_baseline=True
+    )
     assert rollout.params == SamplingParams(4, 6, 0.5, 1.0, 3, (9,), False, True)

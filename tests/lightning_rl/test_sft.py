@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_rl.cli.commands import command_line
 from lightning_rl.core.batch import Prompts
 from lightning_rl.core.models import TINY_MODEL_PATH, ModelSpec
-from lightning_rl.cli.commands import command_line
 from lightning_rl.data.checks import DataError
 from lightning_rl.recipes.sft import SupervisedFineTuning, main
 
@@ -27,7 +27,9 @@ def _module(path: str) -> SupervisedFineTuning:
 def _prompts(tok, texts: list[str], completions: list[str]) -> Prompts:
     rows = [tok(t)["input_ids"] for t in texts]
     width = max(map(len, rows))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])  # left-padded, as the data module gives them
+    ids = torch.tensor(
+        [[tok.pad_token_id] * (width - len(r)) + r for r in rows]
+    )  # left-padded, as the data module gives them
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     return Prompts(ids, mask, {"prompt": texts, "completion": completions})
 
@@ -63,16 +65,31 @@ def test_a_missing_completion_column_names_the_key_and_the_mapping(tiny_model_pa
 
 def test_a_data_mistake_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
-    monkeypatch.setattr("sys.argv", ["sft", "fit", "--config", "configs/sft.yaml", "--data.columns={prompt: prompt}", "--data.val_size=4",
-                                     "--trainer.max_steps=1", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false",
-                                     "--trainer.enable_checkpointing=false", "--trainer.callbacks=null", "--trainer.enable_progress_bar=false"])
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "sft",
+            "fit",
+            "--config",
+            "configs/sft.yaml",
+            "--data.columns={prompt: prompt}",
+            "--data.val_size=4",
+            "--trainer.max_steps=1",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.callbacks=null",
+            "--trainer.enable_progress_bar=false",
+        ],
+    )
     monkeypatch.setattr("sys.path", list(sys.path))  # command_line() moves the working folder to its end
     with pytest.raises(SystemExit) as done:
         command_line(main)
     assert done.value.code == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: no 'completion' column in the data (model.completion_key); its columns: ['answer', 'prompt']. "
-        "Map yours with data.columns, e.g. '{prompt: question, completion: solution}'"]
+        "Map yours with data.columns, e.g. '{prompt: question, completion: solution}'"
+    ]
 
 
 @pytest.mark.slow
@@ -84,8 +101,18 @@ def test_the_sft_recipe_learns_the_builtin_task_and_exports_a_policy(tmp_path, m
     from tests.lightning_rl.cli_runs import scalars
 
     monkeypatch.chdir(tmp_path)
-    cli = main(["fit", "--config", str(REPO / "configs" / "sft.yaml"), f"--model.policy.path={REPO / TINY_MODEL_PATH}",
-                "--trainer.max_steps=20", "--trainer.val_check_interval=10", "--data.val_size=100", "--trainer.enable_progress_bar=false"])
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "configs" / "sft.yaml"),
+            f"--model.policy.path={REPO / TINY_MODEL_PATH}",
+            "--trainer.max_steps=20",
+            "--trainer.val_check_interval=10",
+            "--data.val_size=100",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     runs = tmp_path / "runs"
     points = scalars(runs, "sft")
     accuracy = [value for _, value in points["val/accuracy"]]
@@ -93,7 +120,10 @@ def test_the_sft_recipe_learns_the_builtin_task_and_exports_a_policy(tmp_path, m
     assert len(accuracy) == 3 and accuracy[0] < 0.4 and accuracy[-1] >= 0.8, accuracy
     assert sum(loss[-5:]) / 5 < 0.6 * sum(loss[:5]) / 5, loss
     checkpoint = runs / "sft" / "latest" / "checkpoints" / "last.ckpt"
-    assert torch.load(checkpoint, weights_only=False)["global_step"] == 20 and (runs / "sft" / "version_0" / "config.yaml").exists()
+    assert (
+        torch.load(checkpoint, weights_only=False)["global_step"] == 20
+        and (runs / "sft" / "version_0" / "config.yaml").exists()
+    )
 
     written = export_checkpoint(checkpoint, tmp_path / "hf")
     from transformers import AutoModelForCausalLM
@@ -101,8 +131,14 @@ def test_the_sft_recipe_learns_the_builtin_task_and_exports_a_policy(tmp_path, m
     exported = AutoModelForCausalLM.from_pretrained(written["policy"])
     tok = cli.model.tokenizer
     prompts = _prompts(tok, ["37+45=", "8+9="], ["82", "17"])
-    generate = dict(input_ids=prompts.prompt_ids, attention_mask=prompts.prompt_mask, max_new_tokens=4, do_sample=False,
-                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    generate = dict(
+        input_ids=prompts.prompt_ids,
+        attention_mask=prompts.prompt_mask,
+        max_new_tokens=4,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     cli.model.eval()
     with torch.no_grad():
         assert torch.equal(exported.generate(**generate), cli.model.policy.generate(**generate))

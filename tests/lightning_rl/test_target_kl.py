@@ -8,10 +8,23 @@ from .cli_runs import cli_args
 
 
 def _epochs_run(tmp_path, tiny_model_path, *extra) -> float:
-    args = cli_args(tmp_path, tiny_model_path, 3, "--data.batch_size=4", "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count", "--model.loop.ppo_epochs=4", "--model.loop.num_mini_batches=2", "--model.optimizer.lr=1e-2", *extra)
+    args = cli_args(
+        tmp_path,
+        tiny_model_path,
+        3,
+        "--data.batch_size=4",
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+        "--model.loop.ppo_epochs=4",
+        "--model.loop.num_mini_batches=2",
+        "--model.optimizer.lr=1e-2",
+        *extra,
+    )
     cli = main(["--config", DEFAULT_TRAINER_CONFIG, *args], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return float(cli.trainer.callback_metrics["policy/epochs_run"]), float(cli.trainer.callback_metrics["policy/approx_kl"])
+    return float(cli.trainer.callback_metrics["policy/epochs_run"]), float(
+        cli.trainer.callback_metrics["policy/approx_kl"]
+    )
 
 
 @pytest.mark.slow

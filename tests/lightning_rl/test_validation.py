@@ -11,7 +11,10 @@ from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.loop.module import RLModule
 
 
-@pytest.mark.parametrize("key, value", [("batch_size", -2), ("batch_size", 0), ("val_batch_size", 0), ("max_prompt_length", 0), ("val_size", 0)])
+@pytest.mark.parametrize(
+    "key, value",
+    [("batch_size", -2), ("batch_size", 0), ("val_batch_size", 0), ("max_prompt_length", 0), ("val_size", 0)],
+)
 def test_data_sizes(key, value):
     with pytest.raises(ValueError, match=f"data.{key}={value} must be >= 1"):
         PromptDataModule(**{key: value})
@@ -36,7 +39,10 @@ def test_learning_rate_must_be_finite_and_not_negative(lr):
     OptimizerConfig(lr=0.0)  # a frozen group is allowed
 
 
-@pytest.mark.parametrize("advantage", [GroupNormalized(), GroupNormalized(scale="none"), LeaveOneOut(), ReinforcePlusPlus(group_baseline=True)])
+@pytest.mark.parametrize(
+    "advantage",
+    [GroupNormalized(), GroupNormalized(scale="none"), LeaveOneOut(), ReinforcePlusPlus(group_baseline=True)],
+)
 def test_group_relative_estimator_with_a_group_of_one(advantage):
     with pytest.raises(ValueError, match=f"{type(advantage).__name__}.*group_size=1: every advantage would be 0"):
         RLModule(rollout=HFRollout(group_size=1), advantage=advantage)

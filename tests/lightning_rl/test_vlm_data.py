@@ -24,7 +24,14 @@ def write_jsonl(path, rows):
 
 
 def module(data, tokenizer, **kwargs):
-    dm = PromptDataModule(train_data=data, val_data=None, tokenizer=tokenizer, chat_template=True, batch_size=kwargs.pop("batch_size", 2), **kwargs)
+    dm = PromptDataModule(
+        train_data=data,
+        val_data=None,
+        tokenizer=tokenizer,
+        chat_template=True,
+        batch_size=kwargs.pop("batch_size", 2),
+        **kwargs,
+    )
     dm.setup("fit")
     return dm
 
@@ -51,9 +58,15 @@ def test_paths_relative_to_the_data_file_and_several_images_per_prompt(tiny_vlm_
     tokenizer = dm._tokenizer()
     placeholder = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     counts = (prompts.prompt_ids == placeholder).sum(-1).tolist()
-    assert counts == [4, 4 + 3, 0]  # one token per 2x2 patches: the chat template placed each image, the processor expanded it
+    assert counts == [
+        4,
+        4 + 3,
+        0,
+    ]  # one token per 2x2 patches: the chat template placed each image, the processor expanded it
     text = tokenizer.decode(prompts.prompt_ids[1][prompts.prompt_mask[1].bool()])
-    assert text.startswith("<|im_start|>user\n<|vision_start|>") and text.endswith("both<|im_end|>\n<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>user\n<|vision_start|>") and text.endswith(
+        "both<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_bytes_pil_images_and_a_datasets_image_feature(tiny_vlm_path, tmp_path):
@@ -92,7 +105,14 @@ def _png(image) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("row, needle", [(1, "gone.png' does not exist"), (3, "'corrupt.png' cannot be read as an image"), (4, "image 2 of 2 'deep.png' has mode 'I;16'")])
+@pytest.mark.parametrize(
+    "row, needle",
+    [
+        (1, "gone.png' does not exist"),
+        (3, "'corrupt.png' cannot be read as an image"),
+        (4, "image 2 of 2 'deep.png' has mode 'I;16'"),
+    ],
+)
 def test_a_bad_image_fails_naming_the_file_and_the_row(tiny_vlm_path, tmp_path, row, needle):
     rows = bad_rows(tmp_path)
     data = write_jsonl(tmp_path / "train.jsonl", [rows[0], rows[row]])
@@ -114,7 +134,9 @@ def test_bad_images_are_skipped_and_counted_when_asked(tiny_vlm_path, tmp_path):
 
 def test_images_need_the_chat_template_and_are_never_truncated(tiny_vlm_path, tmp_path):
     pictures((56, 56, (0, 200, 0)))[0].save(tmp_path / "ok.png")
-    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "image": "ok.png"}, {"prompt": "b", "image": "ok.png"}])
+    data = write_jsonl(
+        tmp_path / "train.jsonl", [{"prompt": "a", "image": "ok.png"}, {"prompt": "b", "image": "ok.png"}]
+    )
     with pytest.raises(ValueError, match="data.chat_template: true"):
         PromptDataModule(train_data=data, val_data=None, tokenizer=tiny_vlm_path, batch_size=2).setup("fit")
     with pytest.raises(ValueError, match="cannot be truncated"):
@@ -129,5 +151,7 @@ def test_the_builtin_visual_task_has_a_held_out_split():
     seen = {r["image"].tobytes() for r in train}
     assert not any(r["image"].tobytes() in seen for r in test)
     again = count_shapes_rows("test")
-    assert all(a["image"].tobytes() == b["image"].tobytes() and a["answer"] == b["answer"] for a, b in zip(test, again))  # the same every run
+    assert all(
+        a["image"].tobytes() == b["image"].tobytes() and a["answer"] == b["answer"] for a, b in zip(test, again)
+    )  # the same every run
     assert torch.tensor([int(r["answer"]) for r in test]).float().mean().item() == pytest.approx(3, abs=0.3)

@@ -24,7 +24,9 @@ def max_diff(a, b, mask):
 
 
 @pytest.mark.parametrize("family", ["tiny_vlm_path", "tiny_vlm25_path", "tiny_vlm3_path"])
-@pytest.mark.parametrize("group_size", [1, 3])  # 1: one causal pass per row; 3: each prompt's KV cache shared by its group
+@pytest.mark.parametrize(
+    "group_size", [1, 3]
+)  # 1: one causal pass per row; 3: each prompt's KV cache shared by its group
 def test_sampled_logprobs_equal_the_trainers_recomputation(family, group_size, request):
     path = request.getfixturevalue(family)
     policy, batch = sample(path, group_size)

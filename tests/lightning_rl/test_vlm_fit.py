@@ -30,7 +30,12 @@ def images(root: Path) -> dict[str, list[int]]:
 
 @pytest.mark.slow
 def test_the_shipped_visual_task_runs_a_few_iterations(tmp_path):
-    cli = run_cli("fit", cli_args(tmp_path, str(ASSET), 3, "--model.loop.log_samples_every_n_steps=2", "--data.val_size=20", config=PRESET))
+    cli = run_cli(
+        "fit",
+        cli_args(
+            tmp_path, str(ASSET), 3, "--model.loop.log_samples_every_n_steps=2", "--data.val_size=20", config=PRESET
+        ),
+    )
     assert cli.trainer.global_step == 3
     written = scalars(tmp_path)
     assert [step for step, _ in written["val/reward"]] == [0, 2, 3]  # before the first iteration, at 2, after the last
@@ -54,7 +59,9 @@ def test_ppo_with_a_critic_and_a_reference_on_a_vlm(tiny_vlm_path, tmp_path):
         "rollout": {"class_path": "components.rollout.HFRollout", "init_args": {"group_size": 2, "max_new_tokens": 3}},
         "loop": {"ppo_epochs": 2, "num_mini_batches": 2, "micro_batch_size": 3, "forward_batch_size": 3},
     }}))  # fmt: skip
-    cli = run_cli("fit", cli_args(tmp_path, tiny_vlm_path, 2, "--config", str(override), "--data.val_size=4", config=PRESET))
+    cli = run_cli(
+        "fit", cli_args(tmp_path, tiny_vlm_path, 2, "--config", str(override), "--data.val_size=4", config=PRESET)
+    )
     logged = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert cli.model.reference is not None and cli.model.critic is not None
     assert {"critic/loss", "policy/loss", "reward/shaped_mean"} <= set(logged), sorted(logged)
@@ -65,15 +72,32 @@ def test_ppo_with_a_critic_and_a_reference_on_a_vlm(tiny_vlm_path, tmp_path):
 def test_lora_on_a_vlm_trains_and_exports(tiny_vlm_path, tmp_path):
     from lightning_rl.cli.export import export_checkpoint
 
-    cli = run_cli("fit", cli_args(tmp_path, tiny_vlm_path, 2, "--model.policy.lora.rank=4", "--data.val_size=4", config=PRESET))
+    cli = run_cli(
+        "fit", cli_args(tmp_path, tiny_vlm_path, 2, "--model.policy.lora.rank=4", "--data.val_size=4", config=PRESET)
+    )
     adapted = [n for n, p in cli.model.policy.named_parameters() if p.requires_grad]
     assert adapted and all(".lora_" in n and ".language_model." in n for n in adapted)
     written = export_checkpoint(tmp_path / "checkpoints" / "last.ckpt", tmp_path / "hf")
     exported = load_causal_lm(ModelSpec(path=str(written["policy"])))
     assert type(exported).__name__ == "Qwen2VLForConditionalGeneration"
-    assert (written["policy"] / "preprocessor_config.json").exists() and (written["policy"] / "chat_template.jinja").exists()
+    assert (written["policy"] / "preprocessor_config.json").exists() and (
+        written["policy"] / "chat_template.jinja"
+    ).exists()
 
 
 def test_token_budget_packing_is_refused_for_images_before_training(tiny_vlm_path, tmp_path):
-    with pytest.raises(ValueError, match="model.loop.max_tokens_per_micro_batch: token-budget packing is not supported for prompts with images"):
-        run_cli("fit", cli_args(tmp_path, tiny_vlm_path, 1, "--model.loop.max_tokens_per_micro_batch=256", "--data.val_size=2", config=PRESET))
+    with pytest.raises(
+        ValueError,
+        match="model.loop.max_tokens_per_micro_batch: token-budget packing is not supported for prompts with images",
+    ):
+        run_cli(
+            "fit",
+            cli_args(
+                tmp_path,
+                tiny_vlm_path,
+                1,
+                "--model.loop.max_tokens_per_micro_batch=256",
+                "--data.val_size=2",
+                config=PRESET,
+            ),
+        )

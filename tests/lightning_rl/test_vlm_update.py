@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from components.aggregator import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
-from components.surrogate import CISPO, ClippedSurrogate, CovariancePG, DecoupledClip, OffPolicyCorrection, PolicyGradient
+from components.surrogate import (
+    CISPO,
+    ClippedSurrogate,
+    CovariancePG,
+    DecoupledClip,
+    OffPolicyCorrection,
+    PolicyGradient,
+)
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.models import ModelSpec, load_causal_lm
@@ -24,7 +31,12 @@ SURROGATES = {
     "decoupled": DecoupledClip(),
     "policy_gradient": PolicyGradient(),
 }
-AGGREGATORS = {"token_mean": TokenMean(), "seq_mean_token_mean": SeqMeanTokenMean(), "seq_mean_token_sum": SeqMeanTokenSum(), "token_sum_norm": TokenSumNorm(8)}
+AGGREGATORS = {
+    "token_mean": TokenMean(),
+    "seq_mean_token_mean": SeqMeanTokenMean(),
+    "seq_mean_token_sum": SeqMeanTokenSum(),
+    "token_sum_norm": TokenSumNorm(8),
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +51,9 @@ def scored(tiny_vlm_path):
 
 @pytest.mark.parametrize("aggregator", list(AGGREGATORS))
 @pytest.mark.parametrize("surrogate", list(SURROGATES))
-def test_every_surrogate_and_aggregator_trains_the_language_model_on_a_vlm_batch(surrogate, aggregator, scored, tiny_vlm_path):
+def test_every_surrogate_and_aggregator_trains_the_language_model_on_a_vlm_batch(
+    surrogate, aggregator, scored, tiny_vlm_path
+):
     policy = load_causal_lm(ModelSpec(path=tiny_vlm_path))
     policy.train()
     micro = scored.split(5)[0]  # a micro-batch: part of the groups, its rows' images only
@@ -50,7 +64,9 @@ def test_every_surrogate_and_aggregator_trains_the_language_model_on_a_vlm_batch
     assert torch.isfinite(loss)
     grads = {n: p.grad for n, p in policy.named_parameters()}
     assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if ".language_model." in n)
-    assert all(grads[n] is None for n in grads if n.startswith("model.visual."))  # frozen: no gradient, no optimizer state
+    assert all(
+        grads[n] is None for n in grads if n.startswith("model.visual.")
+    )  # frozen: no gradient, no optimizer state
 
 
 def test_the_vision_tower_trains_only_when_asked(tiny_vlm_path):
@@ -81,7 +97,9 @@ def test_lora_reference_is_the_base_and_the_critic_reads_the_images(tiny_vlm_pat
                 p.add_(0.1)
         plain = load_causal_lm(ModelSpec(path=tiny_vlm_path))
         with adapters_disabled(policy) as reference:
-            torch.testing.assert_close(policy_logprobs(reference, scored)[0], policy_logprobs(plain, scored)[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                policy_logprobs(reference, scored)[0], policy_logprobs(plain, scored)[0], atol=1e-5, rtol=0
+            )
         assert (policy_logprobs(policy, scored)[0] - policy_logprobs(plain, scored)[0]).abs().max() > 1e-3
     for lora in (None, LoraSpec(rank=4)):  # its own backbone, or the LoRA policy's frozen base shared
         critic = ValueCritic(lora=lora)
@@ -91,6 +109,8 @@ def test_lora_reference_is_the_base_and_the_critic_reads_the_images(tiny_vlm_pat
         values = critic(scored)
         assert values.shape == scored.response_ids.shape and torch.isfinite(values).all()
         # the values read the pictures: another prompt's images (same token ids) give other values
-        swapped = scored.replace(image_inputs=scored.image_inputs[3:6] + scored.image_inputs[:3] + scored.image_inputs[6:])
+        swapped = scored.replace(
+            image_inputs=scored.image_inputs[3:6] + scored.image_inputs[:3] + scored.image_inputs[6:]
+        )
         first = scored.response_mask[:3].float()
         assert ((critic(swapped)[:3] - values[:3]).abs() * first).max() > 1e-4

@@ -21,7 +21,9 @@ class Payload:
 
 def check_a_crafted_checkpoint_is_refused_without_running_its_code(tmp_path):
     marker = tmp_path / "pwned"
-    torch.save({"state_dict": {"policy.w": torch.ones(2)}, "hf_export": {}, "payload": Payload(marker)}, tmp_path / "evil.ckpt")
+    torch.save(
+        {"state_dict": {"policy.w": torch.ones(2)}, "hf_export": {}, "payload": Payload(marker)}, tmp_path / "evil.ckpt"
+    )
     with pytest.raises(ValueError, match="evil.ckpt.*not plain data.*could run code"):
         export_checkpoint(tmp_path / "evil.ckpt", tmp_path / "out")
     assert not marker.exists() and not (tmp_path / "out").exists()

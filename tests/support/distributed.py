@@ -66,16 +66,28 @@ def every_step_checkpoints(root: Path) -> list[str]:
 
 def launch(config: str, args: list[str], timeout: int = 240) -> dict:
     """Train in a fresh process group (Lightning spawns the other ranks); returns what the Probe saved."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": pythonpath()}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": pythonpath(),
+    }
     cmd = [sys.executable, "-m", "tests.lightning_rl.dist_probe", "fit", "--config", config, *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return torch.load(Path(args[args.index("--trainer.callbacks=tests.lightning_rl.dist_probe.Probe") + 1].split("=", 1)[1]), weights_only=False)
+    return torch.load(
+        Path(args[args.index("--trainer.callbacks=tests.lightning_rl.dist_probe.Probe") + 1].split("=", 1)[1]),
+        weights_only=False,
+    )
 
 
 def one_process(config: str, args: list[str]) -> dict:
     run_cli("fit", ["--config", config, *args])
-    return torch.load(Path(args[args.index("--trainer.callbacks=tests.lightning_rl.dist_probe.Probe") + 1].split("=", 1)[1]), weights_only=False)
+    return torch.load(
+        Path(args[args.index("--trainer.callbacks=tests.lightning_rl.dist_probe.Probe") + 1].split("=", 1)[1]),
+        weights_only=False,
+    )
 
 
 def assert_same_training(one: dict, two: dict, tol: float = 1e-5) -> None:

@@ -49,7 +49,13 @@ class Scripted(Rollout):
         mask, truncated = response_mask_from_eos(ids, params.eos_ids(self.eos_token_id))
         mask = mask * (torch.arange(width)[None] < torch.tensor([len(t) for t in turns])[:, None])
         logprobs = -0.01 * torch.arange(1, width + 1).float().expand(len(turns), width) * mask
-        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=logprobs, versions=torch.full((ids.shape[0],), 3))
+        return RolloutBatch(
+            response_ids=ids,
+            response_mask=mask,
+            truncated=truncated,
+            rollout_logprobs=logprobs,
+            versions=torch.full((ids.shape[0],), 3),
+        )
 
 
 class Blocking(Echo):

@@ -14,11 +14,19 @@ HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</t
 TURNS = {
     "chatml": [HERMES + "<|im_end|>", "Again:\n" + HERMES + "<|im_end|>", "3<|im_end|>"],
     "llama3": ['{"name": "calc", "parameters": {"expression": "1+2"}}<|eot_id|>'] * 2 + ["3<|eot_id|>"],
-    "thinking": ["<think>\nadd\n</think>\n\n" + HERMES + "<|im_end|>", "<think>\nagain\n</think>\n\n" + HERMES + "<|im_end|>",
-                 "<think>\ndone\n</think>\n\n3<|im_end|>"],
+    "thinking": [
+        "<think>\nadd\n</think>\n\n" + HERMES + "<|im_end|>",
+        "<think>\nagain\n</think>\n\n" + HERMES + "<|im_end|>",
+        "<think>\ndone\n</think>\n\n3<|im_end|>",
+    ],
     "answer": ["3<|im_end|>"] * 3,  # ChatML, no call
 }
-TOOL_RESULT = {"chatml": "<tool_response>", "llama3": "ipython<|end_header_id|>", "thinking": "<tool_response>", "answer": "<tool_response>"}
+TOOL_RESULT = {
+    "chatml": "<tool_response>",
+    "llama3": "ipython<|end_header_id|>",
+    "thinking": "<tool_response>",
+    "answer": "<tool_response>",
+}
 
 
 class ScriptedChat(Rollout):
@@ -26,15 +34,27 @@ class ScriptedChat(Rollout):
 
     def __init__(self, tokenizer, family: str, group_size: int = 1):
         self.tokenizer, self.family = tokenizer, family
-        self.params, self.provides = SamplingParams(group_size=group_size, max_new_tokens=200), Rollout.provides | {"rollout_logprobs"}
+        self.params, self.provides = (
+            SamplingParams(group_size=group_size, max_new_tokens=200),
+            Rollout.provides | {"rollout_logprobs"},
+        )
 
     def generate(self, prompts, policy, params=None):
         turns = []
         for ids, mask in zip(prompts.prompt_ids, prompts.prompt_mask):
             context = self.tokenizer.decode(ids[mask.bool()].tolist())
-            turns.append(self.tokenizer.encode(TURNS[self.family][context.count(TOOL_RESULT[self.family])], add_special_tokens=False))
+            turns.append(
+                self.tokenizer.encode(
+                    TURNS[self.family][context.count(TOOL_RESULT[self.family])], add_special_tokens=False
+                )
+            )
         width = max(len(t) for t in turns)
         ids = torch.tensor([t + [self.pad_token_id] * (width - len(t)) for t in turns])
         mask, truncated = response_mask_from_eos(ids, (params or self.params).eos_ids(self.eos_token_id))
-        return RolloutBatch(response_ids=ids, response_mask=mask, truncated=truncated, rollout_logprobs=-0.1 * mask.float(),
-                            versions=torch.zeros(len(turns), dtype=torch.long))
+        return RolloutBatch(
+            response_ids=ids,
+            response_mask=mask,
+            truncated=truncated,
+            rollout_logprobs=-0.1 * mask.float(),
+            versions=torch.zeros(len(turns), dtype=torch.long),
+        )

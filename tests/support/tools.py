@@ -50,7 +50,9 @@ def check_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkey
     for path in (str(run_folder / "planted"), "planted", str(tmp_path / "planted")):
         attempt(tool, f"open({path!r}, 'w').write('x')")
     assert checkpoint.read_bytes() == b"weights"
-    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(["home", ".ssh", "id_rsa", "run", "checkpoints", "last.ckpt"])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["home", ".ssh", "id_rsa", "run", "checkpoints", "last.ckpt"]
+    )
     # the scratch folder is writable while the program runs and empty at the next call
     assert attempt(tool, "open('notes', 'w').write('kept?'); print(open('notes').read())") == "kept?"
     assert attempt(tool, "import os; print(os.listdir('.'))") == "[]"
@@ -73,12 +75,32 @@ def check_without_namespaces_the_tool_refuses_unless_opted_out():
         "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    tool = PythonTool(isolation='none')\n"
         "print(caught[0].message)\nprint(tool('print(6 * 7)'))"
     )
-    run = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"', "sh",
-                          sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    run = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"',
+            "sh",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+    )
     refusal, warning, answer = run.stdout.strip().splitlines()
-    assert refusal.startswith("PythonTool cannot isolate the model's code on this machine: error: [Errno 28] unshare(CLONE_NEWUSER)")
+    assert refusal.startswith(
+        "PythonTool cannot isolate the model's code on this machine: error: [Errno 28] unshare(CLONE_NEWUSER)"
+    )
     assert "isolation: none" in refusal and "SandboxFusionTool" in refusal
-    assert warning.startswith("PythonTool(isolation: none): the program runs with the trainer's user and rights: it can read the trainer's files and secrets")
+    assert warning.startswith(
+        "PythonTool(isolation: none): the program runs with the trainer's user and rights: it can read the trainer's files and secrets"
+    )
     assert answer == "42"
 
 

@@ -76,7 +76,9 @@ class OpenAIAgent(Agent):
             batch_wait_s: how long the endpoint waits for one more concurrent call before sampling those it has.
         """
         if timeout_s <= 0 or max_total_tokens < 1 or batch_wait_s < 0:
-            raise ValueError(f"OpenAIAgent: need timeout_s > 0, max_total_tokens >= 1 and batch_wait_s >= 0; got {timeout_s}, {max_total_tokens}, {batch_wait_s}")
+            raise ValueError(
+                f"OpenAIAgent: need timeout_s > 0, max_total_tokens >= 1 and batch_wait_s >= 0; got {timeout_s}, {max_total_tokens}, {batch_wait_s}"
+            )
         if reasoning_tags is not None and len(reasoning_tags) != 2:
             raise ValueError(f"OpenAIAgent: reasoning_tags must be [open, close], got {reasoning_tags}")
         self.function_path, self.timeout_s, self.max_total_tokens = function, timeout_s, max_total_tokens
@@ -95,12 +97,18 @@ class OpenAIAgent(Agent):
         try:
             import openai  # noqa: F401
         except ImportError:
-            raise ImportError("model.agent (OpenAIAgent) gives the agent an OpenAI client: pip install 'lightning-rl[agents]'") from None
+            raise ImportError(
+                "model.agent (OpenAIAgent) gives the agent an OpenAI client: pip install 'lightning-rl[agents]'"
+            ) from None
         if sampler.params.greedy_baseline:
-            raise ValueError("model.agent (OpenAIAgent) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false")
+            raise ValueError(
+                "model.agent (OpenAIAgent) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
+            )
         if "rollout_logprobs" not in sampler.provides:
-            raise ValueError("model.agent (OpenAIAgent) records the sampler's log-prob of every token it serves: use a rollout that "
-                             "reports them (SGLangRollout, or HFRollout with return_logprobs: true)")
+            raise ValueError(
+                "model.agent (OpenAIAgent) records the sampler's log-prob of every token it serves: use a rollout that "
+                "reports them (SGLangRollout, or HFRollout with return_logprobs: true)"
+            )
         self.function = _load_function(self.function_path)
         self.tokenizer = tokenizer
         source = self.template_source
@@ -113,23 +121,38 @@ class OpenAIAgent(Agent):
         for text in self.tool_calls.stop_texts:
             ids = tokenizer.encode(text, add_special_tokens=False)
             if len(ids) != 1:
-                warnings.warn(f"model.agent.init_args.tool_calls: the stop text {text!r} is {len(ids)} tokens for this tokenizer and a "
-                              "sampler stops on single tokens: a turn then runs on to its end-of-turn token or max_new_tokens (its calls "
-                              "are still read). Add the text to the tokenizer as one token")
+                warnings.warn(
+                    f"model.agent.init_args.tool_calls: the stop text {text!r} is {len(ids)} tokens for this tokenizer and a "
+                    "sampler stops on single tokens: a turn then runs on to its end-of-turn token or max_new_tokens (its calls "
+                    "are still read). Add the text to the tokenizer as one token"
+                )
                 continue
             self.stop_ids.append(ids[0])
         self.endpoint = Endpoint(self.model_name)
 
     # ------------------------------------------------------------------ a round of episodes
     @torch.no_grad()
-    def generate(self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> tuple[RolloutBatch, dict[str, Tensor]]:
+    def generate(
+        self, sampler: Rollout, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None
+    ) -> tuple[RolloutBatch, dict[str, Tensor]]:
         if self.endpoint is None:
-            raise RuntimeError("OpenAIAgent.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)")
+            raise RuntimeError(
+                "OpenAIAgent.setup(tokenizer, sampler) must run before generate (RLModule.configure_model calls it)"
+            )
         params = params or sampler.params
         g, rows = params.samples_per_prompt, prompts.rows()
-        data_prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
-        episodes = [EpisodeRun(uuid.uuid4().hex, rows[i // g], data_prompts[i // g], Conversation(self.template, self.tokenizer, self.max_total_tokens))
-                    for i in range(len(prompts) * g)]
+        data_prompts = [
+            ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())
+        ]
+        episodes = [
+            EpisodeRun(
+                uuid.uuid4().hex,
+                rows[i // g],
+                data_prompts[i // g],
+                Conversation(self.template, self.tokenizer, self.max_total_tokens),
+            )
+            for i in range(len(prompts) * g)
+        ]
         round_ = Round(self, sampler, policy, params, episodes)
         self._rounds.add(round_)
         was_training = policy.training if policy is not None else False
@@ -155,7 +178,13 @@ class OpenAIAgent(Agent):
             import openai
 
             # one connection pool for every episode: a client of its own costs an SSL context (~30 ms of CPU, far more under load)
-            client = openai.OpenAI(base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=self._http())
+            client = openai.OpenAI(
+                base_url=url,
+                api_key=self.endpoint.token,
+                max_retries=0,
+                timeout=self.timeout_s,
+                http_client=self._http(),
+            )
             try:
                 future.set_result(self.function(client, row)) if future.set_running_or_notify_cancel() else None
             except BaseException as err:  # the agent's failure is the episode's, reported in its metrics
@@ -167,7 +196,13 @@ class OpenAIAgent(Agent):
     async def _run_async(self, url: str, row: dict) -> Any:
         import openai
 
-        client = openai.AsyncOpenAI(base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=self._async_http())
+        client = openai.AsyncOpenAI(
+            base_url=url,
+            api_key=self.endpoint.token,
+            max_retries=0,
+            timeout=self.timeout_s,
+            http_client=self._async_http(),
+        )
         return await self.function(client, row)
 
     def _http(self):
@@ -199,12 +234,21 @@ class OpenAIAgent(Agent):
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         columns.update(
             result=[e.result for e in episodes for _ in range(k)],
-            completions=[(e.result if isinstance(e.result, str) else e.last_text) if e.status == "done" else "" for e in episodes for _ in range(k)],
+            completions=[
+                (e.result if isinstance(e.result, str) else e.last_text) if e.status == "done" else ""
+                for e in episodes
+                for _ in range(k)
+            ],
             agent_error=[e.error for e in episodes for _ in range(k)],
             transcripts=[transcript(row, decode) for row in flat],
         )
-        return RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, columns=columns, **response_fields(flat, pad_token_id, device),
-                            group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g * k))
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            columns=columns,
+            **response_fields(flat, pad_token_id, device),
+            group_ids=torch.arange(len(prompts), device=device).repeat_interleave(g * k),
+        )
 
     # ------------------------------------------------------------------ texts and warnings
     def turn_text(self, ids: list[int]) -> str:
@@ -245,6 +289,7 @@ def _shared_http_client(asynchronous: bool):
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
     if asynchronous:
+
         class Shared(httpx.AsyncClient):
             async def aclose(self) -> None:
                 pass
@@ -252,12 +297,14 @@ def _shared_http_client(asynchronous: bool):
             async def release(self) -> None:
                 await httpx.AsyncClient.aclose(self)
     else:
+
         class Shared(httpx.Client):
             def close(self) -> None:
                 pass
 
             def release(self) -> None:
                 httpx.Client.close(self)
+
     return Shared(limits=limits, trust_env=False)  # trust_env: no proxy from the environment between us and loopback
 
 
@@ -266,12 +313,16 @@ def _load_function(path: str) -> Callable:
     try:
         function = getattr(importlib.import_module(module_name), name) if module_name else None
     except ImportError as err:
-        raise ImportError(f"model.agent.init_args.function: cannot import {module_name!r} ({err}); give a dotted path module.function "
-                          "importable from the directory you run in") from None
+        raise ImportError(
+            f"model.agent.init_args.function: cannot import {module_name!r} ({err}); give a dotted path module.function "
+            "importable from the directory you run in"
+        ) from None
     except AttributeError:
         function = None
     if not callable(function):
-        raise ValueError(f"model.agent.init_args.function: {path!r} is not a function; give the dotted path of agent(client, row)")
+        raise ValueError(
+            f"model.agent.init_args.function: {path!r} is not a function; give the dotted path of agent(client, row)"
+        )
     return function
 
 

@@ -43,7 +43,10 @@ def normalized(message: dict) -> dict:
     if not isinstance(message, dict) or "role" not in message:
         raise ValueError(f"every message needs a role; got {message!r:.120}")
     calls = [
-        (call.get("function", {}).get("name"), json.dumps(_arguments(call.get("function", {}).get("arguments")), sort_keys=True))
+        (
+            call.get("function", {}).get("name"),
+            json.dumps(_arguments(call.get("function", {}).get("arguments")), sort_keys=True),
+        )
         for call in message.get("tool_calls") or []
     ]
     return {
@@ -76,17 +79,26 @@ class ChatTemplate:
     def __init__(self, tokenizer, template: str | None = None):
         self.tokenizer, self.template = tokenizer, template or getattr(tokenizer, "chat_template", None)
         if not self.template:
-            raise ValueError("the policy's tokenizer has no chat template, which /v1/chat/completions needs: set "
-                             "model.agent.init_args.chat_template (a Jinja template, or a file holding one), or call /v1/completions")
-        text = self._render([{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}], None, False)
+            raise ValueError(
+                "the policy's tokenizer has no chat template, which /v1/chat/completions needs: set "
+                "model.agent.init_args.chat_template (a Jinja template, or a file holding one), or call /v1/completions"
+            )
+        text = self._render(
+            [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}], None, False
+        )
         if _ASSISTANT not in text:
-            raise ValueError("the chat template does not render an assistant message's content; the endpoint cannot append turns to it")
+            raise ValueError(
+                "the chat template does not render an assistant message's content; the endpoint cannot append turns to it"
+            )
         self.end_of_turn = text[text.rindex(_ASSISTANT) + len(_ASSISTANT) :]  # e.g. "<|im_end|>\n"
 
     def _render(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            [template_message(m) for m in messages], tools=tools or None, chat_template=self.template,
-            add_generation_prompt=generation_prompt, tokenize=False,
+            [template_message(m) for m in messages],
+            tools=tools or None,
+            chat_template=self.template,
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
         )
 
     def end_of_turn_id(self) -> int | None:

@@ -80,7 +80,9 @@ class Conversation:
         done = row.covers[0] if row is not None else None
         if isinstance(done, str) and len(prompt) > len(done) and prompt.startswith(done):
             return self._pending(row, self.tokenizer.encode(prompt[len(done) :], add_special_tokens=False), [prompt])
-        return self._start(Row(Episode(self.tokenizer.encode(prompt, add_special_tokens=False), None), "text"), [prompt])
+        return self._start(
+            Row(Episode(self.tokenizer.encode(prompt, add_special_tokens=False), None), "text"), [prompt]
+        )
 
     def _current(self, kind: str) -> Row | None:
         return self.rows[-1] if self.rows and self.rows[-1].kind == kind else None
@@ -88,8 +90,10 @@ class Conversation:
     def _pending(self, row: Row, added: list[int], covers: list) -> Pending:
         if len(row.episode.ids) + len(added) + 1 > self.max_total_tokens:
             row.episode.truncated = True
-            raise ContextFull(f"this conversation's training row holds {len(row.episode.ids)} + {len(added)} new tokens, and "
-                              f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn")
+            raise ContextFull(
+                f"this conversation's training row holds {len(row.episode.ids)} + {len(added)} new tokens, and "
+                f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn"
+            )
         return Pending(row, added, row.context + added, covers, False)
 
     def _start(self, row: Row, covers: list) -> Pending:
@@ -101,7 +105,15 @@ class Conversation:
         """The most tokens the call may sample."""
         return max(1, self.max_total_tokens - len(pending.row.episode.ids) - len(pending.added))
 
-    def commit(self, pending: Pending, ids: list[int], logprobs: list[float] | None, versions: list[int], reply: Any, truncated: bool) -> None:
+    def commit(
+        self,
+        pending: Pending,
+        ids: list[int],
+        logprobs: list[float] | None,
+        versions: list[int],
+        reply: Any,
+        truncated: bool,
+    ) -> None:
         """Record the sampled turn; ``reply`` is what the endpoint answers (the assistant message, or the text)."""
         row = pending.row
         if pending.new_row:
@@ -113,5 +125,9 @@ class Conversation:
         row.episode.turns += 1
         row.episode.truncated = truncated
         row.last_turn = ids
-        row.covers = pending.covers + [normalized(reply)] if row.kind == "chat" else [None if pending.covers[0] is None else pending.covers[0] + reply]
+        row.covers = (
+            pending.covers + [normalized(reply)]
+            if row.kind == "chat"
+            else [None if pending.covers[0] is None else pending.covers[0] + reply]
+        )
         self.calls += 1

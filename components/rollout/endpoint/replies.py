@@ -35,11 +35,15 @@ def call_limits(request: dict, tokenizer, warn) -> CallLimits:
     if request.get("stream"):
         raise BadRequest("stream: true is not supported by the trainer's endpoint; request the whole answer")
     if int(request.get("n") or 1) != 1:
-        raise BadRequest("n must be 1: each call is one turn of the episode (run the agent several times for several samples)")
+        raise BadRequest(
+            "n must be 1: each call is one turn of the episode (run the agent several times for several samples)"
+        )
     for key in ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "seed"):
         if request.get(key) is not None:
-            warn(f"the agent's requests set {key!r}; the endpoint samples with model.rollout's settings (the trainer's "
-                 "log-probs mirror them), so it is not used")
+            warn(
+                f"the agent's requests set {key!r}; the endpoint samples with model.rollout's settings (the trainer's "
+                "log-probs mirror them), so it is not used"
+            )
     cap = request.get("max_completion_tokens") or request.get("max_tokens")
     if cap is not None and (not isinstance(cap, int) or cap < 1):
         raise BadRequest(f"max_tokens must be a positive integer, got {cap!r}")
@@ -77,24 +81,65 @@ def chat_message(text: str, parser: ToolCallParser, reasoning_tags: tuple[str, s
     return message
 
 
-def chat_answer(model: str, message: dict, finish: str, prompt_ids: list[int], ids: list[int], logprobs, tokenizer, limits: CallLimits) -> dict:
-    choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if message.get("tool_calls") and finish == "stop" else finish,
-              "logprobs": {"content": _logprob_entries(tokenizer, ids, logprobs)} if limits.logprobs else None, "token_ids": ids}
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": _usage(prompt_ids, ids), "prompt_token_ids": prompt_ids}
+def chat_answer(
+    model: str,
+    message: dict,
+    finish: str,
+    prompt_ids: list[int],
+    ids: list[int],
+    logprobs,
+    tokenizer,
+    limits: CallLimits,
+) -> dict:
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if message.get("tool_calls") and finish == "stop" else finish,
+        "logprobs": {"content": _logprob_entries(tokenizer, ids, logprobs)} if limits.logprobs else None,
+        "token_ids": ids,
+    }
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(prompt_ids, ids),
+        "prompt_token_ids": prompt_ids,
+    }
 
 
-def completion_answer(model: str, text: str, finish: str, prompt_ids: list[int], ids: list[int], logprobs, tokenizer, limits: CallLimits) -> dict:
+def completion_answer(
+    model: str, text: str, finish: str, prompt_ids: list[int], ids: list[int], logprobs, tokenizer, limits: CallLimits
+) -> dict:
     entries = _logprob_entries(tokenizer, ids, logprobs) if limits.logprobs else None
     offsets, at = [], 0
     for entry in entries or []:
         offsets.append(at)
         at += len(entry["token"])
-    choice = {"index": 0, "text": text, "finish_reason": finish, "token_ids": ids,
-              "logprobs": None if entries is None else {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                                                        "text_offset": offsets, "top_logprobs": [{} for _ in entries]}}
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": _usage(prompt_ids, ids), "prompt_token_ids": prompt_ids}
+    choice = {
+        "index": 0,
+        "text": text,
+        "finish_reason": finish,
+        "token_ids": ids,
+        "logprobs": None
+        if entries is None
+        else {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "text_offset": offsets,
+            "top_logprobs": [{} for _ in entries],
+        },
+    }
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(prompt_ids, ids),
+        "prompt_token_ids": prompt_ids,
+    }
 
 
 def _usage(prompt_ids: list[int], ids: list[int]) -> dict:

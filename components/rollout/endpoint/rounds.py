@@ -17,7 +17,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from jinja2 import TemplateError
 
@@ -67,7 +67,11 @@ class Round:
         call = Call(episode, route, request)
         with self._closing:
             if self._closed or episode.status != "running":
-                return error(404, f"this episode has ended ({episode.status}); its client cannot sample any more", "episode_ended")
+                return error(
+                    404,
+                    f"this episode has ended ({episode.status}); its client cannot sample any more",
+                    "episode_ended",
+                )
             self.calls.put(call)
         return call.answer.result()  # always answered: by the driver, or by `run`'s final drain
 
@@ -104,18 +108,28 @@ class Round:
                 continue
             if episode.future.done():
                 failure = episode.future.exception() if not episode.future.cancelled() else None
-                episode.status, episode.error = ("error", f"{type(failure).__name__}: {failure}") if failure is not None else ("done", "")
+                episode.status, episode.error = (
+                    ("error", f"{type(failure).__name__}: {failure}") if failure is not None else ("done", "")
+                )
                 episode.result = None if failure is not None else episode.future.result()
             elif self.cancelled.is_set() or now > episode.deadline:
                 episode.status = "cancelled" if self.cancelled.is_set() else "timeout"
-                episode.error = "the run stopped" if self.cancelled.is_set() else f"no result within {self.agent.timeout_s} s"
+                episode.error = (
+                    "the run stopped" if self.cancelled.is_set() else f"no result within {self.agent.timeout_s} s"
+                )
                 episode.future.cancel()  # a task is cancelled; a thread is left to finish on its own, shut out
             if episode.status != "running":
                 self.agent.endpoint.close_episode(episode.key)
         return any(e.status == "running" for e in self.episodes)
 
     def _refuse(self, call: Call) -> None:
-        call.answer.set_result(error(404, f"this episode has ended ({call.episode.status}); its client cannot sample any more", "episode_ended"))
+        call.answer.set_result(
+            error(
+                404,
+                f"this episode has ended ({call.episode.status}); its client cannot sample any more",
+                "episode_ended",
+            )
+        )
 
     def _serve(self, calls: list[Call]) -> None:
         ready: dict[tuple, list] = {}
@@ -172,11 +186,17 @@ class Round:
                 reply = chat_message(text, agent.tool_calls, agent.reasoning)
                 call.episode.tool_calls += len(reply.get("tool_calls") or [])
                 call.episode.last_text = reply.get("content") or ""
-                answer = chat_answer(agent.model_name, reply, finish, pending.context, sampled, logprobs, agent.tokenizer, limits)
+                answer = chat_answer(
+                    agent.model_name, reply, finish, pending.context, sampled, logprobs, agent.tokenizer, limits
+                )
             else:
                 reply = call.episode.last_text = text
-                answer = completion_answer(agent.model_name, text, finish, pending.context, sampled, logprobs, agent.tokenizer, limits)
-            call.episode.conversation.commit(pending, sampled, logprobs, versions[row][: lengths[row]], reply, finish == "length")
+                answer = completion_answer(
+                    agent.model_name, text, finish, pending.context, sampled, logprobs, agent.tokenizer, limits
+                )
+            call.episode.conversation.commit(
+                pending, sampled, logprobs, versions[row][: lengths[row]], reply, finish == "length"
+            )
             call.answer.set_result((200, answer))
 
     def policy_device(self):

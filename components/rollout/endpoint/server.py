@@ -24,7 +24,9 @@ ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "comple
 
 
 def error(status: int, message: str, code: str | None = None) -> tuple[int, dict]:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(status, "server_error")
+    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}.get(
+        status, "server_error"
+    )
     return status, {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
@@ -98,23 +100,36 @@ class Endpoint:
 
     def _get(self, path: str, auth: str) -> tuple[int, dict]:
         if not self._authorised(auth):
-            return error(401, "invalid API key: use the api_key of the client the trainer gave the agent", "invalid_api_key")
+            return error(
+                401, "invalid API key: use the api_key of the client the trainer gave the agent", "invalid_api_key"
+            )
         _, route = self._split(path)
         if route == "/v1/models":
-            return 200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "lightning-rl"}]}
-        return error(404, f"no GET route {route}; this endpoint serves /v1/models, /v1/chat/completions and /v1/completions")
+            return 200, {
+                "object": "list",
+                "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "lightning-rl"}],
+            }
+        return error(
+            404, f"no GET route {route}; this endpoint serves /v1/models, /v1/chat/completions and /v1/completions"
+        )
 
     def _post(self, path: str, auth: str, body: bytes) -> tuple[int, dict]:
         if not self._authorised(auth):
-            return error(401, "invalid API key: use the api_key of the client the trainer gave the agent", "invalid_api_key")
+            return error(
+                401, "invalid API key: use the api_key of the client the trainer gave the agent", "invalid_api_key"
+            )
         episode, route = self._split(path)
         if route not in ROUTES:
             return error(404, f"no route {route}; this endpoint serves /v1/chat/completions and /v1/completions")
         with self._lock:
             handler = self._handlers.get(episode)
         if handler is None:
-            return error(404, "this episode has ended (it returned, passed its deadline, or the run stopped); its client "
-                              "cannot sample any more", "episode_ended")
+            return error(
+                404,
+                "this episode has ended (it returned, passed its deadline, or the run stopped); its client "
+                "cannot sample any more",
+                "episode_ended",
+            )
         try:
             request = json.loads(body or b"{}")
         except ValueError as err:

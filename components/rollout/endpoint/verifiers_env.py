@@ -28,8 +28,10 @@ def load_environment(path: str, env_args: dict | None = None):
     try:
         target = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as err:
-        raise ImportError(f"verifiers environment {path!r}: cannot import it ({err}); give the dotted path of a function that "
-                          "returns a verifiers Environment (e.g. my_env.load_environment)") from None
+        raise ImportError(
+            f"verifiers environment {path!r}: cannot import it ({err}); give the dotted path of a function that "
+            "returns a verifiers Environment (e.g. my_env.load_environment)"
+        ) from None
     env = target(**(env_args or {})) if callable(target) and not hasattr(target, "run_rollout") else target
     if not hasattr(env, "run_rollout"):
         raise TypeError(f"verifiers environment {path!r} gave a {type(env).__name__}, not a verifiers Environment")
@@ -61,14 +63,25 @@ class VerifiersAgent(OpenAIAgent):
             reasoning_tags: see OpenAIAgent.
             batch_wait_s: see OpenAIAgent.
         """
-        super().__init__(f"{__name__}.run_episode", timeout_s, max_total_tokens, chat_template, tool_calls, reasoning_tags, "policy", batch_wait_s)
+        super().__init__(
+            f"{__name__}.run_episode",
+            timeout_s,
+            max_total_tokens,
+            chat_template,
+            tool_calls,
+            reasoning_tags,
+            "policy",
+            batch_wait_s,
+        )
         self.environment, self.env_args, self.env = environment, dict(env_args or {}), None
 
     def setup(self, tokenizer, sampler) -> None:
         try:
             import verifiers  # noqa: F401
         except ImportError:
-            raise ImportError("model.agent (VerifiersAgent) runs verifiers environments: pip install 'lightning-rl[agents]'") from None
+            raise ImportError(
+                "model.agent (VerifiersAgent) runs verifiers environments: pip install 'lightning-rl[agents]'"
+            ) from None
         self.env = load_environment(self.environment, self.env_args)
         super().setup(tokenizer, sampler)
         env = self.env
@@ -88,8 +101,16 @@ async def run_episode(env, client, row: dict) -> dict:
     if error:
         raise RuntimeError(f"the verifiers rollout failed: {error}")
     completion = output.get("completion") or []
-    texts = [m.get("content") for m in completion if isinstance(m, dict) and m.get("role") == "assistant"] if isinstance(completion, list) else [completion]
-    return {"reward": float(output.get("reward") or 0.0), "metrics": output.get("metrics") or {}, "answer": (texts[-1] if texts else "") or ""}
+    texts = (
+        [m.get("content") for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+        if isinstance(completion, list)
+        else [completion]
+    )
+    return {
+        "reward": float(output.get("reward") or 0.0),
+        "metrics": output.get("metrics") or {},
+        "answer": (texts[-1] if texts else "") or "",
+    }
 
 
 def episode_input(env, row: dict) -> dict:
@@ -100,8 +121,12 @@ def episode_input(env, row: dict) -> dict:
     messages += list(env.few_shot or []) + [{"role": "user", "content": row["prompt"]}]
     info = row.get("info") or {}
     # no "task" key: verifiers 0.2 reads a string there as a retired routing field and refuses the input
-    return {"prompt": messages, "answer": str(row.get("answer", "")), "info": json.loads(info) if isinstance(info, str) else info,
-            "example_id": int(row.get("example_id", 0))}
+    return {
+        "prompt": messages,
+        "answer": str(row.get("answer", "")),
+        "info": json.loads(info) if isinstance(info, str) else info,
+        "example_id": int(row.get("example_id", 0)),
+    }
 
 
 def verifiers_rows(source: str, split: str) -> list[dict]:
@@ -109,10 +134,20 @@ def verifiers_rows(source: str, split: str) -> list[dict]:
     with the prompt's last user text (what the samples table shows), the answer and the whole input."""
     path, _, args = source[len("verifiers:") :].partition("?")
     env = load_environment(path, json.loads(args) if args else None)
-    dataset = env.get_dataset() if split == "train" else (env.get_eval_dataset() if env.eval_dataset_source is not None else env.get_dataset())
+    dataset = (
+        env.get_dataset()
+        if split == "train"
+        else (env.get_eval_dataset() if env.eval_dataset_source is not None else env.get_dataset())
+    )
     rows = []
     for example in dataset:
         keep = {k: example[k] for k in ("prompt", "answer", "info", "task", "example_id") if k in example}
         user = [m["content"] for m in keep["prompt"] if m.get("role") == "user"]
-        rows.append({"prompt": user[-1] if user else "", "answer": str(keep.get("answer", "")), "verifiers_input": json.dumps(keep, default=str)})
+        rows.append(
+            {
+                "prompt": user[-1] if user else "",
+                "answer": str(keep.get("answer", "")),
+                "verifiers_input": json.dumps(keep, default=str),
+            }
+        )
     return rows

@@ -44,7 +44,9 @@ def sha256(tensor: Tensor) -> str:
 def _refused(url: str, name: str):
     def check(answer) -> None:
         if isinstance(answer, dict) and answer.get("success") is False:
-            raise SGLangError(f"SGLang server at {url} refused LoRA adapter {name!r}: {answer.get('error_message')}. {NEEDS}")
+            raise SGLangError(
+                f"SGLang server at {url} refused LoRA adapter {name!r}: {answer.get('error_message')}. {NEEDS}"
+            )
 
     return check
 
@@ -54,7 +56,12 @@ def push_adapter(client: SGLangClient, urls: list[str], name: str, config: dict,
     serialized = base64.b64encode(pickle.dumps(tensors)).decode()
     checksums = {key: sha256(t) for key, t in tensors.items()}
     for url in urls:
-        body = {"lora_name": name, "config_dict": config, "serialized_named_tensors": [serialized] * tp_size(client, url), "expected_checksums": checksums}
+        body = {
+            "lora_name": name,
+            "config_dict": config,
+            "serialized_named_tensors": [serialized] * tp_size(client, url),
+            "expected_checksums": checksums,
+        }
         try:
             client.request(url, "/load_lora_adapter_from_tensors", body, check=_refused(url, name))
         except SGLangError as err:

@@ -45,7 +45,9 @@ class DistributedPush:
         try:
             group = self._weight_group(policy, urls)
             if abort:
-                self._each(urls, "/pause_generation", {"mode": "abort"})  # our requests in flight end with what they have
+                self._each(
+                    urls, "/pause_generation", {"mode": "abort"}
+                )  # our requests in flight end with what they have
             gate.wait_idle()
             if not abort:
                 self._each(urls, "/pause_generation", {"mode": "retract"})

@@ -24,7 +24,9 @@ class Weight:
     key: str  # in policy.state_dict()
     shape: torch.Size  # full (unsharded)
     dtype: torch.dtype
-    lora: tuple[str, str, float, bool] | None = None  # keys of A and B, scaling, fan_in_fan_out: sent as W + scaling B A
+    lora: tuple[str, str, float, bool] | None = (
+        None  # keys of A and B, scaling, fan_in_fan_out: sent as W + scaling B A
+    )
 
     @property
     def nbytes(self) -> int:
@@ -75,10 +77,16 @@ def checkpoint_names(policy: nn.Module, named: dict[str, Tensor]) -> dict[str, s
     from transformers.core_model_loading import revert_weight_conversion
 
     by_tensor = {id(t): name for name, t in named.items()}
-    names = {by_tensor[id(t)]: saved for saved, t in revert_weight_conversion(policy, dict(named)).items() if id(t) in by_tensor}
+    names = {
+        by_tensor[id(t)]: saved
+        for saved, t in revert_weight_conversion(policy, dict(named)).items()
+        if id(t) in by_tensor
+    }
     if len(names) != len(named):  # a conversion that fuses or splits tensors, not a renaming
         missing = sorted(set(named) - set(names))[:3]
-        raise ValueError(f"SGLangRollout: cannot name {missing} as {type(policy).__name__}'s checkpoint does; use weight_sync: disk")
+        raise ValueError(
+            f"SGLangRollout: cannot name {missing} as {type(policy).__name__}'s checkpoint does; use weight_sync: disk"
+        )
     return names
 
 
@@ -95,7 +103,9 @@ def gather(state: dict[str, Tensor], bucket: list[Weight]) -> list[Tensor]:
         full = _full(state[weight.key]).detach()
         if weight.lora is not None:
             a_key, b_key, scaling, fan_in_fan_out = weight.lora
-            full = merged_weight(full, _full(state[a_key]).detach(), _full(state[b_key]).detach(), scaling, fan_in_fan_out)
+            full = merged_weight(
+                full, _full(state[a_key]).detach(), _full(state[b_key]).detach(), scaling, fan_in_fan_out
+            )
         tensors.append(full)
     return tensors
 

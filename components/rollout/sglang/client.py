@@ -35,7 +35,9 @@ class Retry(Exception):
 class SGLangClient:
     """POST/GET with retries. ``death_note(url)`` may explain a failure (a launched server's exit code and log)."""
 
-    def __init__(self, timeout_s: float, max_retries: int, backoff: float, death_note: Callable[[str], str | None] | None = None):
+    def __init__(
+        self, timeout_s: float, max_retries: int, backoff: float, death_note: Callable[[str], str | None] | None = None
+    ):
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff = backoff
@@ -78,7 +80,9 @@ class SGLangClient:
             + (note or "Is the server running and reachable from here? Check model.rollout.init_args.base_url.")
         )
 
-    def _once(self, url: str, path: str, payload: Any, method: str, retry_statuses: tuple[int, ...], timeout_s: float) -> Any:
+    def _once(
+        self, url: str, path: str, payload: Any, method: str, retry_statuses: tuple[int, ...], timeout_s: float
+    ) -> Any:
         data = None if payload is None else json.dumps(payload).encode()
         req = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
@@ -88,7 +92,9 @@ class SGLangClient:
             detail = err.read().decode(errors="replace").strip()[:2000]
             if err.code in retry_statuses:
                 raise Retry(f"HTTP {err.code}: {detail}") from err
-            raise SGLangError(f"SGLang server at {url}: {method} {path} was refused with HTTP {err.code}: {detail}") from err
+            raise SGLangError(
+                f"SGLang server at {url}: {method} {path} was refused with HTTP {err.code}: {detail}"
+            ) from err
         except urllib.error.URLError as err:
             if isinstance(err.reason, (TimeoutError, socket.timeout)):
                 raise Retry(f"no answer within timeout_s={timeout_s}") from err
@@ -96,7 +102,9 @@ class SGLangClient:
         except (TimeoutError, socket.timeout) as err:
             raise Retry(f"no answer within timeout_s={timeout_s}") from err
         except (http.client.HTTPException, ConnectionError) as err:
-            raise Retry(f"connection dropped before an answer ({type(err).__name__}: {err}); the server may have died") from err
+            raise Retry(
+                f"connection dropped before an answer ({type(err).__name__}: {err}); the server may have died"
+            ) from err
         text = body.decode(errors="replace")
         try:
             return json.loads(text) if text else None
@@ -174,6 +182,11 @@ def wait_for_answers(futures: list[Future], deadline_s: float, progress_every_s:
         if pending and time.monotonic() - start >= progress_every_s:
             log.warning(
                 "SGLang rollout: waiting %.0f s for %s: %d/%d requests answered, %d pending (deadline_s=%g)",
-                time.monotonic() - start, ", ".join(urls), len(futures) - len(pending), len(futures), len(pending), deadline_s,
+                time.monotonic() - start,
+                ", ".join(urls),
+                len(futures) - len(pending),
+                len(futures),
+                len(pending),
+                deadline_s,
             )
     return [f.result() for f in futures]

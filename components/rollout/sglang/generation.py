@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
 
@@ -42,7 +41,9 @@ class Sample(NamedTuple):
     versions: list[int]  # per token: the weight version that sampled it
 
 
-def sampling_params(n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int, stop_token_ids: list[int]) -> dict:
+def sampling_params(
+    n: int, temperature: float, top_p: float, top_k: int, max_new_tokens: int, stop_token_ids: list[int]
+) -> dict:
     return {
         "n": n,
         "temperature": temperature,
@@ -67,7 +68,14 @@ def image_data(images: list) -> list[str]:
 
 
 def generate(
-    client: SGLangClient, url: str, input_ids: list[int], params: dict, version: int, lora_name: str | None = None, partial: bool = False, check_version: bool = True,
+    client: SGLangClient,
+    url: str,
+    input_ids: list[int],
+    params: dict,
+    version: int,
+    lora_name: str | None = None,
+    partial: bool = False,
+    check_version: bool = True,
     images: list[str] | None = None,
 ) -> list[Sample]:
     """The ``params["n"]`` samples of one prompt; aborted requests are sent again (they count as retries), or with
@@ -86,13 +94,23 @@ def generate(
     return samples
 
 
-def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict, lora_name: str | None, partial: bool, images: list[str] | None = None) -> list[dict]:
+def _request(
+    client: SGLangClient,
+    url: str,
+    input_ids: list[int],
+    params: dict,
+    lora_name: str | None,
+    partial: bool,
+    images: list[str] | None = None,
+) -> list[dict]:
     n = params["n"]
 
     def check(answer) -> None:
         items = answer if isinstance(answer, list) else [answer]
         if len(items) != n or not all(isinstance(it, dict) and "meta_info" in it for it in items):
-            raise SGLangError(f"SGLang server at {url}: /generate returned {len(items)} item(s) for n={n}: {str(answer)[:300]}")
+            raise SGLangError(
+                f"SGLang server at {url}: /generate returned {len(items)} item(s) for n={n}: {str(answer)[:300]}"
+            )
         aborted = [r for r in (it["meta_info"].get("finish_reason") or {} for it in items) if r.get("type") == "abort"]
         if aborted and not partial:
             raise Retry(f"request aborted by the server ({aborted[0].get('message')})")
@@ -107,8 +125,16 @@ def _request(client: SGLangClient, url: str, input_ids: list[int], params: dict,
     return answer if isinstance(answer, list) else [answer]
 
 
-def _continue(client: SGLangClient, url: str, input_ids: list[int], params: dict, sample: Sample, lora_name: str | None, check_version: bool,
-              images: list[str] | None = None) -> Sample:
+def _continue(
+    client: SGLangClient,
+    url: str,
+    input_ids: list[int],
+    params: dict,
+    sample: Sample,
+    lora_name: str | None,
+    check_version: bool,
+    images: list[str] | None = None,
+) -> Sample:
     """A response interrupted by a weight update, finished with the weights now served."""
     stalls = 0
     while sample.finish == "abort":
@@ -120,8 +146,12 @@ def _continue(client: SGLangClient, url: str, input_ids: list[int], params: dict
         part = _parse(url, item, max(sample.versions, default=0), check_version)
         stalls = 0 if part.ids else stalls + 1
         if stalls > client.max_retries:
-            raise SGLangError(f"SGLang server at {url}: a partial response was aborted {stalls} times in a row without a new token")
-        sample = Sample(sample.ids + part.ids, sample.logprobs + part.logprobs, part.finish, sample.versions + part.versions)
+            raise SGLangError(
+                f"SGLang server at {url}: a partial response was aborted {stalls} times in a row without a new token"
+            )
+        sample = Sample(
+            sample.ids + part.ids, sample.logprobs + part.logprobs, part.finish, sample.versions + part.versions
+        )
     return sample
 
 
@@ -129,21 +159,38 @@ def _parse(url: str, item: dict, version: int, check_version: bool) -> Sample:
     ids, meta = [int(t) for t in item["output_ids"]], item["meta_info"]
     logprobs = meta.get("output_token_logprobs") or []
     if len(logprobs) != len(ids) or any(int(lp[1]) != t for lp, t in zip(logprobs, ids)):
-        raise SGLangError(f"SGLang server at {url}: output_token_logprobs do not match output_ids ({len(logprobs)} vs {len(ids)} tokens)")
+        raise SGLangError(
+            f"SGLang server at {url}: output_token_logprobs do not match output_ids ({len(logprobs)} vs {len(ids)} tokens)"
+        )
     if any(lp[0] is None for lp in logprobs):  # JSON null: a non-finite log-prob on the server
         raise SGLangError(f"SGLang server at {url} returned a null (non-finite) log-prob for a sampled token")
     served = meta.get("weight_version")
-    number = None if served is None else int(served) if str(served).isdigit() else 0  # 0: a server still on its launch weights ("default")
+    number = (
+        None if served is None else int(served) if str(served).isdigit() else 0
+    )  # 0: a server still on its launch weights ("default")
     if check_version and version and number is not None and number < version:
         raise SGLangError(
             f"SGLang server at {url} sampled with weight_version {served!r} but the trainer pushed {version}: "
             "it missed a weight update (restarted, or not listed in weight_update_urls)"
         )
     stamp = number if number is not None and check_version else version
-    return Sample(ids, [float(lp[0]) for lp in logprobs], (meta.get("finish_reason") or {}).get("type", "stop"), [stamp] * len(ids))
+    return Sample(
+        ids,
+        [float(lp[0]) for lp in logprobs],
+        (meta.get("finish_reason") or {}).get("type", "stop"),
+        [stamp] * len(ids),
+    )
 
 
-def to_batch(prompts: Prompts, samples: list[Sample], rows: int, greedy_last: bool, eos_ids: list[int], pad_token_id: int, version: int) -> RolloutBatch:
+def to_batch(
+    prompts: Prompts,
+    samples: list[Sample],
+    rows: int,
+    greedy_last: bool,
+    eos_ids: list[int],
+    pad_token_id: int,
+    version: int,
+) -> RolloutBatch:
     """Prompt-major ``samples`` (``rows`` per prompt; the last one greedy when ``greedy_last``) -> a batch of B = P_n * rows.
 
     ``response_mask`` covers what the server sampled, up to and including the first EOS. ``truncated``

@@ -77,7 +77,9 @@ def _join_as_rank_zero(backend: str, address: str, port: int, world_size: int, n
     host = f"[{address}]" if ":" in address else address
     store, _, _ = next(rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    group, _ = _new_process_group_helper(world_size, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, timeout=timeout)
+    group, _ = _new_process_group_helper(
+        world_size, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, timeout=timeout
+    )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group
 
@@ -85,7 +87,15 @@ def _join_as_rank_zero(backend: str, address: str, port: int, world_size: int, n
 class WeightGroup:
     """One weight-update group over ``urls``; `push` sends a version through it, `close` tears it down."""
 
-    def __init__(self, client: SGLangClient, urls: list[str], backend: str, master_address: str | None, master_port: int | None, name: str):
+    def __init__(
+        self,
+        client: SGLangClient,
+        urls: list[str],
+        backend: str,
+        master_address: str | None,
+        master_port: int | None,
+        name: str,
+    ):
         self.client, self.urls, self.name = client, urls, name
         self.group = None
         offsets, world_size = rank_layout([tp_size(client, url) for url in urls])
@@ -94,9 +104,19 @@ class WeightGroup:
         timeout = timedelta(seconds=client.timeout_s)
         joins = [
             in_background(
-                client.request, url, "/init_weights_update_group",
-                {"master_address": address, "master_port": port, "rank_offset": offset, "world_size": world_size, "group_name": name, "backend": backend},
-                check=succeeded(url), retries=0,
+                client.request,
+                url,
+                "/init_weights_update_group",
+                {
+                    "master_address": address,
+                    "master_port": port,
+                    "rank_offset": offset,
+                    "world_size": world_size,
+                    "group_name": name,
+                    "backend": backend,
+                },
+                check=succeeded(url),
+                retries=0,
             )  # fmt: skip
             for url, offset in zip(urls, offsets)
         ]
@@ -104,7 +124,9 @@ class WeightGroup:
         wait([mine, *joins], return_when=FIRST_EXCEPTION)
         failed = [(url, f.exception()) for url, f in zip(urls, joins) if f.done() and f.exception() is not None]
         if failed or (mine.done() and mine.exception() is not None):
-            who, err = (f"SGLang server at {failed[0][0]}", failed[0][1]) if failed else ("The trainer", mine.exception())
+            who, err = (
+                (f"SGLang server at {failed[0][0]}", failed[0][1]) if failed else ("The trainer", mine.exception())
+            )
             self._leave([u for u, f in zip(urls, joins) if f.done() and f.exception() is None])  # those that joined
             raise SGLangError(
                 f"{who} could not join the weight update group at {address}:{port} (backend {backend}): {err}. "
@@ -114,7 +136,9 @@ class WeightGroup:
             f.result()
         self.group = mine.result()
 
-    def push(self, buckets: list[list[Weight]], tensors: Iterator[list[Tensor]], version: str, flush_cache: bool) -> None:
+    def push(
+        self, buckets: list[list[Weight]], tensors: Iterator[list[Tensor]], version: str, flush_cache: bool
+    ) -> None:
         """Send every bucket (``tensors`` yields each bucket's full tensors, in order); the last carries ``version``.
         On a failure the rest of ``tensors`` is still drained (under FSDP2 the gathers are collectives the other ranks
         take part in) and `SGLangError` names the server."""
@@ -122,14 +146,28 @@ class WeightGroup:
         previous: tuple | None = None  # (broadcast handles, requests, tensors) of bucket k - 1, on the wire
         try:
             for k, bucket in enumerate(buckets):
-                sending = [t.contiguous() for t in next(tensors)]  # gathered while bucket k - 1 is on the wire; plain tensors: no copy
+                sending = [
+                    t.contiguous() for t in next(tensors)
+                ]  # gathered while bucket k - 1 is on the wire; plain tensors: no copy
                 if previous is not None:  # one tensor of bucket k - 1 arrived: every server is inside handler k - 1
                     self._wait(previous[0], previous[1], k - 1, n, every=False)
                 last = k == n - 1
                 body = {**metadata(bucket), "group_name": self.name, "load_format": None, "flush_cache": flush_cache and last,
                         "abort_all_requests": False, "weight_version": version if last else None}  # fmt: skip
-                requests = [in_background(self.client.request, url, "/update_weights_from_distributed", body, check=succeeded(url), retries=0) for url in self.urls]
-                handles = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in sending]  # flow once handler k starts
+                requests = [
+                    in_background(
+                        self.client.request,
+                        url,
+                        "/update_weights_from_distributed",
+                        body,
+                        check=succeeded(url),
+                        retries=0,
+                    )
+                    for url in self.urls
+                ]
+                handles = [
+                    dist.broadcast(t, src=0, group=self.group, async_op=True) for t in sending
+                ]  # flow once handler k starts
                 if previous is not None:
                     self._wait(previous[0], previous[1], k - 1, n, every=True)
                     self._answered(previous[1])
@@ -154,7 +192,9 @@ class WeightGroup:
         except Exception as err:  # a peer died: its request names it
             wait(requests, timeout=5.0)
             dead = [url for url, f in zip(self.urls, requests) if f.done() and f.exception() is not None] or self.urls
-            raise SGLangError(f"SGLang server at {', '.join(dead)}: the weight broadcast of bucket {k + 1}/{n} failed ({err}); the server may have died") from err
+            raise SGLangError(
+                f"SGLang server at {', '.join(dead)}: the weight broadcast of bucket {k + 1}/{n} failed ({err}); the server may have died"
+            ) from err
 
     def _answered(self, requests: list[Future]) -> None:
         for f in requests:
@@ -171,7 +211,9 @@ class WeightGroup:
     def _leave(self, urls: list[str]) -> None:
         for url in urls:
             try:
-                self.client.request(url, "/destroy_weights_update_group", {"group_name": self.name}, retries=0, timeout_s=30.0)
+                self.client.request(
+                    url, "/destroy_weights_update_group", {"group_name": self.name}, retries=0, timeout_s=30.0
+                )
             except SGLangError:
                 pass
 

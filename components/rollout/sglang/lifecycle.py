@@ -28,7 +28,9 @@ class ServerConnection:
 
     def _connect(self) -> None:
         if self.release_memory and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            raise ValueError("SGLangRollout: release_memory is for one colocated training process; with several ranks set it to false")
+            raise ValueError(
+                "SGLangRollout: release_memory is for one colocated training process; with several ranks set it to false"
+            )
         if self.launch is not None and rank() == 0:  # one server per job, started by rank 0
             self.server = LaunchedServer(self.launch, self.launch_python or sys.executable)
             try:
@@ -73,6 +75,8 @@ class ServerConnection:
     def _connected(self) -> SGLangClient:
         if self.client is None:
             if not hasattr(self, "eos_token_id"):
-                raise RuntimeError("SGLangRollout.setup(tokenizer) must run before generate/sync_weights (RLModule.configure_model calls it)")
+                raise RuntimeError(
+                    "SGLangRollout.setup(tokenizer) must run before generate/sync_weights (RLModule.configure_model calls it)"
+                )
             self._connect()  # used again after close() (e.g. trainer.validate after trainer.fit)
         return self.client

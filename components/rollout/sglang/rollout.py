@@ -16,7 +16,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from torch import Tensor, nn
+from torch import nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.sampling import SamplingParams
@@ -124,19 +124,39 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
                 every response comes from one version.
         """
         if (base_url is None) == (launch is None):
-            raise ValueError("SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)")
+            raise ValueError(
+                "SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)"
+            )
         try:
-            self.params = SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, tuple(stop_token_ids or ()), False, greedy_baseline)
+            self.params = SamplingParams(
+                group_size,
+                max_new_tokens,
+                temperature,
+                top_p,
+                top_k,
+                tuple(stop_token_ids or ()),
+                False,
+                greedy_baseline,
+            )
         except ValueError as err:
             raise ValueError(f"SGLangRollout: {err}") from None
         check_weight_options(weight_sync, lora_sync, group_backend, bucket_mb, verify_every, verify_tolerance)
         if deadline_s <= 0 or progress_every_s <= 0:
-            raise ValueError(f"SGLangRollout: deadline_s ({deadline_s}) and progress_every_s ({progress_every_s}) must be > 0")
+            raise ValueError(
+                f"SGLangRollout: deadline_s ({deadline_s}) and progress_every_s ({progress_every_s}) must be > 0"
+            )
         if max_retries < 0 or max_concurrency < 1:
-            raise ValueError(f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1")
+            raise ValueError(
+                f"SGLangRollout: max_retries ({max_retries}) must be >= 0 and max_concurrency ({max_concurrency}) >= 1"
+            )
         self.urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else list(base_url or []))]
         self.launch, self.launch_python, self.launch_timeout_s = launch, launch_python, launch_timeout_s
-        self.timeout_s, self.max_retries, self.backoff, self.max_concurrency = timeout_s, max_retries, backoff, max_concurrency
+        self.timeout_s, self.max_retries, self.backoff, self.max_concurrency = (
+            timeout_s,
+            max_retries,
+            backoff,
+            max_concurrency,
+        )
         self.weight_sync, self.weight_dir = weight_sync, weight_dir
         self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
         self.bucket_mb, self.flush_cache, self.release_memory = bucket_mb, flush_cache, release_memory
@@ -151,9 +171,13 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         self._keep_adapters = 1  # max_staleness + 1 in asynchronous training: requests in flight finish on theirs
         self.deadline_s, self.progress_every_s = deadline_s, progress_every_s
         self.partial_rollouts = partial_rollouts
-        self.overlapping = False  # asynchronous training (from prepare to close): requests may be in flight during a push
+        self.overlapping = (
+            False  # asynchronous training (from prepare to close): requests may be in flight during a push
+        )
         self._staged = 0  # the last version saved by stage_weights
-        self.provides = Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+        self.provides = (
+            Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+        )
         self.weight_version = 0  # bumped by every sync; sent to the server and carried by every batch
         self.server: LaunchedServer | None = None
         self.client: SGLangClient | None = None
@@ -167,11 +191,17 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         params = params or self.params
         self._connected()
         if (self._needs_sync and self.sync_before_first_rollout) or (self._push_failed and not self.overlapping):
-            self.sync_weights(policy)  # after a failed push: the whole policy again, so no server samples from part of one
+            self.sync_weights(
+                policy
+            )  # after a failed push: the whole policy again, so no server samples from part of one
         n_prompts = len(prompts)
         # left padding stripped
         unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
-        images = [image_data(im) if im else None for im in prompts.images] if prompts.images is not None else [None] * n_prompts
+        images = (
+            [image_data(im) if im else None for im in prompts.images]
+            if prompts.images is not None
+            else [None] * n_prompts
+        )
         jobs = [(p, params.samples_per_prompt, params.sampling_temperature, im) for p, im in zip(unpadded, images)]
         if params.with_baseline:
             jobs += [(p, 1, 0.0, im) for p, im in zip(unpadded, images)]
@@ -181,17 +211,37 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         self._release_memory()
         groups = [answers[i] + (answers[n_prompts + i] if params.with_baseline else []) for i in range(n_prompts)]
         samples = [s for group in groups for s in group]  # prompt-major
-        return to_batch(prompts, samples, params.rows_per_prompt, params.with_baseline, params.eos_ids(self.eos_token_id), self.pad_token_id, version)
+        return to_batch(
+            prompts,
+            samples,
+            params.rows_per_prompt,
+            params.with_baseline,
+            params.eos_ids(self.eos_token_id),
+            self.pad_token_id,
+            version,
+        )
 
-    def _run(self, jobs: list[tuple[list[int], int, float, list[str] | None]], version: int, params: SamplingParams) -> list[list[Sample]]:
+    def _run(
+        self, jobs: list[tuple[list[int], int, float, list[str] | None]], version: int, params: SamplingParams
+    ) -> list[list[Sample]]:
         """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
         futures = []
         # an adapter's name carries its version: the server's own weight_version does not change on adapter loads
-        check, partial, adapter = self.adapter_name is None, self.partial_rollouts and self.overlapping, self.adapter_name
+        check, partial, adapter = (
+            self.adapter_name is None,
+            self.partial_rollouts and self.overlapping,
+            self.adapter_name,
+        )
         for i, (input_ids, n, temperature, images) in enumerate(jobs):
-            request = sampling_params(n, temperature, params.top_p, params.top_k, params.max_new_tokens, list(params.stop_token_ids))
+            request = sampling_params(
+                n, temperature, params.top_p, params.top_k, params.max_new_tokens, list(params.stop_token_ids)
+            )
             url = self.urls[i % len(self.urls)]
-            futures.append(self._pool.submit(generate, self.client, url, input_ids, request, version, adapter, partial, check, images))
+            futures.append(
+                self._pool.submit(
+                    generate, self.client, url, input_ids, request, version, adapter, partial, check, images
+                )
+            )
         try:  # never a partial batch: the first failure fails the rollout
             return wait_for_answers(futures, self.deadline_s, self.progress_every_s, self.urls)
         except BaseException:

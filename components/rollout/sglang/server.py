@@ -62,10 +62,14 @@ class LaunchedServer:
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="lightning_rl_sglang_")) / f"sglang_{args['port']}.log"
         self._log = open(self.log_path, "ab")
         try:
-            self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except OSError as err:
             self._log.close()
-            raise SGLangError(f"could not start the SGLang server ({' '.join(self.argv)}): {err}. Set launch_python to an interpreter with sglang installed.") from err
+            raise SGLangError(
+                f"could not start the SGLang server ({' '.join(self.argv)}): {err}. Set launch_python to an interpreter with sglang installed."
+            ) from err
         atexit.register(self.close)
 
     def log_tail(self, lines: int = 20) -> str:

@@ -22,8 +22,8 @@ from torch import nn
 from lightning_rl.core.lora import is_lora
 
 from .adapters import adapter_payload, push_adapter, unload_adapter
-from .client import SGLangError
 from .broadcast import DistributedPush
+from .client import SGLangError
 from .verify import check, server_continuation, server_scores, trainer_continuation, trainer_scores
 from .weights import flush_caches, push_from_disk, push_tensors, rank, save_checkpoint
 
@@ -43,7 +43,14 @@ def agree(failure: BaseException | None) -> BaseException | None:
     return failure
 
 
-def check_weight_options(weight_sync: str, lora_sync: str, group_backend: str | None, bucket_mb: float, verify_every: int, verify_tolerance: float) -> None:
+def check_weight_options(
+    weight_sync: str,
+    lora_sync: str,
+    group_backend: str | None,
+    bucket_mb: float,
+    verify_every: int,
+    verify_tolerance: float,
+) -> None:
     """`SGLangRollout`'s weight options, refused at construction with the fix."""
     if weight_sync not in ("disk", "tensor", "distributed"):
         raise ValueError(f"SGLangRollout: weight_sync must be 'disk', 'tensor' or 'distributed', got {weight_sync!r}")
@@ -79,13 +86,22 @@ class WeightSync(DistributedPush):
                 directory = self._checkpoint_dir(version)
                 save_checkpoint(policy, str(directory))  # a collective under torch.distributed
                 if rank() == 0:
-                    push_from_disk(client, urls, str(directory), version, abort=self.partial_rollouts and self.overlapping)
+                    push_from_disk(
+                        client, urls, str(directory), version, abort=self.partial_rollouts and self.overlapping
+                    )
                     shutil.rmtree(directory.parent / f"v{self.weight_version}", ignore_errors=True)
             elif self.weight_sync == "tensor":
                 self._check_tensor_device(policy)
                 if rank() == 0:
                     for url in urls:
-                        push_tensors(client, url, policy, version, int(self.bucket_mb * 2**20), abort=self.partial_rollouts and self.overlapping)
+                        push_tensors(
+                            client,
+                            url,
+                            policy,
+                            version,
+                            int(self.bucket_mb * 2**20),
+                            abort=self.partial_rollouts and self.overlapping,
+                        )
             else:
                 self._push_distributed(policy, version, urls)  # flushes with its last bucket
             # the updates above flush the cache themselves; a separate flush is refused while requests run (asynchronous)
@@ -112,7 +128,9 @@ class WeightSync(DistributedPush):
         self._staged = max(self._staged, self.weight_version) + 1
         version, directory = self._staged, self._checkpoint_dir(str(self._staged))
         save_checkpoint(policy, str(directory))
-        expected = trainer_continuation(policy, self._probe) if self._verify_due() else None  # these weights, not the trainer's later ones
+        expected = (
+            trainer_continuation(policy, self._probe) if self._verify_due() else None
+        )  # these weights, not the trainer's later ones
 
         def push() -> None:
             try:
@@ -212,4 +230,3 @@ class WeightSync(DistributedPush):
             for url in self.weight_update_urls or self.urls:
                 self.client.request(url, "/release_memory_occupation", {})
             self._released = True
-

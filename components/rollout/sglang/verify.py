@@ -76,23 +76,38 @@ def trainer_continuation(policy: nn.Module, prompt: list[int]) -> tuple[list[int
     return continuation, trainer_scores(policy, prompt, [continuation])[0]
 
 
-def server_continuation(client: SGLangClient, url: str, prompt: list[int], lora_name: str | None) -> tuple[list[int], Tensor, str | None]:
+def server_continuation(
+    client: SGLangClient, url: str, prompt: list[int], lora_name: str | None
+) -> tuple[list[int], Tensor, str | None]:
     """The server's greedy continuation of ``prompt``, its log-probs (shape (PROBE_TOKENS,)) and its weight version."""
     params = {"n": 1, "temperature": 0.0, "max_new_tokens": PROBE_TOKENS, "ignore_eos": True}
-    meta, ids = _generate(client, url, {"input_ids": prompt, "sampling_params": params, "return_logprob": True}, lora_name)
+    meta, ids = _generate(
+        client, url, {"input_ids": prompt, "sampling_params": params, "return_logprob": True}, lora_name
+    )
     scored = meta.get("output_token_logprobs") or []
     if len(ids) != PROBE_TOKENS or len(scored) != PROBE_TOKENS:
-        raise SGLangError(f"SGLang server at {url}: the verification probe came back with {len(ids)} tokens for max_new_tokens={PROBE_TOKENS}")
+        raise SGLangError(
+            f"SGLang server at {url}: the verification probe came back with {len(ids)} tokens for max_new_tokens={PROBE_TOKENS}"
+        )
     return [int(t) for t in ids], torch.tensor([float(entry[0]) for entry in scored]), _version(meta)
 
 
-def server_scores(client: SGLangClient, url: str, prompt: list[int], continuation: list[int], lora_name: str | None) -> tuple[Tensor, str | None]:
+def server_scores(
+    client: SGLangClient, url: str, prompt: list[int], continuation: list[int], lora_name: str | None
+) -> tuple[Tensor, str | None]:
     """The server's log p(y_t | x, y_<t) of a given continuation (shape (PROBE_TOKENS,)) and its weight version."""
-    body = {"input_ids": prompt + continuation, "sampling_params": {"n": 1, "max_new_tokens": 0, "temperature": 1.0}, "return_logprob": True, "logprob_start_len": 0}
+    body = {
+        "input_ids": prompt + continuation,
+        "sampling_params": {"n": 1, "max_new_tokens": 0, "temperature": 1.0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
     meta, _ = _generate(client, url, body, lora_name)
     scored = meta.get("input_token_logprobs") or []
     if len(scored) != len(prompt) + len(continuation):
-        raise SGLangError(f"SGLang server at {url}: the verification probe came back with {len(scored)} input log-probs for {len(prompt) + len(continuation)} tokens")
+        raise SGLangError(
+            f"SGLang server at {url}: the verification probe came back with {len(scored)} input log-probs for {len(prompt) + len(continuation)} tokens"
+        )
     return torch.tensor([float(entry[0]) for entry in scored[len(prompt) :]]), _version(meta)
 
 
@@ -109,10 +124,14 @@ def _version(meta: dict) -> str | None:
     return None if served is None else str(served)
 
 
-def check(url: str, served: Tensor, expected: Tensor, served_version: str | None, version: str | None, tolerance: float) -> None:
+def check(
+    url: str, served: Tensor, expected: Tensor, served_version: str | None, version: str | None, tolerance: float
+) -> None:
     """Raise `SGLangError` naming ``url`` when the server's probe log-probs or weight version are not the pushed ones."""
     if version is not None and served_version is not None and served_version != version:
-        raise SGLangError(f"SGLang server at {url} answers with weight_version {served_version!r} after the push of version {version}: it did not apply it")
+        raise SGLangError(
+            f"SGLang server at {url} answers with weight_version {served_version!r} after the push of version {version}: it did not apply it"
+        )
     error = (served - expected).abs()  # (PROBE_TOKENS,)
     if not bool(error.mean() <= tolerance):  # also fails on NaN
         raise SGLangError(

@@ -90,7 +90,9 @@ def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[
 @torch.no_grad()
 def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_version: str) -> Iterator[dict]:
     """``/update_weights_from_tensor`` request bodies; the last one carries the new ``weight_version``."""
-    buckets = list(tensor_buckets(policy, bucket_bytes))  # references (merged LoRA weights: copies) kept until the server has them
+    buckets = list(
+        tensor_buckets(policy, bucket_bytes)
+    )  # references (merged LoRA weights: copies) kept until the server has them
     for i, bucket in enumerate(buckets):
         serialized = serialize_named_tensors(bucket)
         last = i == len(buckets) - 1
@@ -110,7 +112,9 @@ def push_from_disk(client: SGLangClient, urls: list[str], directory: str, versio
         client.request(url, "/update_weights_from_disk", body, check=succeeded(url))
 
 
-def push_tensors(client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False) -> None:
+def push_tensors(
+    client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False
+) -> None:
     """One ``/begin_weight_update`` ... ``/end_weight_update`` session of ``/update_weights_from_tensor`` requests."""
     client.request(url, "/begin_weight_update", {}, check=succeeded(url))
     try:
