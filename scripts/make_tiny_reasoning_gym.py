@@ -21,7 +21,7 @@ import torch
 from make_tiny_model import careless_sum, train_and_save  # scripts/make_tiny_model.py, beside this one
 
 from lightning_rl.core.models import TINY_MODEL_PATH
-from lightning_rl.data.prompts import load_rows
+from lightning_rl.data.sources import load_rows
 from lightning_rl.recipes.tiny import CHARS, build_char_tokenizer
 
 OUT = Path(__file__).resolve().parents[1] / "lightning_rl" / "assets" / "tiny-rg"

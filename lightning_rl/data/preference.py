@@ -16,7 +16,7 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
 from lightning_rl.core.models import load_tokenizer
-from lightning_rl.data.prompts import check_columns, load_rows
+from lightning_rl.data.sources import check_columns, load_rows
 from lightning_rl.data.tasks import arithmetic_rows
 
 

@@ -8,7 +8,6 @@ always generated on one rank). Its position is saved in checkpoints (``state_dic
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Any, Iterator, Literal
 
@@ -21,95 +20,7 @@ from lightning_rl.core.models import load_tokenizer
 from lightning_rl.core.vision import load_processor
 from lightning_rl.data.checks import check_prompts, count_unknown_tokens
 from lightning_rl.data.images import ImageColumn, encode_source
-from lightning_rl.data.reasoning_gym import PREFIX as REASONING_GYM
-from lightning_rl.data.reasoning_gym import reasoning_gym_rows
-from lightning_rl.data.tasks import BUILTIN_TASKS
-
-
-def load_rows(source: str, split: str):
-    """A `datasets.Dataset` from ``builtin:<task>``, ``reasoning_gym:<task>``, a data file, a ``save_to_disk`` folder or a hub id."""
-    import datasets
-
-    if source.startswith(REASONING_GYM):
-        return datasets.Dataset.from_list(reasoning_gym_rows(source, split))
-    if source.startswith("verifiers:"):  # a verifiers environment's own dataset (the agent's module reads it)
-        from components.rollout.endpoint.verifiers_env import verifiers_rows
-
-        return datasets.Dataset.from_list(verifiers_rows(source, split))
-
-    if source.startswith("builtin:"):
-        name = source.split(":", 1)[1]
-        if name not in BUILTIN_TASKS:
-            raise ValueError(f"unknown built-in task {source!r}; available: {[f'builtin:{k}' for k in BUILTIN_TASKS]}")
-        return datasets.Dataset.from_list(BUILTIN_TASKS[name](split))
-    path = os.path.expanduser(source)
-    suffix = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-    ext = os.path.splitext(path)[1]
-    if ext in suffix:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"data file {source!r} does not exist")
-        try:
-            rows = datasets.load_dataset(suffix[ext], data_files=path, split="train")
-        except Exception as err:
-            if ext == ".jsonl":
-                check_jsonl(path)  # names the file, the line and the fix
-            if os.path.getsize(path) == 0:
-                raise ValueError(f"data file {source!r} is empty; it needs one prompt per row") from None
-            raise ValueError(
-                f"could not read data file {source!r} as {suffix[ext]} ({type(err).__name__}: {err})"
-            ) from err
-        if len(rows) == 0:
-            raise ValueError(f"data file {source!r} has no rows; it needs one prompt per row")
-        return rows
-    if os.path.isdir(path):
-        loaded = datasets.load_from_disk(path)
-        return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-    if source.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"data path {source!r} does not exist")
-    try:
-        return datasets.load_dataset(source, split=split)
-    except Exception as err:  # the hub raises many types; the cause is kept
-        raise OSError(
-            f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file"
-        ) from err
-
-
-def check_jsonl(path: str) -> None:
-    """Fail naming the file, the line and the fix when a .jsonl file is empty or a line is not one JSON object
-    (run when `datasets` cannot read it: its own error names neither)."""
-    import json
-
-    example = '{"prompt": "What is 2+3?", "answer": "5"}'
-    rows = 0
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}): {line.strip()[:80]!r}. "
-                    f"Each line of a .jsonl file must be one complete JSON object, e.g. {example}"
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(
-                    f"{path}, line {number}: a JSON {type(row).__name__}, not an object. Each line must be one JSON object, e.g. {example}"
-                )
-            rows += 1
-    if rows == 0:
-        raise ValueError(f"data file {path!r} is empty: a .jsonl file needs one JSON object per line, e.g. {example}")
-
-
-def check_columns(rows, mapping: dict[str, str], source: str) -> None:
-    """Fail naming every missing column, the config key that maps it and the columns ``source`` has."""
-    missing = [
-        f"column {theirs!r} (data.columns.{ours})"
-        for ours, theirs in mapping.items()
-        if theirs not in rows.column_names
-    ]
-    if missing:
-        raise KeyError(f"{', '.join(missing)} not found in {source!r}; available columns: {rows.column_names}")
+from lightning_rl.data.sources import check_columns, load_rows
 
 
 def collate_prompts(rows: list[dict], pad_token_id: int, images: ImageColumn | None = None) -> dict[str, Any]:

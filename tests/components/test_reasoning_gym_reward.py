@@ -12,7 +12,7 @@ from tests.helpers import batch_from_scores
 def test_the_task_scorer_reads_each_rows_entry():
     pytest.importorskip("reasoning_gym")
     from components.reward import ReasoningGymScore
-    from lightning_rl.data.prompts import load_rows
+    from lightning_rl.data.sources import load_rows
 
     rows = load_rows(
         "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&size=3&test_size=3", "test"

@@ -11,7 +11,7 @@ pytest.importorskip("verifiers")
 
 from components.reward import ResultScore  # noqa: E402
 from components.rollout.endpoint import HermesToolCalls, VerifiersAgent  # noqa: E402
-from lightning_rl.data.prompts import load_rows  # noqa: E402
+from lightning_rl.data.sources import load_rows  # noqa: E402
 from tests.fixtures.chat_templates import family_tokenizer  # noqa: E402
 from tests.helpers import prompts  # noqa: E402
 from tests.support.openai import ScriptedChat  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from lightning_rl.data.prompts import load_rows  # noqa: E402
+from lightning_rl.data.sources import load_rows  # noqa: E402
 
 TASK = "reasoning_gym:basic_arithmetic?min_terms=2&max_terms=2&max_digits=2&operators=+&size=200&test_size=50"
 
