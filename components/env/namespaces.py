@@ -120,6 +120,10 @@ def build_root(spec: dict) -> None:
     root = spec["root"]
     mount(None, "/", flags=MS_REC | MS_PRIVATE)  # nothing done here propagates back to the host
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    # the scratch folder first: an interpreter that lives under /tmp (a virtualenv there) is bound inside it, where
+    # a later mount of the scratch would hide it
+    os.makedirs(root + "/tmp")
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['scratch_mb']}m,mode=1777")
     hidden = []
     for kind, path in spec["mounts"]:
         if kind == "bind":
@@ -138,8 +142,6 @@ def build_root(spec: dict) -> None:
         PermissionError
     ):  # a container that masks parts of the host's /proc forbids a new one: none, rather than the host's
         pass
-    os.makedirs(root + "/tmp")
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['scratch_mb']}m,mode=1777")
     for path in hidden:
         mount(None, path, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)

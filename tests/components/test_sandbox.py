@@ -174,6 +174,28 @@ def test_what_the_program_sees(monkeypatch):
     ]
 
 
+def test_an_interpreter_under_tmp_is_mounted_inside_the_scratch_folder(tmp_path, monkeypatch):
+    """A virtualenv under /tmp (a CI clone there) is bound read-only inside the program's scratch /tmp, not hidden by
+    it (the scratch used to be mounted last, and its folder then already existed: the sandbox failed to start)."""
+    from components.env import sandbox
+
+    (tmp_path / "lib.txt").write_text("from the interpreter's folder")
+    tmp_path.chmod(0o755)  # as a virtualenv's folders are (pytest makes its own 0700)
+    assert str(tmp_path).startswith("/tmp/")
+    bound = sandbox.mounts
+    monkeypatch.setattr(
+        sandbox,
+        "mounts",
+        lambda network: sorted([*bound(network), ("bind", str(tmp_path))], key=lambda m: m[1].split("/")),
+    )
+    code = (
+        f"print(open({str(tmp_path / 'lib.txt')!r}).read())\n"
+        f"try: open({str(tmp_path / 'w')!r}, 'w')\nexcept OSError as err: print(err.strerror)\n"
+        "open('/tmp/scratch', 'w').write('ok'); print(open('/tmp/scratch').read())"
+    )
+    assert PythonTool()(code).splitlines() == ["from the interpreter's folder", "Read-only file system", "ok"]
+
+
 def test_the_network_is_opt_in():
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
