@@ -59,6 +59,24 @@ class Rollout(ABC):
         """Release what the rollout started (servers, threads)."""
 
 
+def configured_params(
+    who: str,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    stop_token_ids: list[int] | None,
+    greedy_baseline: bool,
+) -> SamplingParams:
+    """A rollout's own sampling settings from its constructor's arguments; a bad value is an error naming ``who``."""
+    try:
+        stop = tuple(stop_token_ids or ())
+        return SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, stop, False, greedy_baseline)
+    except ValueError as err:
+        raise ValueError(f"{who}: {err}") from None
+
+
 def response_mask_from_eos(response_ids: Tensor, eos_token_ids: list[int]) -> tuple[Tensor, Tensor]:
     """Mask up to and including the first EOS, and the truncated flag. Shapes: (B, R) -> (B, R), (B,).
 

@@ -20,7 +20,7 @@ from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positions, row_positions
 from lightning_rl.core.sampling import SamplingParams
 
-from .base import Rollout, response_mask_from_eos
+from .base import Rollout, configured_params, response_mask_from_eos
 
 
 class HFRollout(Rollout):
@@ -60,19 +60,9 @@ class HFRollout(Rollout):
             drop_finished_rows: stop computing rows whose response has ended (they leave the KV cache once a
                 quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
         """
-        try:
-            self.params = SamplingParams(
-                group_size,
-                max_new_tokens,
-                temperature,
-                top_p,
-                top_k,
-                tuple(stop_token_ids or ()),
-                False,
-                greedy_baseline,
-            )
-        except ValueError as err:
-            raise ValueError(f"HFRollout: {err}") from None
+        self.params = configured_params(
+            "HFRollout", group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline
+        )
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows

@@ -21,7 +21,7 @@ from torch import nn
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.sampling import SamplingParams
 
-from ..base import Rollout
+from ..base import Rollout, configured_params
 from .client import SGLangClient, wait_for_answers
 from .generation import Sample, generate, image_data, sampling_params, to_batch
 from .lifecycle import ServerConnection
@@ -127,19 +127,9 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
             raise ValueError(
                 "SGLangRollout: set exactly one of base_url (running servers) or launch (server arguments)"
             )
-        try:
-            self.params = SamplingParams(
-                group_size,
-                max_new_tokens,
-                temperature,
-                top_p,
-                top_k,
-                tuple(stop_token_ids or ()),
-                False,
-                greedy_baseline,
-            )
-        except ValueError as err:
-            raise ValueError(f"SGLangRollout: {err}") from None
+        self.params = configured_params(
+            "SGLangRollout", group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline
+        )
         check_weight_options(weight_sync, lora_sync, group_backend, bucket_mb, verify_every, verify_tolerance)
         if deadline_s <= 0 or progress_every_s <= 0:
             raise ValueError(
