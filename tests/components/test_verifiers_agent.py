@@ -101,3 +101,22 @@ def test_any_data_row_feeds_the_environment_with_its_system_prompt():
     assert ResultScore("reward")(batch).tolist() == [1.0]
     prompt = tokenizer.decode(batch.prompt_ids[0][batch.prompt_mask[0].bool()].tolist())
     assert "Answer with a number." in prompt and "What is 1+2?" in prompt
+
+
+def test_building_an_environment_keeps_the_trainers_signal_handlers():
+    """verifiers installs SIGINT / SIGTERM handlers that exit at once; Lightning's (finish the iteration, save
+    last.ckpt on SIGTERM) must survive it (a later SIGTERM test saved the wrong step before)."""
+    import signal
+
+    from components.rollout.endpoint.verifiers_env import load_environment
+
+    def mine(signum, frame):
+        raise AssertionError("not called here")
+
+    previous = {sig: signal.signal(sig, mine) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        load_environment(f"{__name__}.single_turn_env")
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import signal
 from typing import Any
 
 from .agent import OpenAIAgent
@@ -32,7 +33,15 @@ def load_environment(path: str, env_args: dict | None = None):
             f"verifiers environment {path!r}: cannot import it ({err}); give the dotted path of a function that "
             "returns a verifiers Environment (e.g. my_env.load_environment)"
         ) from None
-    env = target(**(env_args or {})) if callable(target) and not hasattr(target, "run_rollout") else target
+    # a verifiers Environment replaces the process's SIGINT / SIGTERM handlers with ones that exit at once: the
+    # trainer's (Lightning finishes the iteration and saves last.ckpt on SIGTERM) are put back
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        env = target(**(env_args or {})) if callable(target) and not hasattr(target, "run_rollout") else target
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
     if not hasattr(env, "run_rollout"):
         raise TypeError(f"verifiers environment {path!r} gave a {type(env).__name__}, not a verifiers Environment")
     return env
