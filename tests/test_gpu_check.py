@@ -66,3 +66,17 @@ def test_processes_the_tests_start_keep_the_packages_the_parent_imports_by_pytho
         text=True,
     )
     assert out.returncode == 0 and out.stdout.strip() == "7", out.stderr[-2000:]
+
+
+def test_the_mfu_counts_every_linear_weight_once_by_hand():
+    """N in the update's MFU, 6 N T / (t x peak): one layer of hidden 8, MLP 16, 2 heads and a 50-token vocabulary has
+    q, k, v, o 4 x 8 x 8 = 256, gate, up, down 3 x 8 x 16 = 384 and the LM head 50 x 8 = 400 weights: 1,040; the
+    embedding lookup and the norms multiply nothing, and a tied head is counted once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks._common import matmul_parameters
+
+    for tied in (False, True):
+        config = LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tied)  # fmt: skip
+        assert matmul_parameters(LlamaForCausalLM(config)) == 1040
