@@ -119,11 +119,19 @@ def test_the_sampling_gate_holds_new_requests_during_a_push_and_fails_them_after
 
 
 @pytest.mark.slow
-def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(pair, policy, prompts, make_rollout):
+@pytest.mark.parametrize("per_server", [None, False])  # gloo's default, a group per server; one group of all
+def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(
+    pair, policy, prompts, make_rollout, per_server
+):
     a, b = pair
     received = [server.get("/loopback_stats")["buckets_received"] for server in pair]
     rollout = make_rollout(
-        base_url=[a.url, b.url], weight_sync="distributed", bucket_mb=0.01, group_size=2, max_new_tokens=6
+        base_url=[a.url, b.url],
+        weight_sync="distributed",
+        group_per_server=per_server,
+        bucket_mb=0.01,
+        group_size=2,
+        max_new_tokens=6,
     )
     _perturb(policy)
     rollout.sync_weights(policy)
@@ -144,11 +152,10 @@ def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(pai
         == _checksums(policy)
         == b.get("/weights_checker")["ranks"][0]["checksums"]
     )
-    groups = a.get("/loopback_stats")["groups"]
+    groups = [server.get("/loopback_stats")["groups"] for server in pair]
+    assert all(len(names) == 1 for names in groups) and (groups[0] == groups[1]) == (per_server is False)
     rollout.close()
-    assert (
-        len(groups) == 1 and a.get("/loopback_stats")["groups"] == [] == b.get("/loopback_stats")["groups"]
-    )  # torn down
+    assert a.get("/loopback_stats")["groups"] == [] == b.get("/loopback_stats")["groups"]  # torn down
 
 
 @pytest.mark.slow
@@ -205,8 +212,9 @@ def test_a_restarted_server_gets_a_new_group_and_the_whole_policy(pair, tiny_mod
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("per_server", [None, False])
 def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_server_is_sampled(
-    pair, tiny_model_path, policy, prompts, make_rollout
+    pair, tiny_model_path, policy, prompts, make_rollout, per_server
 ):
     healthy, dying = pair[0], ServerProcess(tiny_model_path, env=ONE_THREAD)
     try:
@@ -215,6 +223,7 @@ def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_s
         rollout = make_rollout(
             base_url=[healthy.url, dying.url],
             weight_sync="distributed",
+            group_per_server=per_server,
             bucket_mb=0.01,
             group_size=2,
             max_new_tokens=4,

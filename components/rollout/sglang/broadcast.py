@@ -68,7 +68,10 @@ class DistributedPush:
         if self._group is None:
             backend = self.group_backend or ("nccl" if next(policy.parameters()).device.type == "cuda" else "gloo")
             name = f"lightning_rl_{uuid.uuid4().hex[:12]}"  # a crashed trainer may have left its group on the servers
-            self._group = WeightGroup(self.client, urls, backend, self.master_address, self.master_port, name)
+            per_server = backend == "gloo" if self.group_per_server is None else self.group_per_server
+            self._group = WeightGroup(
+                self.client, urls, backend, self.master_address, self.master_port, name, per_server=per_server
+            )
         return self._group
 
     def _restarted(self, urls: list[str]) -> bool:

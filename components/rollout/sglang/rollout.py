@@ -61,6 +61,7 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         master_address: str | None = None,
         master_port: int | None = None,
         group_backend: Literal["nccl", "gloo"] | None = None,
+        group_per_server: bool | None = None,
         verify_every: int = 1,
         verify_tolerance: float = 0.1,
         flush_cache: bool = True,
@@ -100,8 +101,12 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
                 push holds at most two buckets of full (gathered) tensors at a time.
             master_address: for ``distributed``, this host's address as the servers reach it (rank 0 hosts the
                 group's rendezvous; None = the address on the route to the first server).
-            master_port: for ``distributed``, the rendezvous port on ``master_address`` (None = a free one).
+            master_port: for ``distributed``, the rendezvous port on ``master_address`` (None = a free one); with a
+                group per server, server i's group meets at ``master_port + i``.
             group_backend: for ``distributed``, ``nccl`` or ``gloo`` (None = nccl when the policy is on a GPU).
+            group_per_server: for ``distributed``, each server in a group of its own with rank 0, broadcast to all at
+                once, instead of one group of all (None = per server with gloo, whose broadcast sends to the servers
+                one after the other; one group with NCCL, which pipelines the broadcast through the servers).
             verify_every: after every N-th push, check each server holds the pushed weights: the log-probs of its
                 greedy continuation of a fixed prompt against the trainer's (0 = never); a mismatch fails the iteration.
             verify_tolerance: largest mean |log-prob difference| on the probe that passes (an fp32 sampler ~1e-6, a
@@ -151,6 +156,7 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
         self.weight_update_urls = [u.rstrip("/") for u in weight_update_urls] if weight_update_urls else None
         self.bucket_mb, self.flush_cache, self.release_memory = bucket_mb, flush_cache, release_memory
         self.master_address, self.master_port, self.group_backend = master_address, master_port, group_backend
+        self.group_per_server = group_per_server
         self.verify_every, self.verify_tolerance = verify_every, verify_tolerance
         self._pushes = 0  # pushes started; every verify_every-th is verified
         self._push_failed = False  # the servers may hold part of a push: the next rollout pushes again first
