@@ -4,6 +4,7 @@ per push and the trainer's peak memory added by the push.
 
     python benchmarks/weight_sync.py                         # 341M fp32 Llama-style policy, 1 and 2 servers, 3 A/B rounds
     python benchmarks/weight_sync.py --dtype bfloat16 --rounds 1 --servers 1
+    python benchmarks/weight_sync.py --servers 2 --variants distributed:shared distributed:per-server  # group layouts
 
 The policy is built here from a config (hidden 1024, 24 layers, 16 heads, MLP 2816, vocabulary 32000, tied
 embeddings: 341M parameters), randomly initialised; nothing is downloaded. By default the servers are the loopback
@@ -68,8 +69,10 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     policy = build_policy(args.dtype).to(args.device)
     urls = args.urls.split(",")
-    rollout = SGLangRollout(base_url=urls, weight_sync=args.variant, bucket_mb=args.bucket_mb, verify_every=0, timeout_s=1800.0, backoff=0.1,
-                            weight_dir=args.weight_dir, master_address=args.master_address)  # fmt: skip
+    weight_sync, _, layout = args.variant.partition(":")
+    rollout = SGLangRollout(base_url=urls, weight_sync=weight_sync, bucket_mb=args.bucket_mb, verify_every=0, timeout_s=1800.0, backoff=0.1,
+                            weight_dir=args.weight_dir, master_address=args.master_address,
+                            group_per_server={"": None, "shared": False, "per-server": True}[layout])  # fmt: skip
     rollout.setup(load_tokenizer(str(TOKENIZER)))
     start = time.perf_counter()
     rollout.sync_weights(policy)
@@ -136,7 +139,8 @@ def main() -> None:
         "--variants",
         nargs="+",
         default=None,
-        help="weight_sync modes (default: disk distributed, and tensor with a GPU)",
+        help="weight_sync modes (default: disk distributed, and tensor with a GPU); distributed:shared and "
+        "distributed:per-server choose the group layout (group_per_server), plain distributed the backend's default",
     )
     parser.add_argument(
         "--save-policy", metavar="DIR", help="write the random policy to DIR (for servers launched elsewhere) and exit"
@@ -189,7 +193,7 @@ def main() -> None:
                         result = run_worker(Path(__file__), worker_args, env={"OMP_NUM_THREADS": str(args.threads)})
                         results.setdefault((variant, n), []).append(result)
                         print(
-                            f"  {n} server(s) {variant:11s} round {r}: "
+                            f"  {n} server(s) {variant:22s} round {r}: "
                             + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in result.items()}),
                             flush=True,
                         )

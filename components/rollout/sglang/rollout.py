@@ -93,7 +93,7 @@ class SGLangRollout(ServerConnection, WeightSync, Rollout):
             max_concurrency: requests in flight at once, over all servers.
             weight_sync: ``disk`` (save safetensors to ``weight_dir``, the server loads them), ``tensor``
                 (CUDA IPC: the server must share this host and GPU) or ``distributed`` (rank 0 and every server
-                in one process group; each push is broadcast bucket by bucket: no folder, servers on any host).
+                in process groups; each push is broadcast bucket by bucket: no folder, servers on any host).
             weight_dir: directory the servers can read, for ``disk`` (None = a temporary one, same host only).
             weight_update_urls: servers that receive weight updates (None = ``base_url``); list the
                 workers here when ``base_url`` is a router.
