@@ -116,17 +116,18 @@ class MultiTurnRollout(Agent):
         n, prompt_ids = len(prompts), prompts.prompt_ids
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompts.prompt_mask.cpu())]
         stops = tuple(dict.fromkeys([*params.stop_token_ids, *self.stop_ids]))
-        turn = sampler.generate(
-            prompts,
-            policy,
-            replace(params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)),
-        )
-        g = turn.batch_size // n
-        rows = prompts.rows()
-        episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
-        active, index, run = list(range(turn.batch_size)), 0, object()
-        self._running.add(run)  # cancel() ends the episodes of the calls in this set
+        run = object()
+        self._running.add(run)  # cancel() ends the episodes of the calls in this set (from the first turn on)
         try:
+            turn = sampler.generate(
+                prompts,
+                policy,
+                replace(params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)),
+            )
+            g = turn.batch_size // n
+            rows = prompts.rows()
+            episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
+            active, index = list(range(turn.batch_size)), 0
             while True:
                 self._absorb(turn, [episodes[i] for i in active], index, run)
                 active = [i for i in active if not episodes[i].done]

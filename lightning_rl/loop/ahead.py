@@ -23,7 +23,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -149,12 +149,21 @@ class RolloutAhead:
         if self.untrained_position is not None and type(data).__qualname__ in checkpoint:
             checkpoint[type(data).__qualname__] = dict(self.untrained_position)
 
-    def close(self) -> None:
-        """Cancel the queued rounds and wait for the one sampling and the push under way (each bounded by the
-        rollout's own deadlines): the rollout they use is closed next."""
+    def close(self, interrupt: Callable[[], None] | None = None) -> None:
+        """Cancel the queued rounds, end the one sampling and wait for it and for the push under way (each bounded by
+        the rollout's own deadlines): the rollout they use is closed next.
+
+        ``interrupt`` (an agent's ``cancel``) ends the round sampling. The queued rounds go first, so that none starts
+        once the interrupted one returns (a run that is interrupted would otherwise wait for a whole new round, its
+        tools timing out call by call). It is called until the round has ended: a round that started an instant
+        before has not yet told the agent what it samples, and one call would miss it."""
         for round_ in self._pending:
-            round_.future.cancel()
+            round_.future.cancel()  # a round already sampling cannot be cancelled: the interrupt ends it
         self._pending.clear()
+        idle = self._pool.submit(lambda: None)  # one thread: done once the round sampling has returned
+        while interrupt is not None and not idle.done():
+            interrupt()
+            wait([idle], timeout=0.2)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pusher.shutdown(wait=True)
         if self._push is not None and self._push.exception() is not None:

@@ -341,9 +341,8 @@ class RLModule(LightningModule):
 
     def teardown(self, stage: str) -> None:
         if self.collector is not None and self.collector.ahead is not None:
-            if self.agent is not None:
-                self.agent.cancel()  # a round sampling ahead ends its episodes and tool calls now, not after every tool's timeout
-            self.collector.ahead.close()
+            # a round sampling ahead ends its episodes and tool calls now, not after every tool's timeout
+            self.collector.ahead.close(interrupt=self.agent.cancel if self.agent is not None else None)
             self.collector.ahead = None
         self.rollout.close()
         if self.agent is not None:

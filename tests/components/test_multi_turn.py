@@ -14,7 +14,13 @@ from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from lightning_rl.core.sampling import SamplingParams
 from tests.helpers import prompts
-from tests.support.multi_turn import Echo, Scripted, check_cancel_ends_the_episodes_of_a_generate_under_way, make_agent
+from tests.support.multi_turn import (
+    Blocking,
+    Echo,
+    Scripted,
+    check_cancel_ends_the_episodes_of_a_generate_under_way,
+    make_agent,
+)
 
 
 def test_transcript_layout_masks_rewards_and_contexts(tokenizer):
@@ -90,6 +96,40 @@ def test_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer):
     """An asynchronous run's teardown cancels the round sampling ahead: the step under way is released (the environment is
     closed), and every episode ends at its next turn, flagged truncated, without the environment."""
     check_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer)
+
+
+def test_a_cancel_while_the_first_turn_samples_ends_the_episodes_without_the_environment(tokenizer):
+    """A round interrupted during its first turn's sampling (a round sampled ahead starts with it): cancel() already
+    knows the call, so every episode ends after that turn and no tool runs."""
+    import threading
+
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+
+    class Held(Scripted):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.sampling, self.release = threading.Event(), threading.Event()
+
+        def generate(self, prompts, policy, params=None):
+            self.sampling.set()
+            assert self.release.wait(10.0)
+            return super().generate(prompts, policy, params)
+
+    sampler = Held([[enc("1"), enc("2")], [enc("3"), enc("4")]], eos, group_size=2)
+    env = Blocking()
+    agent = make_agent(env, tokenizer, sampler, max_turns=2)
+    result = []
+    thread = threading.Thread(
+        target=lambda: result.append(agent.generate(sampler, prompts(torch.tensor([enc("1+1=")])), None)), daemon=True
+    )
+    thread.start()
+    assert sampler.sampling.wait(10.0)
+    agent.cancel()
+    sampler.release.set()
+    thread.join(10.0)
+    batch, _ = result[0]
+    assert env.steps == 0 and batch.truncated.tolist() == [True, True] and len(sampler.contexts) == 1
+    assert agent._running == set() and agent._cancelled == set()
 
 
 class Wrong(Environment):

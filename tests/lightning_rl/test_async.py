@@ -256,6 +256,49 @@ def test_validation_waits_for_the_round_in_flight():
     ahead.close()
 
 
+def test_closing_interrupts_the_round_sampling_and_starts_no_queued_one():
+    """A run interrupted while a take waits for round 0 (an agent's episodes stuck in a tool, round 1 queued behind it):
+    `close` cancels round 1 before it interrupts round 0, so round 1 never starts (before, the interrupt came first
+    and round 1 could start in between, then ran whole, its tools timing out call by call). Round 0 tells the agent
+    what it samples only after a while, so the first interrupts miss it: close keeps interrupting until it ends."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from lightning_rl.loop.ahead import RolloutAhead
+
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long)
+    )
+    registered, cancelled, started, interrupts = threading.Event(), threading.Event(), [], []
+
+    def produce(prompts, policy):
+        started.append(prompts)
+        if prompts == 0:
+            time.sleep(0.5)  # the first turn: the agent does not know this round yet
+            registered.set()
+            cancelled.wait(30)  # a tool that never returns, until cancelled
+        return batch, {}
+
+    def interrupt():  # an agent's cancel: ends the rounds it knows, and takes a while (it kills tool processes)
+        interrupts.append(time.monotonic())
+        if registered.is_set():
+            cancelled.set()
+        time.sleep(0.1)
+
+    counter = iter(range(10))
+    ahead = RolloutAhead(SimpleNamespace(samples_in_process=True, weight_version=0), produce, depth=1)
+    taking = threading.Thread(target=ahead.take, args=(lambda: {"prompts": next(counter)}, torch.nn.Linear(1, 1)))
+    taking.start()
+    while not started:
+        time.sleep(0.01)
+    start = time.monotonic()
+    ahead.close(interrupt=interrupt)
+    taking.join(5)
+    assert time.monotonic() - start < 5 and not taking.is_alive()
+    assert started == [0] and len(interrupts) >= 2  # round 1 never sampled; round 0 ended by a later interrupt
+
+
 def test_no_round_is_requested_past_the_last_iteration():
     """A bound deeper than the run (max_staleness 100, 3 iterations) requests the run's rounds, not 101: the final
     validation would wait for every round queued (issue 24: 130 s instead of 26 s)."""
