@@ -125,6 +125,12 @@ def _wait_for(path: Path, process: subprocess.Popen, seconds: float) -> None:
         time.sleep(0.2)
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C's default action in the run, as a terminal gives it: a test suite started in the background (``&`` in a
+    script) ignores SIGINT, and the run it starts would inherit that and never see the signal the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, signum):
@@ -147,7 +153,12 @@ def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, s
     ]
     with open(log, "wb") as out:
         run = subprocess.Popen(
-            command, cwd=repo, env={**os.environ, "HANG_MARKER": str(marker)}, stdout=out, stderr=subprocess.STDOUT
+            command,
+            cwd=repo,
+            env={**os.environ, "HANG_MARKER": str(marker)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_as_from_a_terminal,
         )
     try:
         _wait_for(tmp_path / "checkpoints" / "last.ckpt", run, 300.0)
