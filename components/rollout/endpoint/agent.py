@@ -305,7 +305,10 @@ def _shared_http_client(asynchronous: bool):
             def release(self) -> None:
                 httpx.Client.close(self)
 
-    return Shared(limits=limits, trust_env=False)  # trust_env: no proxy from the environment between us and loopback
+    # retries: a connection that failed to open (nothing was sent, so nothing runs twice), as when every episode of a
+    # round connects at once; a request that was sent is never repeated (max_retries=0 on the OpenAI client)
+    transport = (httpx.AsyncHTTPTransport if asynchronous else httpx.HTTPTransport)(limits=limits, retries=3)
+    return Shared(transport=transport, trust_env=False)  # no proxy from the environment between us and loopback
 
 
 def _load_function(path: str) -> Callable:
