@@ -7,8 +7,9 @@ group_name, backend}`` joins the server's tensor-parallel ranks as ``rank_offset
 (``init_custom_process_group``: a TCP rendezvous at master_address:master_port, the store prefixed with the group's
 name). The trainer is rank 0, the broadcast source, and hosts that rendezvous store, so every server must reach
 master_address. In one group, server i gets rank_offset = 1 + the tp_size of the servers before it; world size = 1 +
-the sum of the tp sizes (in a group of its own: rank_offset 1, world size 1 + its tp size). ``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, load_format,
-flush_cache, weight_version}`` allocates the bucket's tensors and receives them *inside* the request (one
+the sum of the tp sizes (in a group of its own: rank_offset 1, world size 1 + its tp size).
+``POST /update_weights_from_distributed {names, dtypes, shapes, group_name, load_format, flush_cache,
+weight_version}`` allocates the bucket's tensors and receives them *inside* the request (one
 broadcast per tensor, in the order named; ``load_format: flattened_bucket`` would take one uint8 broadcast per
 bucket instead, which costs the trainer a copy of every bucket), then loads them into the model; it must run
 between ``/begin_weight_update`` and ``/end_weight_update``. ``POST /destroy_weights_update_group
@@ -205,12 +206,8 @@ class WeightGroup:
     def _wait(self, handles: list[list], requests: list[Future], k: int, n: int, every: bool) -> None:
         """Until every broadcast of bucket k has completed (``every=False``: one in each group); a server that refused
         its request never joins them, so its answer ends the wait."""
-        done = (
-            (lambda: all(h.is_completed() for group in handles for h in group))
-            if every
-            else (lambda: all(any(h.is_completed() for h in group) for group in handles))
-        )
-        while not done():
+        enough = all if every else any
+        while not all(enough(h.is_completed() for h in group) for group in handles):
             wait(requests, timeout=0.005, return_when=FIRST_EXCEPTION)
             if any(f.done() and f.exception() is not None for f in requests):
                 self._answered(requests)
