@@ -37,6 +37,10 @@
 | weight_sync: tensor without CUDA (CPU policy, server in another process) | error at construction naming weight_sync: disk      | test_tensor_sync_without_cuda / components/test_sglang_rollout.py                         |
 | SGLang server killed in the middle of a distributed weight push | SGLangError naming its URL; no request sampled until a whole push succeeds | test_sglang_failed_push / components/test_sglang_weight_sync.py (servers in processes) |
 | SGLang server that silently keeps an old tensor          | the push's verification fails the iteration naming the server       | test_stale_server_weights / components/test_sglang_weight_sync.py                         |
+| model-written code reads the trainer's kernel keyring    | refused (root's program = nobody, and a uid-1000 trainer's alike)   | test_sandbox_keyring / components/test_sandbox.py                                         |
+| model-written code holds memory past memory_mb (System V shm, memfds, 105k files, ...) | refused, or bounded (files per MiB of scratch_mb) | test_sandbox_memory / components/test_sandbox.py                           |
+| model-written code connects to a Unix socket the trainer binds in a mounted folder | Operation not permitted; nothing reaches the socket | test_sandbox_unix_socket / components/test_sandbox.py                            |
+| model-written code writes a file past 1 MiB in /tmp      | error naming the file (or stream) and the per-file limit            | test_sandbox_file_too_large / components/test_sandbox.py                                  |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -340,3 +344,35 @@ def test_stale_server_weights(tiny_model_path, tokenizer):
     finally:
         rollout.close()
         server.stop()
+
+
+def test_sandbox_keyring():
+    from tests.support.sandbox_attacks import check_the_trainers_keyring_is_out_of_reach
+
+    assert check_the_trainers_keyring_is_out_of_reach() == ["read -1 1 ", "search -1 1", "keys 0"]
+
+
+def test_sandbox_memory():
+    from tests.support.sandbox_attacks import check_memory_outside_the_address_space_is_bounded
+
+    answers = check_memory_outside_the_address_space_is_bounded()
+    assert answers["shm"] == "shm 0 MiB 1" and answers["memfd"] == "memfd 0 MiB Operation not permitted"
+    assert answers["files"] == "files 4095 No space left on device"
+
+
+def test_sandbox_unix_socket(tmp_path, monkeypatch):
+    from tests.support.sandbox_attacks import check_no_unix_socket_of_the_host_is_reachable
+
+    assert check_no_unix_socket_of_the_host_is_reachable(tmp_path, monkeypatch).splitlines() == [
+        "stream Operation not permitted",
+        "datagram Operation not permitted",
+    ]
+
+
+def test_sandbox_file_too_large():
+    from components.env import PythonTool
+    from tests.support.tools import attempt
+
+    assert attempt(PythonTool(), "open('/tmp/big', 'wb').write(b'x' * (2 << 20))") == (
+        "error: a file the program wrote passed 1048576 bytes, the limit on each file it writes (File too large)"
+    )

@@ -7,8 +7,9 @@ only (ctypes on libc), since nothing of the project is visible inside. Four proc
     holder    unshares the namespaces, waits for init, kills it at ``timeout_s``
     init      pid 1 of the new PID namespace: builds the new root, starts the program, reaps; when it exits the
               kernel kills every process left in the namespace (a double fork + setsid survives nothing)
-    program   the new root's ``/tmp`` (a size-bounded tmpfs) as its only writable place, rlimits, no
-              capabilities, no new privileges; then ``execve``
+    program   the new root's ``/tmp`` (a tmpfs bounded in bytes and files) as its only writable place, rlimits, no
+              capabilities, no new privileges, the system-call filter (``filter``: components.env.syscall_filter);
+              then ``execve``
 
 The new root is a read-only tmpfs holding read-only binds (``mounts``: the interpreter, ``/usr``, ``/lib*``, a few
 ``/etc`` files; empty folders over the trainer's home and working folder where they lie under one), ``devices``,
@@ -33,19 +34,14 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = (
-    1,
-    4,
-    24,
-    28,
-    38,
-    47,
-)
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 1, 4, 22, 24, 28
+PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, SECCOMP_MODE_FILTER = 38, 47, 2
 SECURE_NOROOT_LOCKED_ALL = (
     0b11111111  # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS (off), NO_CAP_AMBIENT_RAISE: each set and locked
 )
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 NOBODY = 65534
+MASKED_PROC_FILES = ("/proc/keys", "/proc/key-users")
 # statvfs flag -> the mount flag a remount must repeat (a user namespace may not clear the flags its mounts came with)
 LOCKED_FLAGS = {
     os.ST_NOSUID: MS_NOSUID,
@@ -63,6 +59,10 @@ libc.unshare.argtypes = [ctypes.c_int]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
 def check(result: int, what: str) -> None:
     if result != 0:
         errno = ctypes.get_errno()
@@ -76,8 +76,8 @@ def mount(source, target: str, fstype=None, flags: int = 0, data=None) -> None:
     )
 
 
-def prctl(option: int, arg: int = 0) -> None:
-    check(libc.prctl(option, arg, 0, 0, 0), f"prctl({option}, {arg})")
+def prctl(option: int, arg: int = 0, arg3: int = 0) -> None:
+    check(libc.prctl(option, arg, arg3, 0, 0), f"prctl({option}, {arg})")
 
 
 def report(status_fd: int, line: str) -> None:
@@ -123,7 +123,9 @@ def build_root(spec: dict) -> None:
     # the scratch folder first: an interpreter that lives under /tmp (a virtualenv there) is bound inside it, where
     # a later mount of the scratch would hide it
     os.makedirs(root + "/tmp")
-    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['scratch_mb']}m,mode=1777")
+    # nr_inodes: an empty file costs kernel memory (its inode and name) that size= does not count
+    scratch = f"size={spec['scratch_mb']}m,nr_inodes={spec['scratch_files']},mode=1777"
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
     hidden = []
     for kind, path in spec["mounts"]:
         if kind == "bind":
@@ -142,6 +144,10 @@ def build_root(spec: dict) -> None:
         PermissionError
     ):  # a container that masks parts of the host's /proc forbids a new one: none, rather than the host's
         pass
+    else:  # the host's keys (their names, owners, sizes), whatever namespace reads them
+        for masked in MASKED_PROC_FILES:
+            if os.path.exists(root + masked):
+                mount("/dev/null", root + masked, flags=MS_BIND)
     for path in hidden:
         mount(None, path, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
@@ -172,6 +178,14 @@ def become_program(spec: dict, last_cap: int, status_fd: int) -> None:
     prctl(PR_CAP_AMBIENT, 4)  # PR_CAP_AMBIENT_CLEAR_ALL
     prctl(PR_SET_NO_NEW_PRIVS, 1)  # nor does a setuid binary
     os.chdir("/tmp")
+    install_filter(bytes.fromhex(spec["filter"]))  # last: it refuses nothing the steps above need
+
+
+def install_filter(program: bytes) -> None:
+    """The seccomp filter ``program`` (``struct sock_filter`` array) on this process and every process it starts."""
+    instructions = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.addressof(instructions))
+    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
 
 
 def init(spec: dict, status_fd: int) -> int:

@@ -18,6 +18,7 @@ from .sandbox import (
 )
 from .tools import Tool, ToolError
 
+STREAMS = {"stdout": "standard output", "stderr": "standard error"}
 MAX_PROGRAM_CHARS = 100_000
 """Longest program accepted (one command-line argument of the kernel holds at most 128 KiB)."""
 
@@ -28,7 +29,8 @@ class PythonTool(Tool):
     The code is the policy's, so untrusted. With ``isolation: namespaces`` (the default) it runs in a sandbox built
     by the kernel (components.env.sandbox): its own user, PID, mount, IPC, UTS, cgroup and network namespaces; a read-only
     root with only the interpreter and system libraries; ``/tmp`` (``scratch_mb``, deleted afterwards) as its
-    only writable place; no view of the trainer's processes, files, home or network; no capabilities;
+    only writable place; no view of the trainer's processes, files, home, keyring, Unix sockets or network; no
+    capabilities; a system-call filter that refuses memory no limit counts (components.env.syscall_filter);
     ``max_processes`` processes; every one of them killed at ``timeout_s``. ``network: true`` shares the host's
     network (the internet, and every service on loopback, the rollout server's included). Where user namespaces
     are not available, construction fails unless ``isolation: none`` opts into the weaker mode: only the limits
@@ -119,8 +121,10 @@ class PythonTool(Tool):
         last = (outcome.stderr.strip().splitlines() or [what])[-1]
         if "MemoryError" in outcome.stderr:
             last = f"MemoryError: more than {self.memory_mb} MiB"
-        elif "File too large" in last:
-            last = f"output larger than {OUTPUT_BYTES} bytes"
+        elif "File too large" in last or outcome.full:
+            stream = next((name for name in ("stdout", "stderr") if name in outcome.full), None)
+            what = f"the program's {STREAMS[stream]}" if stream else "a file the program wrote"
+            last = f"{what} passed {OUTPUT_BYTES} bytes, the limit on each file it writes (File too large)"
         raise ToolError(last[: self.max_output_chars])
 
     def close(self) -> None:

@@ -6,10 +6,12 @@ root holding only the interpreter, ``/usr``, ``/lib*``, the dynamic loader's ``/
 ``/dev/zero``, ``/dev/full``, ``/dev/random``, ``/dev/urandom``; a ``/proc`` of its own processes; and a fresh
 ``/tmp`` (a tmpfs of ``scratch_mb``, gone with the program) as its working folder and only writable place.
 The trainer's home and working folder are hidden even where they lie under a mounted path. It runs with
-no capabilities and no new privileges (a real-root trainer's program is the host's ``nobody``); its
-processes number at most ``max_processes``, each with ``memory_mb`` of address space, the CPU time limit
-and ``OUTPUT_BYTES`` per file; at ``timeout_s`` (or when the program ends) every process it started dies
-with the PID namespace.
+no capabilities and no new privileges (a real-root trainer's program is the host's ``nobody``), under a system-call
+filter (components.env.syscall_filter: no kernel keyrings, memfds, System V or POSIX IPC, Unix sockets that could
+reach the host's, io_uring); its processes number at most ``max_processes``, each with ``memory_mb`` of address
+space, ``OPEN_FILES`` open files, the CPU time limit and ``OUTPUT_BYTES`` per file; ``/tmp`` holds at most
+``scratch_mb`` and ``SCRATCH_FILES_PER_MB`` files per MiB; at ``timeout_s`` (or when the program ends) every process
+it started dies with the PID namespace.
 
 `run_unisolated` is the weaker mode, for machines without user namespaces: the same limits on the program's
 own process group (``resource.setrlimit``), nothing else (see `UNISOLATED_EXPOSES`).
@@ -29,8 +31,16 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from .syscall_filter import refusal_filter
+
 OUTPUT_BYTES = 1 << 20
 """Most bytes a program may write to one file (its standard output included)."""
+OPEN_FILES = 64
+"""Most files a sandboxed process may hold open: each pipe or socket pair holds kernel buffers (at their default sizes:
+the system-call filter refuses to grow them) that no address-space limit counts."""
+SCRATCH_FILES_PER_MB = 64
+"""Files the scratch ``/tmp`` may hold per MiB of ``scratch_mb``: an empty file costs about 1 KiB of kernel memory (its
+inode and name) that the tmpfs's size does not count."""
 
 LAUNCHER = Path(__file__).with_name("namespaces.py")
 SYSTEM_PATHS = (
@@ -69,6 +79,7 @@ class Outcome(NamedTuple):
     code: int  # the exit status or the signal number (0 on timeout)
     stdout: str
     stderr: str
+    full: frozenset = frozenset()  # the streams ("stdout", "stderr") that reached OUTPUT_BYTES
 
 
 def run_isolated(
@@ -88,8 +99,10 @@ def run_isolated(
         "RLIMIT_CPU": math.ceil(timeout_s) + 1,
         "RLIMIT_FSIZE": OUTPUT_BYTES,
         "RLIMIT_NPROC": max_processes,
+        "RLIMIT_NOFILE": OPEN_FILES,
         "RLIMIT_CORE": 0,
     }
+    program_filter = refusal_filter(os.uname().machine)  # before anything starts: an unknown machine raises OSError
     status_r, status_w = os.pipe()
     with (
         tempfile.TemporaryDirectory(prefix="sandbox-root-") as root,
@@ -101,6 +114,8 @@ def run_isolated(
             "mounts": mounts(network),
             "devices": [d for d in DEVICES if os.path.exists(d)],
             "scratch_mb": scratch_mb,
+            "scratch_files": SCRATCH_FILES_PER_MB * scratch_mb,
+            "filter": program_filter.hex(),
             "network": network,
             "argv": argv,
             "env": PROGRAM_ENV,
@@ -141,7 +156,7 @@ def run_isolated(
         if any(line.startswith("error") for line in status):
             raise SandboxError(next(line for line in status if line.startswith("error")))
         kind, _, code = status[-1].partition(" ")
-        return Outcome(kind, int(code or 0), _read(out, max_chars), _read(err, max_chars))
+        return Outcome(kind, int(code or 0), _read(out, max_chars), _read(err, max_chars), _full(out, err))
 
 
 def run_unisolated(
@@ -182,9 +197,9 @@ def run_unisolated(
             return Outcome("timeout", 0, "", "")
         code = child.returncode
         return (
-            Outcome("signal", -code, "", _read(err, max_chars))
+            Outcome("signal", -code, "", _read(err, max_chars), _full(out, err))
             if code < 0
-            else Outcome("exit", code, _read(out, max_chars), _read(err, max_chars))
+            else Outcome("exit", code, _read(out, max_chars), _read(err, max_chars), _full(out, err))
         )
 
 
@@ -203,7 +218,7 @@ def namespaces_unavailable() -> str | None:
         )
     except (SandboxError, OSError) as err:
         return str(err)
-    return None if outcome == ("exit", 0, "", "") else f"a test program ended with {outcome}"
+    return None if outcome[:4] == ("exit", 0, "", "") else f"a test program ended with {outcome}"
 
 
 def kill_all(running: set) -> None:
@@ -250,6 +265,12 @@ def mounts(network: bool) -> list[tuple[str, str]]:
 
 def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _full(out, err) -> frozenset:
+    return frozenset(
+        name for name, file in (("stdout", out), ("stderr", err)) if file.seek(0, os.SEEK_END) >= OUTPUT_BYTES
+    )
 
 
 def _read(file, limit: int) -> str:

@@ -190,7 +190,7 @@ def test_python_tool_output_is_bounded_and_what_it_started_is_stopped(tmp_path):
     tool = PythonTool(timeout_s=5.0)
     start = time.monotonic()
     with pytest.raises(
-        ToolError, match=r"output larger than 1048576 bytes"
+        ToolError, match=r"standard output passed 1048576 bytes, the limit on each file it writes"
     ):  # a flood ends at once, never in the trainer's memory
         tool("while True: print('x' * 1000)")
     assert time.monotonic() - start < 5.0

@@ -16,6 +16,11 @@ from pathlib import Path
 import pytest
 
 from components.env import PythonTool
+from tests.support.sandbox_attacks import (
+    check_memory_outside_the_address_space_is_bounded,
+    check_no_unix_socket_of_the_host_is_reachable,
+    check_the_trainers_keyring_is_out_of_reach,
+)
 from tests.support.tools import (
     attempt,
     check_no_file_outside_the_scratch_folder_is_read_or_written,
@@ -234,3 +239,70 @@ def test_a_trainer_that_is_not_root():
         cwd=Path(__file__).parents[2],
     )
     assert run.stdout.strip() == "['0', '1000', '1'] ['1', '2'] 0000000000000000", run.stderr[-2000:]
+
+
+def test_the_trainers_keyring_is_out_of_reach():
+    """A secret in the trainer's session keyring: read by its id, searched for, listed in /proc/keys (the keyring calls
+    are refused, /proc/keys is empty), from a root trainer's program (the host's nobody) and a uid-1000 trainer's."""
+    refused = ["read -1 1 ", "search -1 1", "keys 0"]  # EPERM
+    assert check_the_trainers_keyring_is_out_of_reach() == refused
+    assert check_the_trainers_keyring_is_out_of_reach(as_user=1000) == refused
+
+
+def test_memory_outside_the_address_space_is_bounded():
+    """What a program with memory_mb: 64, max_processes: 1 could hold beyond its address space (before the filter and
+    limits: 640 MiB of System V shared memory, 600 MiB in memfds, pipes of 1 MiB, 16 MiB socket buffers, 2000 open
+    files, 5000 inotify watches and counting, a nested user namespace, 105k files in /tmp in ~4 s)."""
+    assert check_memory_outside_the_address_space_is_bounded() == {
+        "shm": "shm 0 MiB 1",
+        "memfd": "memfd 0 MiB Operation not permitted",
+        "ipc": "msgget -1 1\nsemget -1 1\nmq_open -1 1",
+        "buffers": "pipe Operation not permitted\nsndbuf Operation not permitted\nopen files refused at 64 Too many open files",
+        "inotify": "inotify_init1 -1 1",
+        "nested": "unshare -1 1",
+        "files": "files 4095 No space left on device",  # 64 files per MiB of scratch_mb (64); the root folder is one
+    }
+
+
+def test_no_unix_socket_of_the_host_is_reachable(tmp_path, monkeypatch):
+    """Sockets a trainer binds in a mounted folder (a virtual environment in the working folder), open to every user."""
+    assert check_no_unix_socket_of_the_host_is_reachable(tmp_path, monkeypatch).splitlines() == [
+        "stream Operation not permitted",
+        "datagram Operation not permitted",
+    ]
+
+
+def test_what_the_filter_leaves(tmp_path):
+    """The filter refuses only what it names: a connected socket pair, a pipe, setsockopt of other options, threads and a
+    subprocess still work."""
+    code = (
+        "import fcntl, os, socket, subprocess, sys, threading\na, b = socket.socketpair()\na.sendall(b'pair'); print(b.recv(4).decode())\n"
+        "a.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1); print(a.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE))\n"
+        "r, w = os.pipe(); print(fcntl.fcntl(w, 1032))\n"  # F_GETPIPE_SZ: the default 64 KiB
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout.strip())"
+    )
+    assert PythonTool(timeout_s=10.0)(code).splitlines() == ["pair", "1", "65536", "thread", "42"]
+
+
+def test_a_host_abstract_socket_is_unreachable_with_the_network():
+    """network: true shares the host's network namespace, where abstract Unix sockets live: none can be opened."""
+    name = f"\0lightning-rl-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(name)
+        server.listen()
+        answer = attempt(
+            PythonTool(network=True),
+            f"import socket\ntry: socket.socket(socket.AF_UNIX).connect({name!r}); print('connected')\nexcept OSError as err: print(err.strerror)",
+        )
+    assert answer == "Operation not permitted"
+
+
+def test_a_file_too_large_names_what_was_exceeded():
+    tool = PythonTool()
+    limit = "passed 1048576 bytes, the limit on each file it writes (File too large)"
+    assert attempt(tool, "open('/tmp/big', 'wb').write(b'x' * (2 << 20))") == f"error: a file the program wrote {limit}"
+    assert attempt(tool, "print('x' * (2 << 20))") == f"error: the program's standard output {limit}"
+    assert (
+        attempt(tool, "import sys; sys.stderr.write('e' * (2 << 20))") == f"error: the program's standard error {limit}"
+    )
