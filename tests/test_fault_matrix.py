@@ -41,6 +41,9 @@
 | model-written code holds memory past memory_mb (System V shm, memfds, 105k files, ...) | refused, or bounded (files per MiB of scratch_mb) | test_sandbox_memory / components/test_sandbox.py                           |
 | model-written code connects to a Unix socket the trainer binds in a mounted folder | Operation not permitted; nothing reaches the socket | test_sandbox_unix_socket / components/test_sandbox.py                            |
 | model-written code writes a file past 1 MiB in /tmp      | error naming the file (or stream) and the per-file limit            | test_sandbox_file_too_large / components/test_sandbox.py                                  |
+| reasoning-gym entry with tuples (arc_agi, rearc grids)   | kept through the data column: the gold answer scores 1, not 0.05    | test_reasoning_gym_gold / components/test_reasoning_gym_reward.py (all tasks)             |
+| reasoning-gym scorer raising on a completion             | that sample scores 0, counted in reward/scorer_error_frac           | test_reasoning_gym_scorer_error / components/test_reasoning_gym_reward.py                 |
+| reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/test_reasoning_gym_data.py                  |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -376,3 +379,40 @@ def test_sandbox_file_too_large():
     assert attempt(PythonTool(), "open('/tmp/big', 'wb').write(b'x' * (2 << 20))") == (
         "error: a file the program wrote passed 1048576 bytes, the limit on each file it writes (File too large)"
     )
+
+
+def test_reasoning_gym_gold():
+    pytest.importorskip("reasoning_gym")
+    from components.reward import ReasoningGymScore
+    from lightning_rl.data.sources import load_rows
+    from tests.helpers import batch_from_scores
+
+    rows = load_rows("reasoning_gym:arc_agi?size=1&test_size=2", "test").to_list()
+    columns = {"completions": [r["answer"] for r in rows], "reasoning_gym": [r["reasoning_gym"] for r in rows]}
+    assert ReasoningGymScore()(batch_from_scores(torch.zeros(2), columns=columns)).tolist() == [1.0, 1.0]
+
+
+def test_reasoning_gym_scorer_error():
+    pytest.importorskip("reasoning_gym")
+    from components.reward import ReasoningGymScore
+    from lightning_rl.data.sources import load_rows
+    from tests.helpers import batch_from_scores
+
+    row = load_rows("reasoning_gym:prime_factorization?size=1&test_size=1", "test")[0]
+    columns = {"completions": [row["answer"], "two times three"], "reasoning_gym": [row["reasoning_gym"]] * 2}
+    reward = ReasoningGymScore()
+    with pytest.warns(UserWarning, match="such samples score 0"):
+        scores = reward.score(batch_from_scores(torch.zeros(2), columns=columns))
+    assert scores.total.tolist() == [1.0, 0.0] and scores.metrics["reward/scorer_error_frac"].item() == 0.5
+
+
+def test_reasoning_gym_bad_setting():
+    pytest.importorskip("reasoning_gym")
+    from lightning_rl.data.sources import load_rows
+
+    with pytest.raises(
+        ValueError, match=r"^'reasoning_gym:basic_arithmetic\?size=-5': size must be a whole number >= 1, got size=-5$"
+    ):
+        load_rows("reasoning_gym:basic_arithmetic?size=-5", "train")
+    with pytest.raises(ValueError, match=r"size is given twice \(size=3 and size=4\)"):
+        load_rows("reasoning_gym:basic_arithmetic?size=3&size=4", "train")

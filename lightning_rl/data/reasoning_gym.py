@@ -5,17 +5,26 @@ held-out split, and the entries its scorer reads (components.reward.ReasoningGym
 
 Settings after ``?`` are the task's config fields (``reasoning_gym.create_dataset(task, **settings)``; a field whose
 default is a list takes comma-separated values) and three of ours: ``size`` (rows of the train split, default
-10000), ``test_size`` (default 500) and ``seed`` (default 0). The test split is generated with another seed and
-every question it holds is removed from the train split, so held-out prompts are never trained on.
+10000), ``test_size`` (default 500) and ``seed`` (default 0). A value must have its field's type (a whole number
+where the default is one, ``true`` / ``false`` for a switch; a text field takes the text as written); a field given
+twice, a value of the wrong type or one the task rejects fails in one line naming the field and its value. The test
+split is generated with another seed and every question it holds is removed from the train split, so held-out
+prompts are never trained on. Each entry is stored with its Python types (tuples stay tuples), so every task's
+gold answer scores 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+
+from components.reward.reasoning_gym import entry_to_json
 
 PREFIX = "reasoning_gym:"
 TEST_SEED_OFFSET = 1_000_003
+OURS = {"size": (10000, 1), "test_size": (500, 1), "seed": (0, None)}
+"""Our settings: default, least value."""
 
 
 def reasoning_gym_rows(source: str, split: str) -> list[dict]:
@@ -30,37 +39,64 @@ def reasoning_gym_rows(source: str, split: str) -> list[dict]:
         raise ValueError(f"unknown reasoning-gym task {task!r} in {source!r}; the tasks: {sorted(DATASETS)}")
     if split not in ("train", "test"):
         raise ValueError(f"{source!r} has splits 'train' and 'test', not {split!r}")
-    settings = _settings(
-        task, dict(pair.partition("=")[::2] for pair in query.split("&") if pair), DATASETS[task][1], source
-    )  # taken literally: + is plus
-    size, test_size, seed = settings.pop("size", 10000), settings.pop("test_size", 500), settings.pop("seed", 0)
-    test = _entries(reasoning_gym, task, settings, seed + TEST_SEED_OFFSET, test_size)
+    settings = _settings(task, _pairs(query, source), DATASETS[task][1], source)  # taken literally: + is plus
+    size, test_size, seed = (settings.pop(name, default) for name, (default, _) in OURS.items())
+    test = _entries(reasoning_gym, task, settings, seed + TEST_SEED_OFFSET, test_size, source)
     if split == "test":
         entries = test
     else:
         held_out = {e["question"] for e in test}
-        entries = [e for e in _entries(reasoning_gym, task, settings, seed, size) if e["question"] not in held_out]
+        entries = [
+            e for e in _entries(reasoning_gym, task, settings, seed, size, source) if e["question"] not in held_out
+        ]
     return [
         {
             "prompt": e["question"],
             "answer": str(e["answer"]),
-            "reasoning_gym": json.dumps({"task": task, "entry": e}, default=_plain),
+            "reasoning_gym": _stored(task, e, source),
         }
         for e in entries
     ]
 
 
-def _entries(reasoning_gym, task: str, settings: dict, seed: int, size: int) -> list[dict]:
-    dataset = reasoning_gym.create_dataset(task, seed=seed, size=size, **settings)
+def _stored(task: str, entry: dict, source: str) -> str:
+    try:
+        return entry_to_json({"task": task, "entry": entry})
+    except TypeError as err:
+        raise TypeError(f"{source!r}: the entries of {task} cannot be stored for its scorer: {err}") from None
+
+
+def _pairs(query: str, source: str) -> dict[str, str]:
+    raw = {}
+    for pair in filter(None, query.split("&")):
+        name, _, text = pair.partition("=")
+        if name in raw:
+            raise ValueError(f"{source!r}: {name} is given twice ({name}={raw[name]} and {name}={text}); give it once")
+        raw[name] = text
+    return raw
+
+
+def _entries(reasoning_gym, task: str, settings: dict, seed: int, size: int, source: str) -> list[dict]:
+    try:
+        dataset = reasoning_gym.create_dataset(task, seed=seed, size=size, **settings)
+    except Exception as err:  # the task's own checks: assertions, TypeErrors, ValueErrors
+        named = [f"{k}={v!r}" for k, v in settings.items() if re.search(rf"\b{re.escape(k)}\b", str(err))]
+        given = ", ".join(named or [f"{k}={v!r}" for k, v in settings.items()]) or "its defaults"
+        raise ValueError(f"{source!r}: {task} rejects {given}: {str(err) or type(err).__name__}") from None
     return [dataset[i] for i in range(len(dataset))]
 
 
 def _settings(task: str, raw: dict[str, str], config, source: str) -> dict:
-    fields = {f.name: f.default for f in dataclasses.fields(config)}
+    fields = {f.name: _default(f) for f in dataclasses.fields(config)}
     settings = {}
     for name, text in raw.items():
-        if name in ("size", "test_size", "seed"):
-            settings[name] = int(text)
+        if name in OURS:
+            least = OURS[name][1]
+            value = _value(text, int)
+            if not _is(value, int) or (least is not None and value < least):
+                what = "a whole number" + ("" if least is None else f" >= {least}")
+                raise ValueError(f"{source!r}: {name} must be {what}, got {name}={text}")
+            settings[name] = value
             continue
         if name not in fields:
             raise ValueError(
@@ -68,18 +104,40 @@ def _settings(task: str, raw: dict[str, str], config, source: str) -> dict:
             )
         default = fields[name]
         if isinstance(default, (list, tuple)):
-            settings[name] = [_value(v) for v in text.split(",")]
+            kind = type(default[0]) if default else None
+            settings[name] = [_checked(_value(v, kind), kind, name, text, source) for v in text.split(",")]
         else:
-            settings[name] = _value(text)
+            settings[name] = _checked(_value(text, type(default)), type(default), name, text, source)
     return settings
 
 
-def _value(text: str):
+def _default(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def _value(text: str, kind):
+    if kind is str:
+        return text  # a text field takes the text as written ("3" stays "3")
     try:
         return json.loads(text)
     except ValueError:
         return text  # a word: a string setting
 
 
-def _plain(value):
-    return sorted(value) if isinstance(value, (set, frozenset)) else str(value)
+def _is(value, kind) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True  # a text, an unset (None) default or a type of the task's own: the task checks it
+
+
+def _checked(value, kind, name: str, text: str, source: str):
+    if not _is(value, kind):
+        what = {bool: "true or false", int: "a whole number", float: "a number"}[kind]
+        raise ValueError(f"{source!r}: {name} must be {what}, got {name}={text}")
+    return value

@@ -37,3 +37,28 @@ def test_rows_are_seeded_with_a_disjoint_held_out_split():
 def test_mistakes_name_the_source_and_the_fix(source, split, message):
     with pytest.raises(ValueError, match=message):
         load_rows(source, split)
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("size=-5", "size must be a whole number >= 1, got size=-5"),
+        ("size=abc", "size must be a whole number >= 1, got size=abc"),
+        ("test_size=0", "test_size must be a whole number >= 1, got test_size=0"),
+        ("seed=1.5", "seed must be a whole number, got seed=1.5"),
+        ("min_terms=abc", "min_terms must be a whole number, got min_terms=abc"),
+        ("allow_parentheses=yes", "allow_parentheses must be true or false, got allow_parentheses=yes"),
+        (
+            "min_digits=5&max_digits=2",
+            "basic_arithmetic rejects min_digits=5, max_digits=2: max_digits must be >= min_digits",
+        ),
+        ("min_terms=-3", "basic_arithmetic rejects min_terms=-3: min_terms must be positive"),
+        ("operators=+&operators=-", "operators is given twice (operators=+ and operators=-); give it once"),
+        ("size=3&size=4", "size is given twice (size=3 and size=4); give it once"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_field_and_its_value(query, message):
+    source = f"reasoning_gym:basic_arithmetic?{query}"
+    with pytest.raises(ValueError) as caught:
+        load_rows(source, "test")
+    assert str(caught.value) == f"{source!r}: {message}"
