@@ -44,6 +44,7 @@
 | reasoning-gym entry with tuples (arc_agi, rearc grids)   | kept through the data column: the gold answer scores 1, not 0.05    | test_reasoning_gym_gold / components/test_reasoning_gym_reward.py (all tasks)             |
 | reasoning-gym scorer raising on a completion             | that sample scores 0, counted in reward/scorer_error_frac           | test_reasoning_gym_scorer_error / components/test_reasoning_gym_reward.py                 |
 | reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/test_reasoning_gym_data.py                  |
+| image past PIL's limit or data.max_image_pixels (20000², 12000²) | a bad image naming file and row (bad_images: skip skips it), or shrunk | test_oversize_image / lightning_rl/test_vlm_data.py                              |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -416,3 +417,24 @@ def test_reasoning_gym_bad_setting():
         load_rows("reasoning_gym:basic_arithmetic?size=-5", "train")
     with pytest.raises(ValueError, match=r"size is given twice \(size=3 and size=4\)"):
         load_rows("reasoning_gym:basic_arithmetic?size=3&size=4", "train")
+
+
+def test_oversize_image(tiny_vlm_path, tmp_path):
+    from lightning_rl.data.checks import DataError
+    from lightning_rl.data.prompts import PromptDataModule
+    from tests.support.vlm import png_declaring
+
+    (tmp_path / "bomb.png").write_bytes(png_declaring(20000, 20000))
+    (tmp_path / "huge.png").write_bytes(png_declaring(12000, 12000))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "a", "image": "bomb.png"}\n{"prompt": "b", "image": "huge.png"}\n')
+
+    def load(**kwargs):
+        PromptDataModule(
+            train_data=str(data), val_data=None, tokenizer=tiny_vlm_path, chat_template=True, **kwargs
+        ).setup("fit")
+
+    with pytest.raises(DataError, match=r"row 0 \(line 1\): image 'bomb.png' is larger than PIL decodes"):
+        load()
+    with pytest.raises(DataError, match=r"every row has a bad image, e.g. row 0 \(line 1\)"), pytest.warns(UserWarning):
+        load(bad_images="skip", oversize_images="refuse")

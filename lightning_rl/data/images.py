@@ -2,15 +2,23 @@
 
 A row's image value is one image or a list of them (several images per prompt), each given as a path relative to the
 data file (or absolute), raw encoded bytes, a PIL image (data built in Python), or a `datasets` ``Image`` feature; an
-empty value is a text-only prompt. A bad image (a missing file, bytes PIL cannot decode, a 16-bit or float picture)
-fails naming the data file, the row and the image, or, with ``data.bad_images: skip``, its row is left out and counted.
+empty value is a text-only prompt. A bad image (a missing file, bytes PIL cannot decode, a 16-bit or float picture,
+one larger than ``data.max_image_pixels`` with ``data.oversize_images: refuse``) fails naming the data file, the row
+and the image, or, with ``data.bad_images: skip``, its row is left out and counted. A larger image is otherwise
+shrunk to fit (its aspect kept; a JPEG is decoded at a fraction of its size): a 12000x12000 picture took 2 GB and
+13 s to decode. Decoded images are kept (least recently used first out, up to ``data.image_cache_mb``), so a row's
+image is not decoded again for every batch that holds it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import math
 import os
+import threading
 import warnings
+from collections import OrderedDict
 from typing import Any, Literal
 
 import torch
@@ -26,19 +34,78 @@ class BadImage(ValueError):
     """An image of a data row that cannot be used; the message says which and why."""
 
 
+class DecodedImages:
+    """Decoded images by key, the least recently used dropped past ``max_bytes`` of pixels; safe across threads."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes, self.decoded = max_bytes, 0, 0
+        self._images: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, decode):
+        """The image under ``key``, or ``decode()``'s (kept when it fits)."""
+        with self._lock:
+            if key in self._images:
+                self._images.move_to_end(key)
+                return self._images[key]
+        image = decode()
+        size = _pixel_bytes(image)
+        with self._lock:
+            self.decoded += 1
+            if key not in self._images and size <= self.max_bytes:
+                self._images[key], self.bytes = image, self.bytes + size
+                while self.bytes > self.max_bytes:
+                    self.bytes -= _pixel_bytes(self._images.popitem(last=False)[1])
+        return image
+
+
+def _pixel_bytes(image) -> int:
+    return image.width * image.height * len(image.getbands())
+
+
 class ImageColumn:
     """The images of one data source: loads a row's image value, encodes its prompt with them (`VisionProcessor`)."""
 
-    def __init__(self, processor: VisionProcessor, source: str, column: str, system_prompt: str | None = None):
-        """``source``: the data file (relative paths are read from its folder) or name; ``column``: the data's column name."""
+    def __init__(
+        self,
+        processor: VisionProcessor,
+        source: str,
+        column: str,
+        system_prompt: str | None = None,
+        max_pixels: int = 4096 * 4096,
+        oversize: Literal["resize", "refuse"] = "resize",
+        cache_mb: int = 1024,
+    ):
+        """``source``: the data file (relative paths are read from its folder) or name; ``column``: the data's column name;
+        ``max_pixels``, ``oversize``, ``cache_mb``: ``data.max_image_pixels``, ``data.oversize_images``,
+        ``data.image_cache_mb``."""
         self.processor, self.source, self.column, self.system_prompt = processor, source, column, system_prompt
+        self.max_pixels, self.oversize, self.cache = max_pixels, oversize, DecodedImages(cache_mb << 20)
+        self.resized = 0
+        """Images shrunk to ``max_pixels`` (counted where decoded)."""
         path = os.path.expanduser(source)
         self.folder = os.path.dirname(os.path.abspath(path)) if os.path.isfile(path) else os.getcwd()
 
     def images(self, value: Any) -> list:
         """The PIL images of one row's value (``[]`` for none), fully decoded; raises `BadImage`."""
         values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
-        return [self._image(v, k, len(values)) for k, v in enumerate(values)]
+        return [self._cached(v, k, len(values)) for k, v in enumerate(values)]
+
+    def _cached(self, value: Any, k: int, n: int):
+        if isinstance(value, dict):  # a `datasets` Image feature, undecoded: {"bytes": ..., "path": ...}
+            value = value.get("bytes") or value.get("path")
+        if isinstance(value, (bytes, bytearray)):
+            key = hashlib.blake2b(value, digest_size=16).digest()
+        elif isinstance(value, str):
+            path = os.path.join(self.folder, os.path.expanduser(value))
+            try:
+                stat = os.stat(path)
+            except OSError:
+                return self._image(value, k, n)  # names what is missing
+            key = (path, stat.st_mtime_ns, stat.st_size)  # a file rewritten in place is decoded again
+        else:  # a PIL image already in memory
+            return self._image(value, k, n)
+        return self.cache.get(key, lambda: self._image(value, k, n))
 
     def encode(self, prompt: str, value: Any) -> tuple[list[int], dict[str, torch.Tensor], list]:
         """A row's prompt token ids, image tensors and images."""
@@ -52,19 +119,14 @@ class ImageColumn:
         return ids, tensors, images
 
     def _image(self, value: Any, k: int, n: int):
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image
 
         what = f"image {k + 1} of {n}" if n > 1 else "image"
-        if isinstance(value, dict):  # a `datasets` Image feature, undecoded: {"bytes": ..., "path": ...}
-            value = value.get("bytes") or value.get("path")
         if isinstance(value, Image.Image):
-            image, what = value, f"{what} (a PIL image)"
+            what = f"{what} (a PIL image)"
+            image = self._fitted(value, what, fresh=False)
         elif isinstance(value, (bytes, bytearray)):
-            try:
-                image = Image.open(io.BytesIO(value))
-                image.load()
-            except (UnidentifiedImageError, OSError, ValueError) as err:
-                raise BadImage(f"{what} ({len(value)} bytes) cannot be decoded as an image ({err})") from None
+            image = self._decoded(io.BytesIO(value), f"{what} ({len(value)} bytes)", "decoded")
         elif isinstance(value, str):
             path = os.path.join(self.folder, os.path.expanduser(value))
             what = f"{what} {value!r}"
@@ -72,11 +134,7 @@ class ImageColumn:
                 raise BadImage(
                     f"{what} does not exist (looked for {path}); paths are read relative to the data file's folder"
                 )
-            try:
-                image = Image.open(path)
-                image.load()
-            except (UnidentifiedImageError, OSError, ValueError) as err:
-                raise BadImage(f"{what} cannot be read as an image ({err})") from None
+            image = self._decoded(path, what, "read")
         else:
             raise BadImage(
                 f"{what} is a {type(value).__name__}; give a path relative to the data file, encoded bytes or a PIL image"
@@ -87,6 +145,44 @@ class ImageColumn:
             )
         if min(image.size) < 1:
             raise BadImage(f"{what} is empty ({image.width}x{image.height} pixels)")
+        return image
+
+    def _decoded(self, file, what: str, verb: str):
+        """The image in ``file`` (a path or a buffer), its header read first: one past ``max_pixels`` is refused before
+        it is decoded, or decoded shrunk."""
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with warnings.catch_warnings():  # PIL warns past 89M pixels; the size is judged here
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(file)
+            image = self._fitted(image, what, fresh=True)
+            image.load()
+        except BadImage:
+            raise
+        except Image.DecompressionBombError as err:  # past twice PIL's own limit: it refuses to read the header on
+            raise BadImage(
+                f"{what} is larger than PIL decodes ({err}); data.max_image_pixels={self.max_pixels}"
+            ) from None
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise BadImage(f"{what} cannot be {verb} as an image ({err})") from None
+        return image
+
+    def _fitted(self, image, what: str, fresh: bool):
+        """``image``, or a copy shrunk to ``max_pixels`` (``fresh``: just opened, not decoded yet, shrunk in place)."""
+        pixels = image.width * image.height
+        if pixels <= self.max_pixels:
+            return image
+        if self.oversize == "refuse":
+            raise BadImage(
+                f"{what} is {image.width}x{image.height} = {pixels} pixels, more than data.max_image_pixels="
+                f"{self.max_pixels}; shrink it, raise the limit, or set data.oversize_images: resize"
+            )
+        scale = math.sqrt(self.max_pixels / pixels)
+        box = (max(1, math.floor(image.width * scale)), max(1, math.floor(image.height * scale)))
+        image = image if fresh else image.copy()  # never the caller's own object
+        image.thumbnail(box)  # a JPEG is decoded at 1/2, 1/4 or 1/8 of its size (draft) before the resampling
+        self.resized += 1  # read after the data loads, on one thread
         return image
 
 
@@ -105,8 +201,9 @@ def undecoded(rows, column: str):
 
 def encode_source(rows, images: ImageColumn, on_bad: Literal["error", "skip"]):
     """``rows`` (a `datasets.Dataset` with ``prompt`` and ``images.column``) with each prompt's token ids (``input_ids``)
-    encoded with its images, the rows with a bad image failing or (``on_bad="skip"``) left out; and the number left
-    out. The images themselves are read again per batch (`collate_prompts`): their tensors are too large to keep."""
+        encoded with its images, the rows with a bad image failing or (``on_bad="skip"``) left out; and the number left
+        out. The processor's tensors are computed again per batch (`collate_prompts`): they are too large to keep; the decoded
+    images come from ``images``'s cache while it holds them."""
     from lightning_rl.data.checks import row_name
 
     rows = undecoded(rows, images.column)
@@ -127,6 +224,11 @@ def encode_source(rows, images: ImageColumn, on_bad: Literal["error", "skip"]):
     if bad:
         warnings.warn(
             f"skipping {bad} of {len(rows)} row(s) of {images.source!r} with a bad image (data.bad_images: skip), e.g. {first}"
+        )
+    if images.resized:
+        warnings.warn(
+            f"{images.resized} image(s) of {images.source!r} larger than data.max_image_pixels={images.max_pixels} were "
+            "shrunk to fit (data.oversize_images: resize)"
         )
     if not kept:
         raise DataError(f"no prompts left in {images.source!r}: every row has a bad image, e.g. {first}")

@@ -116,6 +116,9 @@ class PromptDataModule(LightningDataModule):
         max_prompt_length: int = 256,
         overlong_prompt: Literal["error", "truncate", "drop"] = "error",
         bad_images: Literal["error", "skip"] = "error",
+        max_image_pixels: int = 4096 * 4096,
+        oversize_images: Literal["resize", "refuse"] = "resize",
+        image_cache_mb: int = 1024,
         batch_size: int = 16,
         val_batch_size: int = 128,
         val_size: int | None = None,
@@ -144,8 +147,14 @@ class PromptDataModule(LightningDataModule):
             max_prompt_length: longest prompt in tokens.
             overlong_prompt: what to do with a longer prompt: error (say which row), truncate (keep the
                 last ``max_prompt_length`` tokens; not for prompts with images) or drop the row.
-            bad_images: a row whose image is missing, cannot be decoded or is not an 8-bit picture: error (say
-                which file, row and image) or skip the row (counted, with a warning).
+            bad_images: a row whose image is missing, cannot be decoded, is not an 8-bit picture or is refused for
+                its size: error (say which file, row and image) or skip the row (counted, with a warning).
+            max_image_pixels: most pixels (width x height) of an image; a larger one is shrunk or refused
+                (``oversize_images``); a 12000x12000 image took 2 GB and 13 s per batch to decode and process.
+            oversize_images: resize (shrink to ``max_image_pixels``, aspect kept, counted with a warning) or refuse (a
+                bad image: see ``bad_images``) an image larger than ``max_image_pixels``.
+            image_cache_mb: decoded images kept in memory (least recently used dropped first), so an image is not
+                decoded again for every batch; 0 keeps none.
             batch_size: prompts per RL iteration per data-parallel rank (samples = batch_size * group_size).
             val_batch_size: prompts per validation batch.
             val_size: use only the first ``val_size`` held-out prompts (None = all).
@@ -166,10 +175,13 @@ class PromptDataModule(LightningDataModule):
             "val_size": val_size,
             "ptx_batch_size": ptx_batch_size,
             "ptx_max_length": ptx_max_length,
+            "max_image_pixels": max_image_pixels,
         }
         for key, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"data.{key}={value} must be >= 1 (data.batch_size is prompts per iteration per rank)")
+        if image_cache_mb < 0:
+            raise ValueError(f"data.image_cache_mb={image_cache_mb} must be >= 0 (0 keeps no decoded image)")
         if isinstance(val_data, dict) and not val_data:
             raise ValueError(
                 "data.val_data is an empty mapping: give {name: source} pairs, one source, or null for no validation"
@@ -290,7 +302,17 @@ class PromptDataModule(LightningDataModule):
             hp.tokenizer, self._tokenizer(), "model.policy.path (the processor of data.tokenizer)"
         )
         rows, self.image_columns[source], bad = encode_source(
-            rows, ImageColumn(self._processor, source, "image", hp.system_prompt), hp.bad_images
+            rows,
+            ImageColumn(
+                self._processor,
+                source,
+                "image",
+                hp.system_prompt,
+                hp.max_image_pixels,
+                hp.oversize_images,
+                hp.image_cache_mb,
+            ),
+            hp.bad_images,
         )
         self.bad_images.update({source: bad} if bad else {})
         return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import warnings
 
 import datasets
@@ -16,6 +17,7 @@ from PIL import Image
 from lightning_rl.data.checks import DataError
 from lightning_rl.data.prompts import PromptDataModule
 from tests.helpers import pictures
+from tests.support.vlm import png_declaring
 
 
 def write_jsonl(path, rows):
@@ -155,3 +157,62 @@ def test_the_builtin_visual_task_has_a_held_out_split():
         a["image"].tobytes() == b["image"].tobytes() and a["answer"] == b["answer"] for a, b in zip(test, again)
     )  # the same every run
     assert torch.tensor([int(r["answer"]) for r in test]).float().mean().item() == pytest.approx(3, abs=0.3)
+
+
+def test_a_decompression_bomb_is_a_bad_image_named_and_skippable(tiny_vlm_path, tmp_path):
+    """20000x20000 (PIL refuses it unread) and 12000x12000 (past data.max_image_pixels) name the file and the row, and
+    data.bad_images: skip leaves their rows out."""
+    (tmp_path / "bomb.png").write_bytes(png_declaring(20000, 20000))
+    (tmp_path / "huge.png").write_bytes(png_declaring(12000, 12000))
+    (tmp_path / "ok.png").write_bytes(_png(pictures((56, 56, (0, 200, 0)))[0]))
+    rows = [
+        {"prompt": "ok", "image": "ok.png"},
+        {"prompt": "bomb", "image": "bomb.png"},
+        {"prompt": "h", "image": "huge.png"},
+    ]
+    data = write_jsonl(tmp_path / "train.jsonl", rows[:2])
+    with pytest.raises(DataError) as err:
+        module(data, tiny_vlm_path)
+    assert str(err.value).startswith(
+        f"{data}, row 1 (line 2): image 'bomb.png' is larger than PIL decodes (Image size (400000000 pixels) exceeds limit"
+    )
+    data = write_jsonl(tmp_path / "huge.jsonl", [rows[0], rows[2]])
+    with pytest.raises(DataError) as err:
+        module(data, tiny_vlm_path, oversize_images="refuse")
+    assert str(err.value).startswith(
+        f"{data}, row 1 (line 2): image 'huge.png' is 12000x12000 = 144000000 pixels, more than data.max_image_pixels=16777216"
+    )
+    data = write_jsonl(tmp_path / "all.jsonl", rows)
+    with pytest.warns(UserWarning, match=r"skipping 2 of 3 row\(s\)"):
+        dm = module(data, tiny_vlm_path, oversize_images="refuse", bad_images="skip", batch_size=1)
+    assert dm.bad_images == {data: 2} and [r["prompt"] for r in dm.train_rows] == ["ok"]
+
+
+def test_an_image_past_max_image_pixels_is_shrunk_to_fit(tiny_vlm_path, tmp_path):
+    wide = pictures((300, 100, (0, 0, 200)))[0]
+    wide.save(tmp_path / "wide.jpg", quality=95)
+    data = write_jsonl(
+        tmp_path / "train.jsonl", [{"prompt": "a", "image": "wide.jpg"}, {"prompt": "b", "image": "wide.jpg"}]
+    )
+    with pytest.warns(UserWarning, match=r"1 image\(s\) of .* larger than data.max_image_pixels=7500 were shrunk"):
+        dm = module(data, tiny_vlm_path, max_image_pixels=7500, shuffle=False)
+    assert [im.size for images in first_batch(dm).images for im in images] == [(150, 50), (150, 50)]  # 7500 pixels, 3:1
+
+
+def test_an_image_is_decoded_once_while_the_cache_holds_it(tiny_vlm_path, tmp_path, monkeypatch):
+    from PIL import Image
+
+    for name, colour in (("a.png", (200, 0, 0)), ("b.png", (0, 200, 0))):
+        pictures((56, 56, colour))[0].save(tmp_path / name)
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "image": "a.png"}, {"prompt": "b", "image": "b.png"}])
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(
+        Image, "open", lambda fp, *a, **k: (opened.append(os.path.basename(fp)), real_open(fp, *a, **k))[1]
+    )
+    for cache_mb, decodes in ((1, ["a.png", "b.png"]), (0, ["a.png", "b.png"] * 4)):
+        opened.clear()
+        batches = iter(module(data, tiny_vlm_path, shuffle=False, image_cache_mb=cache_mb).train_dataloader())
+        for _ in range(3):  # the rows' images are decoded when the data loads, then per batch only without a cache
+            next(batches)
+        assert opened == decodes

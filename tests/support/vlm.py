@@ -1,6 +1,10 @@
-"""Sampled VLM batches shared by the vision-language tests (tests/lightning_rl/test_vlm_exactness.py, test_vlm_update.py)."""
+"""Sampled VLM batches shared by the vision-language tests (tests/lightning_rl/test_vlm_exactness.py, test_vlm_update.py),
+and image files for the data tests (test_vlm_data.py, the fault matrix)."""
 
 from __future__ import annotations
+
+import struct
+import zlib
 
 import torch
 
@@ -27,3 +31,13 @@ def sample(path: str, group_size: int, seed: int = 0, **kwargs):
     rollout.setup(load_tokenizer(path))
     torch.manual_seed(seed)
     return policy, rollout.generate(mixed_prompts(path), policy)
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG that declares ``width`` x ``height`` RGB pixels and holds none: its size is read from the header alone."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, RGB, deflate, no filter, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
