@@ -59,6 +59,16 @@ class DecodedImages:
         return image
 
 
+def _least_factor(size: tuple[int, int], max_pixels: int) -> int:
+    """The least whole factor that takes an image of ``size`` to ``max_pixels`` or fewer (sides rounded up, as PIL's
+    ``reduce`` does)."""
+    width, height = size
+    factor = max(1, math.ceil(math.sqrt(width * height / max_pixels)))
+    while -(-width // factor) * -(-height // factor) > max_pixels:
+        factor += 1
+    return factor
+
+
 def _pixel_bytes(image) -> int:
     return image.width * image.height * len(image.getbands())
 
@@ -169,10 +179,23 @@ class ImageColumn:
         return image
 
     def _fitted(self, image, what: str, fresh: bool):
-        """``image``, or a copy shrunk to ``max_pixels`` (``fresh``: just opened, not decoded yet, shrunk in place)."""
+        """``image``, or a new one reduced by the least whole factor that fits ``max_pixels`` (``fresh``: just opened, not
+        decoded yet: a JPEG is then decoded at 1/2, 1/4 or 1/8 of its size directly)."""
         pixels = image.width * image.height
         if pixels <= self.max_pixels:
             return image
+        if self.oversize == "refuse":
+            raise BadImage(
+                f"{what} is {image.width}x{image.height} = {pixels} pixels, more than data.max_image_pixels="
+                f"{self.max_pixels}; shrink it, raise the limit, or set data.oversize_images: resize"
+            )
+        if fresh and image.format == "JPEG":
+            factor = _least_factor(image.size, self.max_pixels)
+            image.draft(image.mode, (-(-image.width // factor), -(-image.height // factor)))
+        factor = _least_factor(image.size, self.max_pixels)  # what the draft left (1 where it fits)
+        image = image.reduce(factor) if factor > 1 else image  # a box filter over factor x factor pixels: a new image
+        self.resized += 1  # read after the data loads, on one thread
+        return image
         if self.oversize == "refuse":
             raise BadImage(
                 f"{what} is {image.width}x{image.height} = {pixels} pixels, more than data.max_image_pixels="

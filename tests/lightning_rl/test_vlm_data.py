@@ -216,3 +216,13 @@ def test_an_image_is_decoded_once_while_the_cache_holds_it(tiny_vlm_path, tmp_pa
         for _ in range(3):  # the rows' images are decoded when the data loads, then per batch only without a cache
             next(batches)
         assert opened == decodes
+
+
+def test_a_pil_image_past_the_limit_is_reduced_without_touching_the_rows_own():
+    from lightning_rl.data.images import ImageColumn
+
+    image = pictures((301, 99, (0, 0, 200)))[0]
+    column = ImageColumn(None, "rows built in Python", "image", max_pixels=7500)
+    (reduced,) = column.images(image)
+    assert reduced.size == (101, 33) and image.size == (301, 99)  # the least whole factor that fits: 3 (2 gives 7550)
+    assert column.resized == 1
