@@ -45,6 +45,7 @@
 | reasoning-gym scorer raising on a completion             | that sample scores 0, counted in reward/scorer_error_frac           | test_reasoning_gym_scorer_error / components/test_reasoning_gym_reward.py                 |
 | reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/test_reasoning_gym_data.py                  |
 | image past PIL's limit or data.max_image_pixels (20000², 12000²) | a bad image naming file and row (bad_images: skip skips it), or shrunk | test_oversize_image / lightning_rl/test_vlm_data.py                              |
+| a prompt's image tokens expanded in the wrong order (two images of different sizes) | ids equal transformers' own Qwen2VLProcessor's | test_image_token_order / lightning_rl/test_vision.py                  |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -438,3 +439,9 @@ def test_oversize_image(tiny_vlm_path, tmp_path):
         load()
     with pytest.raises(DataError, match=r"every row has a bad image, e.g. row 0 \(line 1\)"), pytest.warns(UserWarning):
         load(bad_images="skip", oversize_images="refuse")
+
+
+def test_image_token_order():
+    from tests.support.vlm import check_prompt_ids_match_transformers_own_processor
+
+    assert check_prompt_ids_match_transformers_own_processor() == [6, 2]

@@ -1,10 +1,12 @@
 """Sampled VLM batches shared by the vision-language tests (tests/lightning_rl/test_vlm_exactness.py, test_vlm_update.py),
-and image files for the data tests (test_vlm_data.py, the fault matrix)."""
+image files for the data tests (test_vlm_data.py) and the prompt-id check against transformers' own Qwen2-VL processor
+(test_vision.py); the fault matrix runs the last two too."""
 
 from __future__ import annotations
 
 import struct
 import zlib
+from pathlib import Path
 
 import torch
 
@@ -41,3 +43,41 @@ def png_declaring(width: int, height: int) -> bytes:
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, RGB, deflate, no filter, no interlace
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+TINY_VLM = str(Path(__file__).parents[2] / "lightning_rl" / "assets" / "tiny-vlm")
+
+
+def check_prompt_ids_match_transformers_own_processor(path: str = TINY_VLM) -> list[int]:
+    """`VisionProcessor`'s ids and grids for prompts with two or three images of different sizes (in both orders) equal
+    those of transformers' `Qwen2VLProcessor`; the sampler and the trainer share our ids, so only an independent
+    processor tells a wrong expansion. Returns the image-token runs of the first prompt."""
+    from transformers import AutoImageProcessor, Qwen2VLProcessor
+
+    from lightning_rl.core.vision import load_processor
+
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        """Without its video half: the class check of a None video processor looks up a class that needs torchvision
+        (absent from a CPU install); the ids come from the processor's own expansion."""
+
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    tokenizer = load_tokenizer(path)
+    ours = load_processor(path, tokenizer)
+    reference = ImageOnlyQwen2VLProcessor(
+        image_processor=AutoImageProcessor.from_pretrained(path), tokenizer=tokenizer, video_processor=None
+    )
+    images = pictures((84, 56, (0, 150, 0)), (28, 56, (90, 90, 90)), (56, 56, (200, 0, 0)))  # 6, 2 and 4 image tokens
+    for shown in (images[:2], images[1::-1], images):
+        ids, tensors = ours.encode("count the shapes", shown, system_prompt="be brief")
+        chat = tokenizer.apply_chat_template(
+            ours.messages("count the shapes", len(shown), "be brief"), add_generation_prompt=True, tokenize=False
+        )
+        expected = reference(text=[chat], images=shown, return_tensors="pt")
+        assert ids == expected["input_ids"][0].tolist(), f"{len(shown)} images of sizes {[im.size for im in shown]}"
+        assert tensors["image_grid_thw"].tolist() == expected["image_grid_thw"].tolist()
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return [len(run) for run in "".join("x" if i == pad else " " for i in ours.encode("count", images[:2])[0]).split()]
