@@ -21,6 +21,7 @@ from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positio
 from lightning_rl.core.sampling import SamplingParams
 
 from .base import Rollout, configured_params, response_mask_from_eos
+from .interrupt import check_interrupted
 
 
 class HFRollout(Rollout):
@@ -149,6 +150,8 @@ class HFRollout(Rollout):
         repeats: int,
         images: list | None = None,
     ):
+        if not forward.synced:
+            check_interrupted()
         positions = row_positions(
             forward.policy, ids, mask, images
         )  # (n, P), or (3, n, P) with multimodal rotary positions
@@ -167,6 +170,8 @@ class HFRollout(Rollout):
         t_logprob = temperature if temperature > 0 else 1.0
         step, done = 0, False
         while True:
+            if not forward.synced:  # a sharded policy's ranks step together: one cannot leave alone
+                check_interrupted()
             if not done:
                 z = logits.float()  # (b, V)
                 token = torch.where(

@@ -213,7 +213,7 @@ def test_the_agents_http_client_retries_a_connection_that_failed_to_open():
     import time
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from components.rollout.endpoint.agent import _shared_http_client
+    from components.rollout.endpoint.http_client import episode_http_client
     from components.rollout.sglang.server import free_port
 
     class Ok(BaseHTTPRequestHandler):
@@ -233,11 +233,11 @@ def test_the_agents_http_client_retries_a_connection_that_failed_to_open():
             server.handle_request()
 
     threading.Thread(target=listen_late, daemon=True).start()
-    client = _shared_http_client(asynchronous=False)
+    client = episode_http_client(asynchronous=False)
     try:
         assert client.get(f"http://127.0.0.1:{port}/").status_code == 200
     finally:
-        client.release()
+        client.close()
 
 
 def test_a_round_of_many_episodes_connecting_at_once_loses_none():

@@ -22,6 +22,10 @@ class ContextFull(ValueError):
     """The row has no room left for the call (its prompt would pass ``max_total_tokens`` response tokens)."""
 
 
+class RowLimit(ValueError):
+    """The call would start a row past the episode's ``max_rows``."""
+
+
 @dataclass
 class Row:
     """A training row under construction: ``episode`` holds its first prompt and the ids after it."""
@@ -51,11 +55,18 @@ class Pending:
 class Conversation:
     """The rows of one episode, and its prefix breaks."""
 
-    def __init__(self, template: ChatTemplate | None, tokenizer, max_total_tokens: int):
-        self.template, self.tokenizer, self.max_total_tokens = template, tokenizer, max_total_tokens
+    def __init__(self, template: ChatTemplate | None, tokenizer, max_total_tokens: int, max_rows: int = 16):
+        self.template, self.tokenizer, self.max_total_tokens, self.max_rows = (
+            template,
+            tokenizer,
+            max_total_tokens,
+            max_rows,
+        )
         self.rows: list[Row] = []
         self.prefix_breaks = 0
         self.calls = 0
+        self._busy: set[int] = set()  # id() of the rows a call in flight extends
+        self._starting = 0  # rows that calls in flight start
 
     def chat(self, messages: list[dict], tools: list[dict] | None) -> Pending:
         if self.template is None:
@@ -85,7 +96,8 @@ class Conversation:
         )
 
     def _current(self, kind: str) -> Row | None:
-        return self.rows[-1] if self.rows and self.rows[-1].kind == kind else None
+        row = self.rows[-1] if self.rows and self.rows[-1].kind == kind else None
+        return None if row is None or id(row) in self._busy else row
 
     def _pending(self, row: Row, added: list[int], covers: list) -> Pending:
         if len(row.episode.ids) + len(added) + 1 > self.max_total_tokens:
@@ -94,12 +106,27 @@ class Conversation:
                 f"this conversation's training row holds {len(row.episode.ids)} + {len(added)} new tokens, and "
                 f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn"
             )
+        self._busy.add(id(row))
         return Pending(row, added, row.context + added, covers, False)
 
     def _start(self, row: Row, covers: list) -> Pending:
         if not row.episode.prompt:
             raise ValueError("the prompt is empty")
+        if len(self.rows) + self._starting >= self.max_rows:
+            raise RowLimit(
+                f"this episode already has {len(self.rows) + self._starting} training rows (each call that does not "
+                "continue the conversation as served, or that runs beside another, starts one), and "
+                f"model.agent.init_args.max_rows_per_episode is {self.max_rows}"
+            )
+        self._starting += 1
         return Pending(row, [], list(row.episode.prompt), covers, True)
+
+    def release(self, pending: Pending) -> None:
+        """The call ends without a sampled turn (refused after it was prepared, or its sampling was interrupted)."""
+        if pending.new_row:
+            self._starting -= 1
+        else:
+            self._busy.discard(id(pending.row))
 
     def room(self, pending: Pending) -> int:
         """The most tokens the call may sample."""
@@ -116,6 +143,7 @@ class Conversation:
     ) -> None:
         """Record the sampled turn; ``reply`` is what the endpoint answers (the assistant message, or the text)."""
         row = pending.row
+        self.release(pending)
         if pending.new_row:
             if self.rows:
                 self.prefix_breaks += 1
