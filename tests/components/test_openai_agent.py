@@ -316,7 +316,11 @@ def chatty_agent(client, row):
 
 
 async def branching_agent(client, row):
-    """One turn, then two calls at once that both continue it: two branches of one context."""
+    """One turn, then two calls at once that both continue it: two branches of one context. The episode of "9*9="
+    only waits, so that the driver waits for a second call and the two branches meet in one sampler call."""
+    if row["prompt"] == "9*9=":
+        await asyncio.sleep(3)
+        return None
     first = await client.completions.create(model="policy", prompt=row["prompt"], max_tokens=2)
     text = row["prompt"] + first.choices[0].text + "<result>7</result>"
     answers = await asyncio.gather(
@@ -395,11 +399,11 @@ def test_calls_past_max_calls_per_episode_are_refused_and_counted(policy):
 def test_two_calls_continuing_one_row_at_once_are_two_rows_each_exactly_as_sampled(policy):
     agent, sampler, tokenizer = _setup("branching_agent", group_size=1)
     try:
-        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=", "9*9="))
     finally:
         agent.close()
     result = batch.columns["result"][0]
-    assert float(metrics["agent/prefix_breaks"]) == 1 and batch.batch_size == 2
+    assert float(metrics["agent/prefix_breaks"]) == 1 and batch.batch_size == 4
     full = sorted(
         batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
         + batch.response_ids[i, : int(batch.response_mask[i].sum())].tolist()
