@@ -37,6 +37,11 @@
 | weight_sync: tensor without CUDA (CPU policy, server in another process) | error at construction naming weight_sync: disk      | test_tensor_sync_without_cuda / components/test_sglang_rollout.py                         |
 | SGLang server killed in the middle of a distributed weight push | SGLangError naming its URL; no request sampled until a whole push succeeds | test_sglang_failed_push / components/test_sglang_weight_sync.py (servers in processes) |
 | SGLang server that silently keeps an old tensor          | the push's verification fails the iteration naming the server       | test_stale_server_weights / components/test_sglang_weight_sync.py                         |
+| agents' endpoint: 300 MiB unauthenticated body, Content-Length -1 / abc, 500 idle connections | 401 on the head, body unread; 400 from h11; no thread each, closed at idle_timeout_s | test_endpoint_probes / components/test_openai_endpoint.py |
+| agent request no sampler can serve (OOV ids, 5 MB prompt, another model, tool_choice) | 400 naming the limit before sampling; the run goes on           | test_unservable_agent_requests / components/test_openai_agent.py                         |
+| one episode sends 300 calls at once                      | at most max_rows_per_episode rows / max_calls_per_episode calls, 400 past them, counted | components/test_openai_agent.py::test_300_calls_at_once_from_one_episode_make_at_most_max_rows_per_episode_rows |
+| episode deadline / SIGTERM while an agent round samples  | the sampler call ends within a step; SIGTERM: round untrained, RoundInterrupted (last.ckpt as for Ctrl-C) | components/test_openai_tito.py, components/test_rollout_interrupt.py |
+| 256 (1,024 in benchmarks/agent_episodes_at_once.py) episodes connecting at once, busy CPUs | none lost (agent/error_frac 0)                          | components/test_openai_tito.py::test_a_round_of_many_episodes_connecting_at_once_loses_none |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -47,6 +52,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -340,3 +346,44 @@ def test_stale_server_weights(tiny_model_path, tokenizer):
     finally:
         rollout.close()
         server.stop()
+
+
+def test_endpoint_probes():
+    from components.rollout.endpoint.server import Endpoint, EndpointLimits
+    from tests.support.endpoint import head, raw
+
+    endpoint = Endpoint(limits=EndpointLimits(idle_timeout_s=1.0))
+    endpoint.open("e", lambda route, request: None)  # never reached: every probe is refused on its head
+    try:
+        start = time.monotonic()
+        unauthenticated = raw(endpoint, head(endpoint, token="wrong", Content_Length=300 * 2**20), b"x" * 2**20)
+        assert unauthenticated.startswith(b"HTTP/1.1 401 ")
+        for length in ("-1", "abc"):
+            assert raw(endpoint, head(endpoint, Content_Length=length), b"{}").startswith(b"HTTP/1.1 400 ")
+        with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as idle:
+            assert idle.recv(1) == b""  # closed by the server at idle_timeout_s
+        assert time.monotonic() - start < 5
+    finally:
+        endpoint.close()
+
+
+def test_unservable_agent_requests():
+    from components.rollout import OpenAIAgent
+    from components.rollout.endpoint import HermesToolCalls
+    from tests.fixtures.chat_templates import family_tokenizer
+    from tests.helpers import prompts
+    from tests.support.openai import ScriptedChat
+
+    tokenizer = family_tokenizer("chatml")
+    sampler = ScriptedChat(tokenizer, "chatml", group_size=1)
+    sampler.setup(tokenizer)
+    agent = OpenAIAgent("tests.support.endpoint.unservable_agent", tool_calls=HermesToolCalls(), timeout_s=60)
+    agent.setup(tokenizer, sampler)
+    try:
+        batch, metrics = agent.generate(sampler, prompts([tokenizer.encode("1+2?")], None, [{"prompt": "1+2?"}]), None)
+    finally:
+        agent.close()
+    oov, model, tool_choice = batch.columns["result"][0]
+    assert oov.startswith("BadRequest: prompt token ids outside the vocabulary [0, ") and "[999999, -5]" in oov
+    assert "model 'gpt-4o' is not served here" in model and "tool_choice 'required' is not supported" in tool_choice
+    assert float(metrics["agent/error_frac"]) == 0

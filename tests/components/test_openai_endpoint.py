@@ -13,31 +13,14 @@ import pytest
 
 from components.rollout.endpoint.http_client import episode_http_client
 from components.rollout.endpoint.server import Endpoint, EndpointLimits
+from tests.support.endpoint import head as _head
+from tests.support.endpoint import raw as _raw
 
 BODY = b'{"model": "policy", "prompt": "1"}'
 
 
 def _endpoint(**limits) -> Endpoint:
     return Endpoint(limits=EndpointLimits(**limits))
-
-
-def _raw(endpoint: Endpoint, head: bytes, body: bytes = b"", timeout: float = 5.0) -> bytes:
-    """Send ``head`` (and ``body``) on a fresh connection; everything the server answers until it closes or goes quiet."""
-    with socket.create_connection(("127.0.0.1", endpoint.port), timeout=timeout) as sock:
-        sock.sendall(head + body)
-        out = b""
-        try:
-            while chunk := sock.recv(65536):
-                out += chunk
-        except (socket.timeout, ConnectionResetError):
-            pass
-        return out
-
-
-def _head(endpoint: Endpoint, path: str = "/e/v1/completions", token: str | None = None, **headers) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {token or endpoint.token}"]
-    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 def _rss_mb() -> float:
