@@ -8,7 +8,10 @@ The loop is ours rather than ``model.generate``: it samples exactly what the con
 defaults such as a repetition penalty the trainer would not mirror), and on a small model it
 avoids ``generate``'s per-step bookkeeping (about a quarter of the rollout time on CPU). For one
 seed it draws the same tokens as ``generate`` (tests/components/test_rollout_hf.py).
-The weights are the trainer's own, so ``sync_weights`` has nothing to copy.
+The weights are the trainer's own, so ``sync_weights`` has nothing to copy. A call made inside
+``components.rollout.interrupt.interruptible(stop)`` ends (``SamplingInterrupted``) within a decoding step of
+``stop()`` turning true (an agent episode's deadline, a cancel); with sharded weights it runs to its end (the ranks
+step together).
 """
 
 from __future__ import annotations
