@@ -48,7 +48,7 @@ from lightning_rl.core.sampling import SamplingParams
 from ..agent import Agent
 from ..base import Rollout
 from ..episode import Episode, left_pad, response_fields, transcript
-from .chat import ChatTemplate
+from .chat import ChatTemplate, longest_token_bytes
 from .conversation import Conversation
 from .rounds import EpisodeRun, Round
 from .server import Endpoint, EndpointLimits
@@ -156,6 +156,7 @@ class OpenAIAgent(Agent):
                 )
                 continue
             self.stop_ids.append(ids[0])
+        self.longest = longest_token_bytes(tokenizer)
         self.endpoint = Endpoint(self.model_name, self.limits)
         self._stop_rounds_on_sigterm()
 
@@ -173,12 +174,20 @@ class OpenAIAgent(Agent):
         data_prompts = [
             ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())
         ]
+        context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
         episodes = [
             EpisodeRun(
                 uuid.uuid4().hex,
                 rows[i // g],
                 data_prompts[i // g],
-                Conversation(self.template, self.tokenizer, self.max_total_tokens, self.max_rows_per_episode),
+                Conversation(
+                    self.template,
+                    self.tokenizer,
+                    self.max_total_tokens,
+                    self.max_rows_per_episode,
+                    context,
+                    self.longest,
+                ),
             )
             for i in range(len(prompts) * g)
         ]

@@ -15,7 +15,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .server import BACKLOG, ROUTES, Endpoint, error, parse_json, split_path
 
-CLOSE = {"connection": "close"}  # the body was not read: the connection cannot carry another request
+CLOSE = {"connection": "close"}
+"""On an answer to a client that is not the run's (or has stalled): closed with its body unread. A refusal to the
+run's own client keeps the connection: uvicorn reads and drops the rest of the body (the head timer still bounds it),
+so the client reads its answer rather than a reset."""
 
 
 class _Protocol(H11Protocol):
@@ -93,21 +96,21 @@ class _App:
             return *error(
                 404,
                 f"no route {request.method} {route}; this endpoint serves POST /v1/chat/completions and /v1/completions",
-            ), CLOSE
+            ), {}
         handler = endpoint.handler(episode)
         if handler is None:
             message = "this episode has ended (it returned, passed its deadline, or the run stopped); its client cannot sample any more"
-            return *error(404, message, "episode_ended"), CLOSE
+            return *error(404, message, "episode_ended"), {}
         max_bytes = int(limits.max_request_mb * 2**20)
         declared = request.headers.get("content-length")
         if declared is not None and int(declared) > max_bytes:  # h11 has checked it is a number
-            return *_too_large(limits.max_request_mb), CLOSE
+            return *_too_large(limits.max_request_mb), {}
         if endpoint.in_flight >= limits.max_requests_in_flight:
             message = (
                 f"the endpoint has {endpoint.in_flight} requests in flight (model.agent.init_args.limits."
                 "max_requests_in_flight): retry in a moment"
             )
-            return *error(503, message, "overloaded"), {**CLOSE, "retry-after": "1"}
+            return *error(503, message, "overloaded"), {"retry-after": "1"}
         endpoint.in_flight += 1
         try:
             try:
@@ -119,7 +122,7 @@ class _App:
             except ClientDisconnect:
                 return *error(400, "the client closed the connection during the request"), CLOSE
             if body is None:
-                return *_too_large(limits.max_request_mb), CLOSE
+                return *_too_large(limits.max_request_mb), {}
             parsed = parse_json(body)
             if isinstance(parsed, tuple):
                 return *parsed, {}
