@@ -44,3 +44,21 @@ def unservable_agent(client, row) -> list[str]:
         except openai.BadRequestError as err:
             messages.append(err.body["message"])
     return messages
+
+
+def calc_agent_or_hang(client, row):
+    """examples/openai_calc_agent.py's agent, until the file named by $HANG_MARKER exists: from then on each episode
+    asks the model once and never returns (leaving ``<marker>.hung`` behind, so a test knows a round is stuck)."""
+    import os
+    import time
+    from pathlib import Path
+
+    from examples.openai_calc_agent import agent
+
+    marker = Path(os.environ["HANG_MARKER"])
+    if not marker.exists():
+        return agent(client, row)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}], max_tokens=2)
+    Path(f"{marker}.hung").touch()
+    while True:
+        time.sleep(1.0)

@@ -30,7 +30,6 @@ import asyncio
 import importlib
 import inspect
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from ..base import Rollout
 from ..episode import Episode, left_pad, response_fields, transcript
 from .chat import ChatTemplate, longest_token_bytes
 from .conversation import Conversation
+from .outcomes import report_failures, round_metrics
 from .rounds import EpisodeRun, Round
 from .server import Endpoint, EndpointLimits
 from .tool_calls import ToolCallParser
@@ -208,8 +208,8 @@ class OpenAIAgent(Agent):
             raise RoundInterrupted(
                 f"{round_.stopped_by} while {len(episodes)} episodes sampled: the round was ended at once and is not trained"
             )
-        _report_failures(episodes)
-        return self._batch(episodes, prompts, g, sampler.pad_token_id), _metrics(episodes)
+        report_failures(episodes)
+        return self._batch(episodes, prompts, g, sampler.pad_token_id), round_metrics(episodes)
 
     def _start(self, episode: EpisodeRun) -> Future:
         url, row = self.endpoint.base_url(episode.key), dict(episode.row)
@@ -353,40 +353,3 @@ def _load_function(path: str) -> Callable:
             f"model.agent.init_args.function: {path!r} is not a function; give the dotted path of agent(client, row)"
         )
     return function
-
-
-def _metrics(episodes: list[EpisodeRun]) -> dict[str, Tensor]:
-    n = max(1, len(episodes))
-
-    def frac(status: str) -> Tensor:
-        return torch.tensor(sum(e.status == status for e in episodes) / n)
-
-    rows = [row.episode for e in episodes for row in e.conversation.rows]
-    return {
-        "agent/turns_mean": torch.tensor(sum(e.conversation.calls for e in episodes) / n),
-        "agent/tool_calls_mean": torch.tensor(sum(e.tool_calls for e in episodes) / n),
-        "agent/observation_tokens_mean": torch.tensor(sum(len(r.action) - sum(r.action) for r in rows) / n),
-        "agent/prefix_breaks": torch.tensor(float(sum(e.conversation.prefix_breaks for e in episodes))),
-        "agent/error_frac": frac("error"),
-        "agent/timeout_frac": frac("timeout") + frac("cancelled"),
-        "agent/no_call_frac": torch.tensor(sum(e.conversation.calls == 0 for e in episodes) / n),
-        "agent/call_limit_frac": torch.tensor(sum("calls" in e.limits_hit for e in episodes) / n),
-        "agent/row_limit_frac": torch.tensor(sum("rows" in e.limits_hit for e in episodes) / n),
-    }
-
-
-def _report_failures(episodes: list[EpisodeRun]) -> None:
-    """One console line for a round where episodes failed (their count and the first error), besides the metrics."""
-    failed = [e for e in episodes if e.status in ("error", "timeout")]
-    if failed:
-        kinds = ", ".join(
-            f"{sum(e.status == s for e in failed)} {s}"
-            for s in ("error", "timeout")
-            if any(e.status == s for e in failed)
-        )
-        first = failed[0].error.splitlines()[0] if failed[0].error else ""
-        print(
-            f"agents: {len(failed)} of {len(episodes)} episodes failed ({kinds}); the first: {first[:500]}",
-            file=sys.stderr,
-            flush=True,
-        )
