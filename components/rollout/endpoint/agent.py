@@ -30,6 +30,7 @@ import asyncio
 import importlib
 import inspect
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -205,9 +206,9 @@ class OpenAIAgent(Agent):
             if policy is not None:
                 policy.train(was_training)
         if round_.stopped_by is not None:
-            raise RoundInterrupted(
-                f"{round_.stopped_by} while {len(episodes)} episodes sampled: the round was ended at once and is not trained"
-            )
+            message = f"{round_.stopped_by} while {len(episodes)} episodes sampled: the round was ended at once and is not trained"
+            print(f"agents: {message}", file=sys.stderr, flush=True)  # Lightning reports it as a KeyboardInterrupt
+            raise RoundInterrupted(message)
         report_failures(episodes)
         return self._batch(episodes, prompts, g, sampler.pad_token_id), round_metrics(episodes)
 
