@@ -8,13 +8,14 @@ waiting call costs a coroutine, never a thread, and concurrent calls still meet 
 Errors answer in OpenAI's shape, ``{"error": {"message", "type", "code"}}``, which an OpenAI client raises as
 `openai.APIStatusError`.
 
-What no request can do (`EndpointLimits`): its token is checked on the head, before a byte of the body is read, and
-the body is read as a stream up to ``max_request_mb`` (413; uvicorn stops reading a body nobody reads); a head must
+What no request can do (`EndpointLimits`): its token is checked on the head, before a byte of the body is read (an
+unauthenticated request's connection is closed, its body never read), and the body is read as a stream up to
+``max_request_mb`` (413; uvicorn drops the rest as it arrives, buffering at most 64 KiB); a head must
 arrive within ``idle_timeout_s`` of the connection opening or of its last answer (uvicorn's own keep-alive timer
 starts only after an answer), a body within ``body_timeout_s``; heads are at most h11's 16 KiB and a malformed one
 (``Content-Length: -1`` or ``abc``) is answered 400 by h11; past ``max_connections`` uvicorn answers 503, past
 ``max_requests_in_flight`` this app does. A 503 (or 429) is sent before the request is read, so the agents' clients
-retry it (http_client.py). A refused request that was not read closes its connection.
+retry it (http_client.py).
 """
 
 from __future__ import annotations
