@@ -46,6 +46,11 @@
 | reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/test_reasoning_gym_data.py                  |
 | image past PIL's limit or data.max_image_pixels (20000², 12000²) | a bad image naming file and row (bad_images: skip skips it), or shrunk | test_oversize_image / lightning_rl/test_vlm_data.py                              |
 | a prompt's image tokens expanded in the wrong order (two images of different sizes) | ids equal transformers' own Qwen2VLProcessor's | test_image_token_order / lightning_rl/test_vision.py                  |
+| agents' endpoint: 300 MiB unauthenticated body, Content-Length -1 / abc, 500 idle connections | 401 on the head, body unread; 400 from h11; no thread each, closed at idle_timeout_s | test_endpoint_probes / components/test_openai_endpoint.py |
+| agent request no sampler can serve (OOV ids, 5 MB prompt, another model, tool_choice) | 400 naming the limit before sampling; the run goes on           | test_unservable_agent_requests / components/test_openai_agent.py                         |
+| one episode sends 300 calls at once                      | at most max_rows_per_episode rows / max_calls_per_episode calls, 400 past them, counted | components/test_openai_agent.py::test_300_calls_at_once_from_one_episode_make_at_most_max_rows_per_episode_rows |
+| episode deadline / SIGTERM while an agent round samples  | the sampler call ends within a step; SIGTERM: round untrained, RoundInterrupted (last.ckpt as for Ctrl-C) | components/test_openai_tito.py, components/test_rollout_interrupt.py |
+| 256 (1,024 in benchmarks/agent_episodes_at_once.py) episodes connecting at once, busy CPUs | none lost (agent/error_frac 0)                          | components/test_openai_tito.py::test_a_round_of_many_episodes_connecting_at_once_loses_none |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -56,6 +61,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -445,3 +451,44 @@ def test_image_token_order():
     from tests.support.vlm import check_prompt_ids_match_transformers_own_processor
 
     assert check_prompt_ids_match_transformers_own_processor() == [6, 2]
+
+
+def test_endpoint_probes():
+    from components.rollout.endpoint.server import Endpoint, EndpointLimits
+    from tests.support.endpoint import head, raw
+
+    endpoint = Endpoint(limits=EndpointLimits(idle_timeout_s=1.0))
+    endpoint.open("e", lambda route, request: None)  # never reached: every probe is refused on its head
+    try:
+        start = time.monotonic()
+        unauthenticated = raw(endpoint, head(endpoint, token="wrong", Content_Length=300 * 2**20), b"x" * 2**20)
+        assert unauthenticated.startswith(b"HTTP/1.1 401 ")
+        for length in ("-1", "abc"):
+            assert raw(endpoint, head(endpoint, Content_Length=length), b"{}").startswith(b"HTTP/1.1 400 ")
+        with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as idle:
+            assert idle.recv(1) == b""  # closed by the server at idle_timeout_s
+        assert time.monotonic() - start < 5
+    finally:
+        endpoint.close()
+
+
+def test_unservable_agent_requests():
+    from components.rollout import OpenAIAgent
+    from components.rollout.endpoint import HermesToolCalls
+    from tests.fixtures.chat_templates import family_tokenizer
+    from tests.helpers import prompts
+    from tests.support.openai import ScriptedChat
+
+    tokenizer = family_tokenizer("chatml")
+    sampler = ScriptedChat(tokenizer, "chatml", group_size=1)
+    sampler.setup(tokenizer)
+    agent = OpenAIAgent("tests.support.endpoint.unservable_agent", tool_calls=HermesToolCalls(), timeout_s=60)
+    agent.setup(tokenizer, sampler)
+    try:
+        batch, metrics = agent.generate(sampler, prompts([tokenizer.encode("1+2?")], None, [{"prompt": "1+2?"}]), None)
+    finally:
+        agent.close()
+    oov, model, tool_choice = batch.columns["result"][0]
+    assert oov.startswith("BadRequest: prompt token ids outside the vocabulary [0, ") and "[999999, -5]" in oov
+    assert "model 'gpt-4o' is not served here" in model and "tool_choice 'required' is not supported" in tool_choice
+    assert float(metrics["agent/error_frac"]) == 0

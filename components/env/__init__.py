@@ -1,4 +1,5 @@
 from .base import Environment, Step, Turn
+from .concurrency import tool_concurrency
 from .function_tool import FunctionTool
 from .protocol import ToolProtocol
 from .python_tool import PythonTool
@@ -18,4 +19,5 @@ __all__ = [
     "FunctionTool",
     "PythonTool",
     "SandboxFusionTool",
+    "tool_concurrency",
 ]

@@ -23,25 +23,38 @@ STARTUP_S = 120.0
 class FunctionTool(Tool):
     """Any Python function as a tool: ``fn(**arguments)`` when the argument text is a JSON object, else ``fn(text)``.
 
-    In YAML ``fn`` is a dotted import path (``my_project.tools.lookup``). Calls run in a worker process of this
-    tool (components/env/tool_worker.py), started at the first call with the trainer's ``sys.path`` and
-    environment: a call still running after ``timeout_s`` is killed with its worker, whatever it is stuck in
-    and on whichever thread the call was made (asynchronous rollouts call tools on a background thread),
-    and the next call starts a new worker. What the function prints goes nowhere (never to the trainer's
+    In YAML ``fn`` is a dotted import path (``my_project.tools.lookup``). Calls run in worker processes of this
+    tool (components/env/tool_worker.py), started as calls need them with the trainer's ``sys.path`` and
+    environment, one call at a time each: calls made at once (the episodes of a round, MultiTurnRollout's
+    ``max_concurrent_tools``) run at once, at most ``max_workers``, the others wait for a worker. A call still
+    running after ``timeout_s`` (its own time, not the wait) is killed with its worker, whatever it is stuck in
+    and on whichever thread the call was made (asynchronous rollouts call tools on a background thread), and a
+    later call starts a new worker. What the function prints goes nowhere (never to the trainer's
     log); its return value is the result, as ``str(value)``. ``fn`` must be importable, i.e. defined at a
     module's top level (or a picklable callable object). Trusted code: it runs with the trainer's rights
     (for the model's own code use `PythonTool`).
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None, timeout_s: float | None = 10.0):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        timeout_s: float | None = 10.0,
+        max_workers: int | None = None,
+    ):
         """
         Args:
             fn: the function (or its dotted import path).
             name: the tool's name in a call (None = the function's name).
             timeout_s: seconds one call may take (None = no limit).
+            max_workers: worker processes at most, i.e. calls running at once (None = components.env.tool_concurrency()).
         """
+        from .concurrency import tool_concurrency
+
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"FunctionTool: timeout_s must be > 0 (or null), got {timeout_s}")
+        if max_workers is not None and max_workers < 1:
+            raise ValueError(f"FunctionTool: max_workers must be >= 1 (or null), got {max_workers}")
         try:
             pickle.dumps(fn)
             if (
@@ -55,8 +68,11 @@ class FunctionTool(Tool):
             ) from None
         self.fn, self.timeout_s = fn, timeout_s
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
-        self._worker: _Worker | None = None
-        self._lock = threading.Lock()  # one call at a time per worker
+        self.max_workers = max_workers or tool_concurrency()
+        self._idle: list[_Worker] = []  # started, waiting for a call
+        self._busy: set[_Worker] = set()  # each running one call
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.max_workers)
 
     def __call__(self, arguments: str) -> str:
         try:
@@ -64,32 +80,52 @@ class FunctionTool(Tool):
         except json.JSONDecodeError as err:
             raise ToolError(f"arguments are not valid JSON: {err.msg}") from None
         message = ("kwargs", parsed) if isinstance(parsed, dict) else ("text", arguments)
-        with self._lock:
-            worker = self._worker = (
-                self._worker if self._worker is not None and self._worker.alive() else _Worker(self.fn)
-            )
+        with self._slots:
+            worker = self._take()
             try:
                 worker.calls.send(message)
                 answered = worker.answers.poll(self.timeout_s)
                 status, value = worker.answers.recv() if answered else ("timeout", None)
             except (EOFError, OSError):  # the worker died (or close() killed it) during the call
                 status, value = "died", worker.kill()
-            if status in ("timeout", "died"):
-                worker.kill()
-                self._worker = None
-                raise ToolError(
-                    f"no answer within {self.timeout_s} s"
-                    if status == "timeout"
-                    else f"the tool's process ended during the call ({value})"
-                )
+            self._give_back(worker, keep=status not in ("timeout", "died"))
+        if status in ("timeout", "died"):
+            raise ToolError(
+                f"no answer within {self.timeout_s} s"
+                if status == "timeout"
+                else f"the tool's process ended during the call ({value})"
+            )
         if status == "error":
             raise ToolError(value)
         return value
 
+    def _take(self) -> _Worker:
+        """An idle worker that is alive, or a new one (started outside the lock: other calls go on meanwhile)."""
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.alive():
+                    self._busy.add(worker)
+                    return worker
+        worker = _Worker(self.fn)
+        with self._lock:
+            self._busy.add(worker)
+        return worker
+
+    def _give_back(self, worker: _Worker, keep: bool) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+            if keep and worker.alive():
+                self._idle.append(worker)
+                return
+        worker.kill()
+
     def close(self) -> None:
-        """Kill the worker (a call under way on another thread answers an error at once)."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
+        """Kill the workers (a call under way on another thread answers an error at once)."""
+        with self._lock:
+            workers = [*self._idle, *self._busy]
+            self._idle.clear()
+        for worker in workers:
             worker.kill()
 
 

@@ -8,7 +8,10 @@ The loop is ours rather than ``model.generate``: it samples exactly what the con
 defaults such as a repetition penalty the trainer would not mirror), and on a small model it
 avoids ``generate``'s per-step bookkeeping (about a quarter of the rollout time on CPU). For one
 seed it draws the same tokens as ``generate`` (tests/components/test_rollout_hf.py).
-The weights are the trainer's own, so ``sync_weights`` has nothing to copy.
+The weights are the trainer's own, so ``sync_weights`` has nothing to copy. A call made inside
+``components.rollout.interrupt.interruptible(stop)`` ends (``SamplingInterrupted``) within a decoding step of
+``stop()`` turning true (an agent episode's deadline, a cancel); with sharded weights it runs to its end (the ranks
+step together).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positio
 from lightning_rl.core.sampling import SamplingParams
 
 from .base import Rollout, configured_params, response_mask_from_eos
+from .interrupt import check_interrupted
 
 
 class HFRollout(Rollout):
@@ -149,6 +153,8 @@ class HFRollout(Rollout):
         repeats: int,
         images: list | None = None,
     ):
+        if not forward.synced:
+            check_interrupted()
         positions = row_positions(
             forward.policy, ids, mask, images
         )  # (n, P), or (3, n, P) with multimodal rotary positions
@@ -167,6 +173,8 @@ class HFRollout(Rollout):
         t_logprob = temperature if temperature > 0 else 1.0
         step, done = 0, False
         while True:
+            if not forward.synced:  # a sharded policy's ranks step together: one cannot leave alone
+                check_interrupted()
             if not done:
                 z = logits.float()  # (b, V)
                 token = torch.where(

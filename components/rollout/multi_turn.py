@@ -13,6 +13,13 @@ appended (previous turns are never re-tokenised, so the trainer scores exactly t
 ``action_mask`` marks the model's tokens and ``env_rewards`` the environment's per-turn rewards
 (each episode's bookkeeping and the batch built from them: components.rollout.episode).
 
+The environment's steps of one turn (its tool calls) run concurrently across the open episodes, at most
+``max_concurrent_tools`` at a time (a thread pool; each call still bounded by its tool's ``timeout_s``, each
+result appended to its own episode): 128 episodes whose tool waits 0.5 s take ~0.5 s x 128 / max_concurrent_tools,
+not 64 s (benchmarks/agent_rounds.py). An environment's ``step`` is therefore called from several threads at once,
+for different episodes: it keeps per-episode state in ``state`` (the contract), or is run with
+``max_concurrent_tools: 1``.
+
 With ``chat_template: true`` an observation is rendered as the chat template's ``observation_role`` turn
 (components.rollout.chat_turns): only the new segment is tokenised and appended.
 
@@ -27,12 +34,13 @@ ended samples a stand-in turn beside the others and discards it.
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from components.env import Environment, Turn
+from components.env import Environment, Turn, tool_concurrency
 from components.env.base import checked_step
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.ops import all_reduce_sum
@@ -42,6 +50,7 @@ from .agent import Agent
 from .base import Rollout
 from .chat_turns import ChatTurns
 from .episode import Episode, episode_batch, episode_metrics, left_pad, token_versions, transcript
+from .interrupt import SamplingInterrupted, interruptible
 
 
 class MultiTurnRollout(Agent):
@@ -58,6 +67,7 @@ class MultiTurnRollout(Agent):
         max_total_tokens: int = 256,
         chat_template: bool = False,
         observation_role: str = "tool",
+        max_concurrent_tools: int | None = None,
     ):
         """
         Args:
@@ -66,14 +76,22 @@ class MultiTurnRollout(Agent):
             max_total_tokens: most response tokens per episode, the model's and the observations' together.
             chat_template: render observations as chat turns of the tokenizer's template (else their text is tokenised as is).
             observation_role: the chat role of an observation, with ``chat_template`` (``tool`` or ``user``).
+            max_concurrent_tools: the environment's steps (tool calls) of one turn that run at once, across episodes
+                (None = components.env.tool_concurrency(): 8 per core, 16 to 128; 1 = one after another).
         """
         if max_turns < 1 or max_total_tokens < 1:
             raise ValueError(
                 f"MultiTurnRollout: max_turns ({max_turns}) and max_total_tokens ({max_total_tokens}) must be >= 1"
             )
+        if max_concurrent_tools is not None and max_concurrent_tools < 1:
+            raise ValueError(
+                f"MultiTurnRollout: max_concurrent_tools must be >= 1 (or null), got {max_concurrent_tools}"
+            )
         self.env, self.max_turns, self.max_total_tokens = env, max_turns, max_total_tokens
         self.chat_template, self.observation_role = chat_template, observation_role
+        self.max_concurrent_tools = max_concurrent_tools or tool_concurrency()
         self.tokenizer, self.chat, self.stop_ids = None, None, []
+        self._tools: ThreadPoolExecutor | None = None
         self._running, self._cancelled = set(), set()  # tokens of the generate calls under way, and of those to stop
 
     def setup(self, tokenizer, sampler: Rollout) -> None:
@@ -118,12 +136,17 @@ class MultiTurnRollout(Agent):
         stops = tuple(dict.fromkeys([*params.stop_token_ids, *self.stop_ids]))
         run = object()
         self._running.add(run)  # cancel() ends the episodes of the calls in this set (from the first turn on)
+        # a cancel ends a turn's sampling in flight (one process only: ranks sample in step, one cannot leave alone)
+        stopped = (lambda: run in self._cancelled) if not _distributed() else (lambda: False)
         try:
-            turn = sampler.generate(
-                prompts,
-                policy,
-                replace(params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)),
-            )
+            with interruptible(stopped):
+                turn = sampler.generate(
+                    prompts,
+                    policy,
+                    replace(
+                        params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)
+                    ),
+                )
             g = turn.batch_size // n
             rows = prompts.rows()
             episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
@@ -143,7 +166,13 @@ class MultiTurnRollout(Agent):
                 turn_params = replace(
                     params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room)
                 )
-                turn = sampler.generate(Prompts(context_ids, context_mask), policy, turn_params)
+                try:
+                    with interruptible(stopped):
+                        turn = sampler.generate(Prompts(context_ids, context_mask), policy, turn_params)
+                except SamplingInterrupted:  # cancelled: the open episodes end here, as at their next turn
+                    for i in active:
+                        episodes[i].end(truncated=True)
+                    break
         finally:
             self._running.discard(run)
             self._cancelled.discard(run)
@@ -162,6 +191,7 @@ class MultiTurnRollout(Agent):
         logprob_rows = turn.rollout_logprobs.tolist() if turn.rollout_logprobs is not None else None
         # each turn may come from another policy version (asynchronous training pushes weights between turns)
         version_rows = token_versions(turn).tolist()
+        stepping = []  # (episode, its turn) for the environment
         for row, episode in enumerate(episodes):
             ids = ids_rows[row][: lengths[row]]
             room = self.max_total_tokens - len(episode.ids)
@@ -175,21 +205,41 @@ class MultiTurnRollout(Agent):
             if cut or run in self._cancelled:
                 episode.end(truncated=True)
                 continue
-            step = checked_step(self.env, self.env.step(episode.state, Turn(ids, self._turn_text(ids), finish, index)))
+            stepping.append((episode, Turn(ids, self._turn_text(ids), finish, index)))
+        for (episode, turn_), step in zip(stepping, self._steps(stepping, run)):
+            if step is None:  # cancelled before its step started
+                episode.end(truncated=True)
+                continue
+            step = checked_step(self.env, step)
             episode.tool_calls += step.tool_calls
             episode.tool_errors += step.tool_errors
             if step.reward is not None:
                 episode.reward(float(step.reward))  # on the turn's last token
             if step.done:
-                episode.end(truncated=finish == "length")
+                episode.end(truncated=turn_.finish == "length")
             elif index + 1 >= self.max_turns:
                 episode.end(truncated=True, max_turns=True)
             else:
-                observation = self._observation_ids(step.observation, ids)
+                observation = self._observation_ids(step.observation, turn_.ids)
                 if len(episode.ids) + len(observation) + 1 > self.max_total_tokens:  # no room for it and one more token
                     episode.end(truncated=True)
                 else:
                     episode.add(observation, 0, None)
+
+    def _steps(self, stepping: list, run: object) -> list:
+        """``env.step`` of each (episode, turn), at most ``max_concurrent_tools`` at once, in order; None for a step
+        not started before the ``generate`` call ``run`` was cancelled. An environment's exception is raised (the first
+        in order), as one step after another would."""
+
+        def step(episode: Episode, turn: Turn):
+            return None if run in self._cancelled else self.env.step(episode.state, turn)
+
+        if self.max_concurrent_tools == 1 or len(stepping) <= 1:
+            return [step(episode, turn) for episode, turn in stepping]
+        if self._tools is None:
+            self._tools = ThreadPoolExecutor(self.max_concurrent_tools, thread_name_prefix="tool-call")
+        futures = [self._tools.submit(step, episode, turn) for episode, turn in stepping]
+        return [future.result() for future in futures]
 
     def _observation_ids(self, observation: str | list[int], turn_ids: list[int]) -> list[int]:
         if not isinstance(observation, str):
@@ -222,3 +272,12 @@ class MultiTurnRollout(Agent):
 
     def close(self) -> None:
         self.env.close()
+        if self._tools is not None:
+            self._tools.shutdown(wait=False, cancel_futures=True)
+            self._tools = None
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

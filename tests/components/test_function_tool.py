@@ -51,3 +51,31 @@ def test_the_function_must_be_importable():
     script_function.__module__ = script_function.__qualname__ = "__main__"  # as if defined in the script being run
     with pytest.raises(ValueError, match="define it at the top level of a module"):
         FunctionTool(script_function)
+
+
+def test_calls_made_at_once_run_at_once_in_max_workers_each_bounded_by_its_timeout():
+    from tests.fixtures.tools import slow_echo
+
+    tool = FunctionTool(slow_echo, timeout_s=2.0, max_workers=3)
+    try:
+        on_a_thread(lambda: [tool("warm") for _ in range(1)])
+        start = time.monotonic()
+        answers = {}
+        threads = [
+            threading.Thread(target=lambda k=k: answers.__setitem__(k, attempt(tool, k)))
+            for k in ["a", "b", "c", "hang"]
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(15)
+        elapsed = time.monotonic() - start
+        assert answers == {"a": "a", "b": "b", "c": "c", "hang": "error: no answer within 2.0 s"}  # each its own
+        # three workers: a, b, c and the hanging call's first 0.4 s overlap; one after another would take 3.2 s
+        assert elapsed < 3.0
+        assert len(tool._idle) <= 3 and not tool._busy  # the hung call's worker was killed, not kept
+        start = time.monotonic()
+        assert on_a_thread(lambda: [attempt(tool, k) for k in "xy"]) == [["x", "y"]]
+    finally:
+        tool.close()
+    assert not tool._idle

@@ -344,3 +344,70 @@ def test_episodes_pass_their_settings_and_never_change_the_samplers(tokenizer):
     ]  # the room each turn had left
     with pytest.raises(AttributeError):
         configured.group_size = 1  # a frozen value: nobody can change it in place
+
+
+class _Waiting:
+    """A tool that waits 0.3 s and answers its argument, counting how many calls run at once."""
+
+    name = "wait"
+
+    def __init__(self):
+        import threading
+
+        self.lock, self.running, self.peak = threading.Lock(), 0, 0
+
+    def __call__(self, arguments: str) -> str:
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(0.3)
+        with self.lock:
+            self.running -= 1
+        return arguments
+
+    def close(self) -> None:
+        pass
+
+
+class _AskEachRowsKey(Environment):
+    """One tool call per episode with its row's key; the answer is the observation; the next turn ends it."""
+
+    def __init__(self, tool):
+        self.tool = tool
+
+    def reset(self, row):
+        return {"key": row["key"]}
+
+    def step(self, state, turn):
+        if turn.index == 0:
+            return Step(f"={self.tool(state['key'])}=", None, False, 1, 0)
+        return Step(done=True)
+
+
+@pytest.mark.parametrize("max_concurrent_tools", [1, 8])
+def test_the_tool_calls_of_a_turn_run_concurrently_each_answer_to_its_episode(tokenizer, max_concurrent_tools):
+    import time
+
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    keys = [str(100 + i) for i in range(16)]
+    sampler = Scripted([[enc("1")] * 16, [enc("2")] * 16], eos, group_size=1)
+    tool = _Waiting()
+    agent = make_agent(_AskEachRowsKey(tool), tokenizer, sampler, max_concurrent_tools=max_concurrent_tools)
+    start = time.monotonic()
+    try:
+        batch, _ = agent.generate(
+            sampler, prompts(torch.tensor([enc("1+1=")] * 16), None, [{"key": k} for k in keys]), None
+        )
+    finally:
+        agent.close()
+    elapsed = time.monotonic() - start
+    assert tool.peak == max_concurrent_tools
+    if max_concurrent_tools == 8:
+        assert elapsed < 2.4  # two waves of 0.3 s; one after another: 16 x 0.3 = 4.8 s
+    else:
+        assert elapsed > 4.7
+    for i, key in enumerate(keys):
+        n = int(batch.response_mask[i].sum())
+        assert batch.response_ids[i, :n].tolist() == enc("1") + enc(f"={key}=") + enc("2")

@@ -245,3 +245,208 @@ def test_a_client_that_resets_its_idle_connection_prints_no_trace(capfd):
     finally:
         endpoint.close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------- probes: no request breaks the run
+def huge_message_agent(client, row):
+    import openai
+
+    try:
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1" * 5_000_000}])
+    except openai.BadRequestError as err:
+        return err.body["message"]
+    return "sampled"
+
+
+def out_of_vocabulary_agent(client, row):
+    import openai
+
+    try:
+        client.completions.create(model="policy", prompt=[999999, -5], max_tokens=2)
+    except openai.BadRequestError as err:
+        return err.body["message"]
+    return "sampled"
+
+
+def unhonoured_agent(client, row):
+    import openai
+
+    errors = {}
+    base = {"model": "policy", "messages": [{"role": "user", "content": row["prompt"]}]}
+    for name, extra in {
+        "top_logprobs": {"logprobs": True, "top_logprobs": 5},
+        "model": {"model": "gpt-4o"},
+        "tool_choice": {"tool_choice": "required"},
+        "response_format": {"response_format": {"type": "json_object"}},
+        "unknown": {"extra_body": {"guided_regex": "[0-9]+"}},
+    }.items():
+        try:
+            client.chat.completions.create(**{**base, **extra})
+            errors[name] = "sampled"
+        except openai.BadRequestError as err:
+            errors[name] = err.body["message"]
+    return errors
+
+
+async def flooding_agent(client, row):
+    """300 calls at once from one episode, all asking for the same first turn."""
+    import openai
+
+    async def one():
+        try:
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+            return "sampled"
+        except openai.BadRequestError as err:
+            return err.body["error"]["code"] if "error" in (err.body or {}) else err.code
+
+    return await asyncio.gather(*[one() for _ in range(300)])
+
+
+def chatty_agent(client, row):
+    import openai
+
+    outcomes = []
+    for _ in range(4):
+        try:
+            client.completions.create(model="policy", prompt=row["prompt"], max_tokens=1)
+            outcomes.append("sampled")
+        except openai.BadRequestError as err:
+            outcomes.append(err.code)
+    return outcomes
+
+
+async def branching_agent(client, row):
+    """One turn, then two calls at once that both continue it: two branches of one context. The episode of "9*9="
+    only waits, so that the driver waits for a second call and the two branches meet in one sampler call."""
+    if row["prompt"] == "9*9=":
+        await asyncio.sleep(3)
+        return None
+    first = await client.completions.create(model="policy", prompt=row["prompt"], max_tokens=2)
+    text = row["prompt"] + first.choices[0].text + "<result>7</result>"
+    answers = await asyncio.gather(
+        *[client.completions.create(model="policy", prompt=text, max_tokens=2) for _ in range(2)]
+    )
+    return {
+        "first": first.choices[0].token_ids,
+        "branches": [(a.prompt_token_ids, a.choices[0].token_ids) for a in answers],
+    }
+
+
+def test_a_5_mb_message_is_refused_before_it_is_tokenised_naming_the_context(policy):
+    import resource
+
+    agent, sampler, tokenizer = _setup("huge_message_agent", group_size=1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))
+    finally:
+        agent.close()
+    message = batch.columns["result"][0]
+    assert "max_position_embeddings) is 64" in message and "at least" in message  # tokenising it took 14 s and 1.9 GB
+    assert time.monotonic() - start < 10
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024 < 300  # MiB over the peak so far
+    assert float(metrics["agent/error_frac"]) == 0
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_and_the_run_goes_on(policy):
+    agent, sampler, tokenizer = _setup("out_of_vocabulary_agent", group_size=1)
+    try:
+        batch, _ = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))  # was a bare IndexError ending the run
+    finally:
+        agent.close()
+    assert batch.columns["result"][0] == "BadRequest: prompt token ids outside the vocabulary [0, 22): [999999, -5]"
+
+
+def test_parameters_the_endpoint_does_not_honour_are_refused(policy):
+    agent, sampler, tokenizer = _setup("unhonoured_agent", group_size=1)
+    try:
+        batch, _ = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))
+    finally:
+        agent.close()
+    errors = batch.columns["result"][0]
+    assert "top_logprobs is not supported" in errors["top_logprobs"]
+    assert "model 'gpt-4o' is not served here: this endpoint serves 'policy'" in errors["model"]
+    assert "tool_choice 'required' is not supported" in errors["tool_choice"]
+    assert "response_format other than text is not supported" in errors["response_format"]
+    assert "unsupported parameter(s) ['guided_regex']" in errors["unknown"]
+
+
+def test_300_calls_at_once_from_one_episode_make_at_most_max_rows_per_episode_rows(policy):
+    agent, sampler, tokenizer = _setup("flooding_agent", group_size=1, max_rows_per_episode=4)
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))
+    finally:
+        agent.close()
+    outcomes = batch.columns["result"][0]
+    # the first 256 calls (max_calls_per_episode) are taken: 4 rows sampled, 252 refused for rows; the last 44 for calls
+    assert outcomes.count("sampled") == 4 and outcomes.count("episode_row_limit") == 252
+    assert outcomes.count("episode_call_limit") == 44
+    assert batch.batch_size == 4 and float(metrics["agent/prefix_breaks"]) == 3  # was 309 rows, 308 breaks
+    assert float(metrics["agent/row_limit_frac"]) == 1 and float(metrics["agent/call_limit_frac"]) == 1
+
+
+def test_calls_past_max_calls_per_episode_are_refused_and_counted(policy):
+    agent, sampler, tokenizer = _setup("chatty_agent", group_size=1, max_calls_per_episode=3)
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=", "3*4="))
+    finally:
+        agent.close()
+    assert all(result == ["sampled"] * 3 + ["episode_call_limit"] for result in batch.columns["result"])
+    assert float(metrics["agent/call_limit_frac"]) == 1 and float(metrics["agent/turns_mean"]) == 3
+
+
+def test_two_calls_continuing_one_row_at_once_are_two_rows_each_exactly_as_sampled(policy):
+    agent, sampler, tokenizer = _setup("branching_agent", group_size=1)
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=", "9*9="))
+    finally:
+        agent.close()
+    result = batch.columns["result"][0]
+    assert float(metrics["agent/prefix_breaks"]) == 1 and batch.batch_size == 4
+    full = sorted(
+        batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+        + batch.response_ids[i, : int(batch.response_mask[i].sum())].tolist()
+        for i in range(2)
+    )
+    # each row is one branch's context and its sampled turn: the row of the first turn holds one branch, the other
+    # branch is a row of its own (before, both were appended to the first row: a context nobody sampled from)
+    assert full == sorted(prompt + sampled for prompt, sampled in result["branches"])
+    sampled = sorted(batch.response_ids[i][batch.action_mask[i].bool()].tolist() for i in range(2))
+    assert sampled == sorted(
+        [result["first"] + result["branches"][0][1], result["branches"][1][1]]
+    ) or sampled == sorted([result["first"] + result["branches"][1][1], result["branches"][0][1]])
+
+
+def test_a_round_where_episodes_failed_prints_one_line_with_their_count_and_the_first_error(policy, capfd):
+    agent, sampler, tokenizer = _setup("raising_agent")
+    try:
+        _run(agent, sampler, tokenizer, policy)
+    finally:
+        agent.close()
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("agents:")]
+    assert lines == ["agents: 4 of 4 episodes failed (4 error); the first: RuntimeError: the agent's own bug"]
+    agent, sampler, tokenizer = _setup("lazy_agent")
+    try:
+        _run(agent, sampler, tokenizer, policy)
+    finally:
+        agent.close()
+    assert "agents:" not in capfd.readouterr().err  # nothing when none failed
+
+
+def test_each_episode_has_a_connection_pool_of_its_own_closed_with_it(policy, monkeypatch):
+    """Episodes sharing one httpx pool lost calls under load (httpcore closed connections handed to other threads:
+    ``ReadError: [Errno 9] Bad file descriptor``, 1-2 of 1,024 episodes per round); each now has its own."""
+    from components.rollout.endpoint import http_client
+
+    made = []
+    build = http_client.episode_http_client
+    monkeypatch.setattr(
+        http_client, "episode_http_client", lambda asynchronous: made.append(build(asynchronous)) or made[-1]
+    )
+    agent, sampler, tokenizer = _setup("url_agent")
+    try:
+        _run(agent, sampler, tokenizer, policy)
+    finally:
+        agent.close()
+    assert len(made) == 4 and len({id(c) for c in made}) == 4 and all(c.is_closed for c in made)

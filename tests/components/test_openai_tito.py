@@ -213,7 +213,7 @@ def test_the_agents_http_client_retries_a_connection_that_failed_to_open():
     import time
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from components.rollout.endpoint.agent import _shared_http_client
+    from components.rollout.endpoint.http_client import episode_http_client
     from components.rollout.sglang.server import free_port
 
     class Ok(BaseHTTPRequestHandler):
@@ -233,11 +233,11 @@ def test_the_agents_http_client_retries_a_connection_that_failed_to_open():
             server.handle_request()
 
     threading.Thread(target=listen_late, daemon=True).start()
-    client = _shared_http_client(asynchronous=False)
+    client = episode_http_client(asynchronous=False)
     try:
         assert client.get(f"http://127.0.0.1:{port}/").status_code == 200
     finally:
-        client.release()
+        client.close()
 
 
 def test_a_round_of_many_episodes_connecting_at_once_loses_none():
@@ -249,3 +249,48 @@ def test_a_round_of_many_episodes_connecting_at_once_loses_none():
     assert batch.batch_size == 256 and float(metrics["agent/error_frac"]) == 0, [
         e for e in batch.columns["agent_error"] if e
     ][:3]
+
+
+def test_an_episodes_deadline_ends_its_sampler_call_in_flight():
+    """The sampler call of a round whose episodes all passed timeout_s ends within a step; before, the round waited for
+    the whole call (a 5 MB prompt's prefill ran for 10 minutes)."""
+    import time
+
+    from tests.support.openai import EndlessSampler
+
+    tokenizer = family_tokenizer("chatml")
+    sampler = EndlessSampler(tokenizer, "chatml", group_size=2, seconds=60)
+    agent = OpenAIAgent(f"{__name__}.tool_agent", tool_calls=HermesToolCalls(), timeout_s=1.0)
+    sampler.setup(tokenizer)
+    agent.setup(tokenizer, sampler)
+    start = time.monotonic()
+    batch, metrics = _run(agent, sampler, tokenizer)
+    assert time.monotonic() - start < 4 and len(sampler.calls) == 1
+    assert float(metrics["agent/timeout_frac"]) == 1 and batch.batch_size == 4
+
+
+def test_sigterm_ends_a_round_sampling_at_once_and_is_not_trained():
+    import os
+    import signal
+    import threading
+    import time
+
+    from components.rollout.endpoint.agent import RoundInterrupted
+    from tests.support.openai import EndlessSampler
+
+    tokenizer = family_tokenizer("chatml")
+    sampler = EndlessSampler(tokenizer, "chatml", group_size=2, seconds=60)
+    agent = OpenAIAgent(f"{__name__}.tool_agent", tool_calls=HermesToolCalls(), timeout_s=300)
+    sampler.setup(tokenizer)
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))  # e.g. Lightning's
+    try:
+        agent.setup(tokenizer, sampler)
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        start = time.monotonic()
+        with pytest.raises(RoundInterrupted, match="SIGTERM while 4 episodes sampled"):
+            _run(agent, sampler, tokenizer)
+        assert time.monotonic() - start < 4  # timeout_s is 300, the sampler call 60 s
+        assert seen == [signal.SIGTERM]  # the handler that was there still runs
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -176,3 +176,60 @@ def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, s
             run.kill()
             run.wait()
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] >= 1
+
+
+HANGING_AGENT = """
+model:
+  rollout: {{init_args: {{group_size: 2}}}}
+  agent: {{init_args: {{function: tests.support.endpoint.calc_agent_or_hang, timeout_s: 600}}}}
+data: {{batch_size: 2, val_size: 4}}
+trainer:
+  max_steps: 500
+  val_check_interval: null
+  default_root_dir: {root}
+  logger: false
+  enable_progress_bar: false
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{dirpath: {root}/checkpoints, save_last: true, every_n_train_steps: 1, save_top_k: 0}}
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_synchronous_openai_agent_round_at_once(tmp_path):
+    """configs/openai_agent.yaml with an agent that, once the run has saved an iteration, never returns (timeout_s 600):
+    a SIGTERM ends the round under way at once (RoundInterrupted) and the process exits with last.ckpt at the last
+    completed iteration; before, Lightning waited for the iteration to end, i.e. for every episode's timeout_s."""
+    repo = Path(__file__).resolve().parents[2]
+    overlay, marker, log = tmp_path / "hanging_agent.yaml", tmp_path / "hang", tmp_path / "log.txt"
+    overlay.write_text(HANGING_AGENT.format(root=tmp_path))
+    command = [sys.executable, "-m", "lightning_rl.cli", "fit", "--config", "configs/openai_agent.yaml"]
+    with open(log, "wb") as out:
+        run = subprocess.Popen(
+            [*command, "--config", str(overlay)],
+            cwd=repo,
+            env={**os.environ, "HANG_MARKER": str(marker)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for(tmp_path / "checkpoints" / "last.ckpt", run, 300.0)
+        marker.touch()
+        _wait_for(Path(f"{marker}.hung"), run, 120.0)
+        saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+        run.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        try:
+            run.wait(timeout=60.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within 60 s of SIGTERM; its log ends: {log.read_text()[-1500:]}")
+        assert time.monotonic() - start < 30.0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    text = log.read_text()
+    assert "agents: SIGTERM while 4 episodes sampled: the round was ended at once and is not trained" in text, text[
+        -1500:
+    ]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] >= saved >= 1

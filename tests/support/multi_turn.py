@@ -88,7 +88,7 @@ def check_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer):
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     sampler = Scripted([[enc("1"), enc("2")], [enc("3")]], eos, group_size=2)
     env = Blocking()
-    agent = make_agent(env, tokenizer, sampler, max_turns=5)
+    agent = make_agent(env, tokenizer, sampler, max_turns=5, max_concurrent_tools=1)  # the steps one after another
     prompt = torch.tensor([enc("1+1=")])
     result = []
     thread = threading.Thread(target=lambda: result.append(agent.generate(sampler, prompts(prompt), None)), daemon=True)

@@ -58,3 +58,24 @@ class ScriptedChat(Rollout):
             rollout_logprobs=-0.1 * mask.float(),
             versions=torch.zeros(len(turns), dtype=torch.long),
         )
+
+
+class EndlessSampler(ScriptedChat):
+    """A sampler call that runs ``seconds`` (stepping as a decoding loop does, checking for a stop between steps)
+    before it answers: the stand-in for a long ``generate`` in flight. ``calls`` records when each started."""
+
+    def __init__(self, tokenizer, family: str, group_size: int = 1, seconds: float = 30.0):
+        super().__init__(tokenizer, family, group_size)
+        self.seconds, self.calls = seconds, []
+
+    def generate(self, prompts, policy, params=None):
+        import time
+
+        from components.rollout.interrupt import check_interrupted
+
+        self.calls.append(time.monotonic())
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end:
+            check_interrupted()
+            time.sleep(0.005)
+        return super().generate(prompts, policy, params)

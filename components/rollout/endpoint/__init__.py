@@ -1,9 +1,18 @@
 """An OpenAI-compatible endpoint served by the trainer during rollout, and the agent component that runs your function on it."""
 
-from .agent import OpenAIAgent
+from .agent import OpenAIAgent, RoundInterrupted
+from .server import EndpointLimits
 from .tool_calls import HermesToolCalls, JsonToolCalls, TagToolCalls, ToolCallParser
 
-__all__ = ["OpenAIAgent", "ToolCallParser", "HermesToolCalls", "JsonToolCalls", "TagToolCalls"]
+__all__ = [
+    "OpenAIAgent",
+    "EndpointLimits",
+    "RoundInterrupted",
+    "ToolCallParser",
+    "HermesToolCalls",
+    "JsonToolCalls",
+    "TagToolCalls",
+]
 from .verifiers_env import VerifiersAgent  # noqa: E402
 
 __all__ += ["VerifiersAgent"]

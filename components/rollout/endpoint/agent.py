@@ -15,7 +15,13 @@ of a batch is given as many rows as the one with the most (the rest empty, no to
 in size and each episode weighs the same in its group's mean and spread. An episode that raises, passes
 ``timeout_s`` or never calls the endpoint keeps its rows (or one empty row), has ``result`` None and is scored like
 any other (a reward reading ``completions`` sees ""), and is counted in ``agent/error_frac``, ``agent/timeout_frac``
-and ``agent/no_call_frac``.
+and ``agent/no_call_frac``; a round where any failed prints one line on the console with their count and the first
+error. Calls refused by ``max_calls_per_episode`` / ``max_rows_per_episode`` are answered 400 (the agent decides what
+to do) and counted in ``agent/call_limit_frac`` / ``agent/row_limit_frac``.
+
+Stopping: an episode's deadline and a cancel end its sampler call in flight (components.rollout.interrupt); a SIGTERM
+while a round samples ends the round at once and raises `RoundInterrupted` (a KeyboardInterrupt: Lightning then saves
+the last completed iteration and exits, as for Ctrl-C) instead of training on a round that was cut short.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import signal
+import sys
 import threading
 import time
 import uuid
@@ -40,11 +48,16 @@ from lightning_rl.core.sampling import SamplingParams
 from ..agent import Agent
 from ..base import Rollout
 from ..episode import Episode, left_pad, response_fields, transcript
-from .chat import ChatTemplate
+from .chat import ChatTemplate, longest_token_bytes
 from .conversation import Conversation
+from .outcomes import report_failures, round_metrics
 from .rounds import EpisodeRun, Round
-from .server import Endpoint
+from .server import Endpoint, EndpointLimits
 from .tool_calls import ToolCallParser
+
+
+class RoundInterrupted(KeyboardInterrupt):
+    """The run was stopped (SIGTERM) while a round of episodes sampled: the round ended at once, untrained."""
 
 
 class OpenAIAgent(Agent):
@@ -60,6 +73,9 @@ class OpenAIAgent(Agent):
         reasoning_tags: list[str] | None = None,
         model_name: str = "policy",
         batch_wait_s: float = 0.02,
+        max_calls_per_episode: int = 256,
+        max_rows_per_episode: int = 16,
+        limits: EndpointLimits | None = None,
     ):
         """
         Args:
@@ -72,12 +88,22 @@ class OpenAIAgent(Agent):
                 TagToolCalls; None = no tool calls are parsed).
             reasoning_tags: [open, close] around the model's reasoning (e.g. ["<think>", "</think>"]): answered as
                 the message's ``reasoning_content`` (None = part of the content).
-            model_name: the model id the endpoint reports.
+            model_name: the model id the endpoint serves (a request naming another is refused).
             batch_wait_s: how long the endpoint waits for one more concurrent call before sampling those it has.
+            max_calls_per_episode: calls one episode may make; later ones are answered 400 (``agent/call_limit_frac``).
+            max_rows_per_episode: training rows one episode may make (a call that does not continue the conversation as
+                served, or runs beside another of the episode, starts one); a call past it is answered 400
+                (``agent/row_limit_frac``). Every episode of a batch is padded to as many rows as the one with the most.
+            limits: the endpoint's request size, timeouts, connections and requests in flight (None = the defaults of
+                components.rollout.endpoint.EndpointLimits).
         """
         if timeout_s <= 0 or max_total_tokens < 1 or batch_wait_s < 0:
             raise ValueError(
                 f"OpenAIAgent: need timeout_s > 0, max_total_tokens >= 1 and batch_wait_s >= 0; got {timeout_s}, {max_total_tokens}, {batch_wait_s}"
+            )
+        if max_calls_per_episode < 1 or max_rows_per_episode < 1:
+            raise ValueError(
+                f"OpenAIAgent: max_calls_per_episode and max_rows_per_episode must be >= 1, got {max_calls_per_episode}, {max_rows_per_episode}"
             )
         if reasoning_tags is not None and len(reasoning_tags) != 2:
             raise ValueError(f"OpenAIAgent: reasoning_tags must be [open, close], got {reasoning_tags}")
@@ -85,20 +111,23 @@ class OpenAIAgent(Agent):
         self.template_source, self.tool_calls = chat_template, tool_calls or ToolCallParser()
         self.reasoning = tuple(reasoning_tags) if reasoning_tags else None
         self.model_name, self.batch_wait_s = model_name, batch_wait_s
+        self.max_calls_per_episode, self.max_rows_per_episode = max_calls_per_episode, max_rows_per_episode
+        self.limits = limits or EndpointLimits()
         self.tokenizer, self.template, self.endpoint, self.function = None, None, None, None
         self.stop_ids: list[int] = []
         self._rounds: set[Round] = set()
         self._warned: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-        self._sync_http = self._async_http_client = None
+        self._previous_sigterm = None
 
     def setup(self, tokenizer, sampler: Rollout) -> None:
         try:
-            import openai  # noqa: F401
-        except ImportError:
+            for module in ("openai", "httpx2", "starlette", "uvicorn"):
+                importlib.import_module(module)
+        except ImportError as err:
             raise ImportError(
-                "model.agent (OpenAIAgent) gives the agent an OpenAI client: pip install 'lightning-rl[agents]'"
+                f"model.agent (OpenAIAgent) gives the agent an OpenAI client on an endpoint it serves, which needs "
+                f"{err.name}: pip install 'lightning-rl[agents]'"
             ) from None
         if sampler.params.greedy_baseline:
             raise ValueError(
@@ -128,7 +157,9 @@ class OpenAIAgent(Agent):
                 )
                 continue
             self.stop_ids.append(ids[0])
-        self.endpoint = Endpoint(self.model_name)
+        self.longest = longest_token_bytes(tokenizer)
+        self.endpoint = Endpoint(self.model_name, self.limits)
+        self._stop_rounds_on_sigterm()
 
     # ------------------------------------------------------------------ a round of episodes
     @torch.no_grad()
@@ -144,12 +175,20 @@ class OpenAIAgent(Agent):
         data_prompts = [
             ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())
         ]
+        context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
         episodes = [
             EpisodeRun(
                 uuid.uuid4().hex,
                 rows[i // g],
                 data_prompts[i // g],
-                Conversation(self.template, self.tokenizer, self.max_total_tokens),
+                Conversation(
+                    self.template,
+                    self.tokenizer,
+                    self.max_total_tokens,
+                    self.max_rows_per_episode,
+                    context,
+                    self.longest,
+                ),
             )
             for i in range(len(prompts) * g)
         ]
@@ -166,7 +205,12 @@ class OpenAIAgent(Agent):
             self._rounds.discard(round_)
             if policy is not None:
                 policy.train(was_training)
-        return self._batch(episodes, prompts, g, sampler.pad_token_id), _metrics(episodes)
+        if round_.stopped_by is not None:
+            message = f"{round_.stopped_by} while {len(episodes)} episodes sampled: the round was ended at once and is not trained"
+            print(f"agents: {message}", file=sys.stderr, flush=True)  # Lightning reports it as a KeyboardInterrupt
+            raise RoundInterrupted(message)
+        report_failures(episodes)
+        return self._batch(episodes, prompts, g, sampler.pad_token_id), round_metrics(episodes)
 
     def _start(self, episode: EpisodeRun) -> Future:
         url, row = self.endpoint.base_url(episode.key), dict(episode.row)
@@ -177,18 +221,18 @@ class OpenAIAgent(Agent):
         def run() -> None:
             import openai
 
-            # one connection pool for every episode: a client of its own costs an SSL context (~30 ms of CPU, far more under load)
+            from .http_client import episode_http_client
+
+            http = episode_http_client(asynchronous=False)  # its own pool: see http_client.py
             client = openai.OpenAI(
-                base_url=url,
-                api_key=self.endpoint.token,
-                max_retries=0,
-                timeout=self.timeout_s,
-                http_client=self._http(),
+                base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=http
             )
             try:
                 future.set_result(self.function(client, row)) if future.set_running_or_notify_cancel() else None
             except BaseException as err:  # the agent's failure is the episode's, reported in its metrics
                 future.set_exception(err) if not future.done() else None
+            finally:
+                http.close()
 
         threading.Thread(target=run, name=f"agent-{episode.key[:8]}", daemon=True).start()  # a hung one is left behind
         return future
@@ -196,25 +240,16 @@ class OpenAIAgent(Agent):
     async def _run_async(self, url: str, row: dict) -> Any:
         import openai
 
+        from .http_client import episode_http_client
+
+        http = episode_http_client(asynchronous=True)
         client = openai.AsyncOpenAI(
-            base_url=url,
-            api_key=self.endpoint.token,
-            max_retries=0,
-            timeout=self.timeout_s,
-            http_client=self._async_http(),
+            base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=http
         )
-        return await self.function(client, row)
-
-    def _http(self):
-        with self._lock:
-            if self._sync_http is None:
-                self._sync_http = _shared_http_client(asynchronous=False)
-            return self._sync_http
-
-    def _async_http(self):
-        if self._async_http_client is None:  # on the event loop's thread only
-            self._async_http_client = _shared_http_client(asynchronous=True)
-        return self._async_http_client
+        try:
+            return await self.function(client, row)
+        finally:
+            await http.aclose()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -267,48 +302,40 @@ class OpenAIAgent(Agent):
         for round_ in list(self._rounds):
             round_.cancelled.set()
 
+    def _stop_rounds_on_sigterm(self) -> None:
+        """SIGTERM ends the rounds sampling now (then the handler that was there runs: Lightning's, which ends the
+        run at the iteration's end). Lightning installs its handler after setup and keeps this one in its chain."""
+        if threading.current_thread() is not threading.main_thread() or self._previous_sigterm is not None:
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame) -> None:
+            rounds = list(self._rounds)
+            for round_ in rounds:
+                round_.stopped_by = "SIGTERM"
+                round_.cancelled.set()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL and not rounds:  # no round to end: the default, the process ends
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        self._previous_sigterm = (on_sigterm, previous)
+
     def close(self) -> None:
         self.cancel()
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
-        if self._sync_http is not None:
-            self._sync_http.release()
-            self._sync_http = None
+        if self._previous_sigterm is not None:
+            installed, previous = self._previous_sigterm
+            if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is installed:
+                signal.signal(signal.SIGTERM, previous)
+            self._previous_sigterm = None
         if self._loop is not None:
-            if self._async_http_client is not None:
-                asyncio.run_coroutine_threadsafe(self._async_http_client.release(), self._loop).result(timeout=10)
-                self._async_http_client = None
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
-
-
-def _shared_http_client(asynchronous: bool):
-    """An httpx client the episodes' OpenAI clients share, which an agent closing its client does not close."""
-    import httpx
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
-    if asynchronous:
-
-        class Shared(httpx.AsyncClient):
-            async def aclose(self) -> None:
-                pass
-
-            async def release(self) -> None:
-                await httpx.AsyncClient.aclose(self)
-    else:
-
-        class Shared(httpx.Client):
-            def close(self) -> None:
-                pass
-
-            def release(self) -> None:
-                httpx.Client.close(self)
-
-    # retries: a connection that failed to open (nothing was sent, so nothing runs twice), as when every episode of a
-    # round connects at once; a request that was sent is never repeated (max_retries=0 on the OpenAI client)
-    transport = (httpx.AsyncHTTPTransport if asynchronous else httpx.HTTPTransport)(limits=limits, retries=3)
-    return Shared(transport=transport, trust_env=False)  # no proxy from the environment between us and loopback
 
 
 def _load_function(path: str) -> Callable:
@@ -327,21 +354,3 @@ def _load_function(path: str) -> Callable:
             f"model.agent.init_args.function: {path!r} is not a function; give the dotted path of agent(client, row)"
         )
     return function
-
-
-def _metrics(episodes: list[EpisodeRun]) -> dict[str, Tensor]:
-    n = max(1, len(episodes))
-
-    def frac(status: str) -> Tensor:
-        return torch.tensor(sum(e.status == status for e in episodes) / n)
-
-    rows = [row.episode for e in episodes for row in e.conversation.rows]
-    return {
-        "agent/turns_mean": torch.tensor(sum(e.conversation.calls for e in episodes) / n),
-        "agent/tool_calls_mean": torch.tensor(sum(e.tool_calls for e in episodes) / n),
-        "agent/observation_tokens_mean": torch.tensor(sum(len(r.action) - sum(r.action) for r in rows) / n),
-        "agent/prefix_breaks": torch.tensor(float(sum(e.conversation.prefix_breaks for e in episodes))),
-        "agent/error_frac": frac("error"),
-        "agent/timeout_frac": frac("timeout") + frac("cancelled"),
-        "agent/no_call_frac": torch.tensor(sum(e.conversation.calls == 0 for e in episodes) / n),
-    }

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..episode import Episode
-from .chat import ChatTemplate, normalized
+from .chat import ChatTemplate, ContextFull, encode_within, longest_token_bytes, normalized
+
+__all__ = ["Conversation", "ContextFull", "RowLimit", "Pending", "Row"]
 
 
-class ContextFull(ValueError):
-    """The row has no room left for the call (its prompt would pass ``max_total_tokens`` response tokens)."""
+class RowLimit(ValueError):
+    """The call would start a row past the episode's ``max_rows``."""
 
 
 @dataclass
@@ -51,11 +53,30 @@ class Pending:
 class Conversation:
     """The rows of one episode, and its prefix breaks."""
 
-    def __init__(self, template: ChatTemplate | None, tokenizer, max_total_tokens: int):
-        self.template, self.tokenizer, self.max_total_tokens = template, tokenizer, max_total_tokens
+    def __init__(
+        self,
+        template: ChatTemplate | None,
+        tokenizer,
+        max_total_tokens: int,
+        max_rows: int = 16,
+        context: int | None = None,
+        longest: int | None = None,
+    ):
+        """``context``: the policy's positions (None = unknown: prompts are not bounded here); ``longest``: the most
+        bytes one token stands for (chat.longest_token_bytes; None = computed)."""
+        self.template, self.tokenizer, self.max_total_tokens, self.max_rows = (
+            template,
+            tokenizer,
+            max_total_tokens,
+            max_rows,
+        )
+        self.context = context
+        self.longest = longest or longest_token_bytes(tokenizer)
         self.rows: list[Row] = []
         self.prefix_breaks = 0
         self.calls = 0
+        self._busy: set[int] = set()  # id() of the rows a call in flight extends
+        self._starting = 0  # rows that calls in flight start
 
     def chat(self, messages: list[dict], tools: list[dict] | None) -> Pending:
         if self.template is None:
@@ -66,10 +87,34 @@ class Conversation:
         row = self._current("chat")
         n = len(row.covers) if row is not None else 0
         if row is not None and row.tools == tools_key and len(covers) > n and covers[:n] == row.covers:
-            added = self.template.suffix_ids(messages[n:], tools, row.last_turn)
+            added = self.template.suffix_ids(messages[n:], tools, row.last_turn, *self._added_budget(row))
             return self._pending(row, added, covers)
-        prompt = self.template.prompt_ids(messages, tools)
+        prompt = self.template.prompt_ids(messages, tools, *self._prompt_budget())
         return self._start(Row(Episode(prompt, None), "chat", tools=tools_key), covers)
+
+    def _prompt_budget(self) -> tuple[int | None, type]:
+        """A new row's prompt: the policy's context less one sampled token."""
+        context = self.context
+
+        def too_long(at_least: int) -> ContextFull:
+            return ContextFull(
+                f"the prompt is at least {at_least} tokens, and the policy's context (max_position_embeddings) is "
+                f"{context}: no room to sample a token"
+            )
+
+        return (None if context is None else context - 1), too_long
+
+    def _added_budget(self, row: Row) -> tuple[int, type]:
+        """What a call adds to ``row``: its room under ``max_total_tokens`` (one token left to sample)."""
+        room = self.max_total_tokens - len(row.episode.ids) - 1
+
+        def too_long(at_least: int) -> ContextFull:
+            return ContextFull(
+                f"this conversation's training row holds {len(row.episode.ids)} tokens and the call adds at least "
+                f"{at_least}, and model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn"
+            )
+
+        return room, too_long
 
     def text(self, prompt: str | list[int]) -> Pending:
         row = self._current("text")
@@ -79,13 +124,17 @@ class Conversation:
             return self._start(Row(Episode(list(prompt), None), "text"), [None])
         done = row.covers[0] if row is not None else None
         if isinstance(done, str) and len(prompt) > len(done) and prompt.startswith(done):
-            return self._pending(row, self.tokenizer.encode(prompt[len(done) :], add_special_tokens=False), [prompt])
-        return self._start(
-            Row(Episode(self.tokenizer.encode(prompt, add_special_tokens=False), None), "text"), [prompt]
-        )
+            added = encode_within(self.tokenizer, prompt[len(done) :], *self._budget_of(self._added_budget(row)))
+            return self._pending(row, added, [prompt])
+        ids = encode_within(self.tokenizer, prompt, *self._budget_of(self._prompt_budget()))
+        return self._start(Row(Episode(ids, None), "text"), [prompt])
+
+    def _budget_of(self, budget: tuple[int | None, type]) -> tuple[int | None, int, type]:
+        return budget[0], self.longest, budget[1]
 
     def _current(self, kind: str) -> Row | None:
-        return self.rows[-1] if self.rows and self.rows[-1].kind == kind else None
+        row = self.rows[-1] if self.rows and self.rows[-1].kind == kind else None
+        return None if row is None or id(row) in self._busy else row
 
     def _pending(self, row: Row, added: list[int], covers: list) -> Pending:
         if len(row.episode.ids) + len(added) + 1 > self.max_total_tokens:
@@ -94,12 +143,27 @@ class Conversation:
                 f"this conversation's training row holds {len(row.episode.ids)} + {len(added)} new tokens, and "
                 f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn"
             )
+        self._busy.add(id(row))
         return Pending(row, added, row.context + added, covers, False)
 
     def _start(self, row: Row, covers: list) -> Pending:
         if not row.episode.prompt:
             raise ValueError("the prompt is empty")
+        if len(self.rows) + self._starting >= self.max_rows:
+            raise RowLimit(
+                f"this episode already has {len(self.rows) + self._starting} training rows (each call that does not "
+                "continue the conversation as served, or that runs beside another, starts one), and "
+                f"model.agent.init_args.max_rows_per_episode is {self.max_rows}"
+            )
+        self._starting += 1
         return Pending(row, [], list(row.episode.prompt), covers, True)
+
+    def release(self, pending: Pending) -> None:
+        """The call ends without a sampled turn (refused after it was prepared, or its sampling was interrupted)."""
+        if pending.new_row:
+            self._starting -= 1
+        else:
+            self._busy.discard(id(pending.row))
 
     def room(self, pending: Pending) -> int:
         """The most tokens the call may sample."""
@@ -116,6 +180,7 @@ class Conversation:
     ) -> None:
         """Record the sampled turn; ``reply`` is what the endpoint answers (the assistant message, or the text)."""
         row = pending.row
+        self.release(pending)
         if pending.new_row:
             if self.rows:
                 self.prefix_breaks += 1

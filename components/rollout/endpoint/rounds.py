@@ -2,12 +2,18 @@
 endpoint batched onto the sampler, each episode ended by its return, its exception, its deadline or a cancel.
 
 The driver (the thread that called ``generate``: the trainer's, or the one sampling a round ahead) owns the sampler
-and every episode's record; the endpoint's connection threads only queue calls and wait for their answers. Calls that
-arrive together are sampled together: the driver takes the first call, then waits up to ``batch_wait_s`` for each
-further one until every running episode has a call in (an agent between calls, e.g. running a tool, is not waited
-for longer). An episode that passes its deadline or is cancelled is ended at once: its calls are answered with an
-error, its client is shut out, and its function (a thread that cannot be stopped, or a task that is cancelled) is
-left behind, so neither a hang nor an exception can stop the run.
+and every episode's record; the endpoint's event loop only queues calls and awaits their futures. Calls that arrive
+together are sampled together: the driver takes the first call, then waits up to ``batch_wait_s`` for each further
+one until every running episode has a call in (an agent between calls, e.g. running a tool, is not waited for
+longer). An episode that passes its deadline or is cancelled is ended at once: its calls are answered with an error,
+its client is shut out, its function (a thread that cannot be stopped, or a task that is cancelled) is left behind,
+and a sampler call in flight for it ends within a decoding step (components.rollout.interrupt), so neither a hang,
+an exception nor a stop waits for a whole sampler call.
+
+Before a call reaches the sampler it is checked, so that no request can break the run: its parameters (replies.py),
+its token ids against the vocabulary, its prompt against the policy's context (``max_position_embeddings``), the
+episode's calls against ``max_calls_per_episode`` and its rows against ``max_rows_per_episode``; each refusal is a
+400 naming the limit.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from jinja2 import TemplateError
 from lightning_rl.core.batch import Prompts
 
 from ..episode import left_pad, token_versions
-from .conversation import ContextFull, Conversation
+from ..interrupt import SamplingInterrupted, interruptible
+from .conversation import ContextFull, Conversation, RowLimit
 from .replies import BadRequest, call_limits, chat_answer, chat_message, completion_answer
-from .server import error
+from .server import answered, error
 
 
 @dataclass
@@ -44,6 +51,8 @@ class EpisodeRun:
     result: Any = None
     last_text: str = ""
     tool_calls: int = 0
+    submitted: int = 0  # calls the endpoint took for it
+    limits_hit: set = field(default_factory=set)  # "calls", "rows"
 
 
 @dataclass
@@ -59,21 +68,33 @@ class Round:
         self.agent, self.sampler, self.policy, self.params, self.episodes = agent, sampler, policy, params, episodes
         self.calls: queue.Queue[Call] = queue.Queue()
         self.cancelled = threading.Event()
+        self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM), if one did
+        self.context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
         self._closing = threading.Lock()  # a call is queued before the final drain, or refused
         self._closed = False
 
-    def submit(self, episode: EpisodeRun, route: str, request: dict) -> tuple[int, dict]:
-        """On a connection thread: queue the call and wait for the driver's answer."""
+    def submit(self, episode: EpisodeRun, route: str, request: dict) -> Future:
+        """On the endpoint's event loop: queue the call; the future is the driver's answer (or a refusal now)."""
         call = Call(episode, route, request)
         with self._closing:
             if self._closed or episode.status != "running":
-                return error(
-                    404,
-                    f"this episode has ended ({episode.status}); its client cannot sample any more",
-                    "episode_ended",
+                return answered(
+                    *error(
+                        404,
+                        f"this episode has ended ({episode.status}); its client cannot sample any more",
+                        "episode_ended",
+                    )
                 )
+            if episode.submitted >= self.agent.max_calls_per_episode:
+                episode.limits_hit.add("calls")
+                message = (
+                    f"this episode has made {episode.submitted} calls, and model.agent.init_args.max_calls_per_episode "
+                    f"is {self.agent.max_calls_per_episode}"
+                )
+                return answered(*error(400, message, "episode_call_limit"))
+            episode.submitted += 1
             self.calls.put(call)
-        return call.answer.result()  # always answered: by the driver, or by `run`'s final drain
+        return call.answer  # always answered: by the driver, or by `run`'s final drain
 
     def run(self) -> None:
         try:
@@ -142,18 +163,33 @@ class Round:
             except ContextFull as err:
                 call.answer.set_result(error(400, str(err), "context_length_exceeded"))
                 continue
+            except RowLimit as err:
+                call.episode.limits_hit.add("rows")
+                call.answer.set_result(error(400, str(err), "episode_row_limit"))
+                continue
             except (BadRequest, ValueError, KeyError, TypeError, TemplateError) as err:
                 call.answer.set_result(error(400, f"{type(err).__name__}: {err}"))
                 continue
-            room = call.episode.conversation.room(pending)
+            conversation = call.episode.conversation
+            room = conversation.room(pending)
+            if self.context is not None:
+                if len(pending.context) >= self.context:
+                    conversation.release(pending)
+                    message = (
+                        f"the prompt is {len(pending.context)} tokens, and the policy's context "
+                        f"(max_position_embeddings) is {self.context}: no room to sample a token"
+                    )
+                    call.answer.set_result(error(400, message, "context_length_exceeded"))
+                    continue
+                room = min(room, self.context - len(pending.context))
             new_tokens = min(self.params.max_new_tokens, room, limits.max_tokens or room)
             ready.setdefault((new_tokens, limits.stop_token_ids), []).append((call, pending, limits))
         for (new_tokens, stops), group in ready.items():
             self._sample(group, new_tokens, stops)
 
     def _prepare(self, call: Call):
-        conversation, request = call.episode.conversation, call.request
-        limits = call_limits(request, self.agent.tokenizer, self.agent.warn_once)
+        conversation, request, agent = call.episode.conversation, call.request, self.agent
+        limits = call_limits(request, call.route, agent.model_name, agent.tokenizer, agent.warn_once)
         if call.route == "chat.completions":
             if not isinstance(request.get("messages"), list):
                 raise BadRequest("messages must be a list of chat messages")
@@ -161,7 +197,14 @@ class Round:
         prompt = request.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one prompt
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
+        if isinstance(prompt, list):
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                raise BadRequest("prompt must be one text or one list of token ids")
+            vocab = len(agent.tokenizer)
+            outside = [t for t in prompt if not 0 <= t < vocab]
+            if outside:
+                raise BadRequest(f"prompt token ids outside the vocabulary [0, {vocab}): {outside[:5]}")
+        elif not isinstance(prompt, str):
             raise BadRequest("prompt must be one text or one list of token ids")
         return conversation.text(prompt), limits
 
@@ -170,10 +213,19 @@ class Round:
         ids, mask = left_pad([pending.context for _, pending, _ in group], self.sampler.pad_token_id, device)
         stop_ids = tuple(dict.fromkeys([*self.params.stop_token_ids, *agent.stop_ids, *stops]))
         params = replace(self.params, group_size=1, max_new_tokens=new_tokens, stop_token_ids=stop_ids)
+        latest = max(call.episode.deadline for call, _, _ in group)  # the call serves none once all have passed
         try:
-            turn = self.sampler.generate(Prompts(ids, mask), self.policy, params)
-        except Exception as err:  # the sampler failed (a dead server): the calls learn why, then the run does
-            for call, _, _ in group:
+            with interruptible(lambda: self.cancelled.is_set() or time.monotonic() > latest):
+                turn = self.sampler.generate(Prompts(ids, mask), self.policy, params)
+        except SamplingInterrupted:
+            self._check()  # ends the episodes past their deadline, or all when cancelled
+            for call, pending, _ in group:
+                call.episode.conversation.release(pending)
+                self._refuse(call)
+            return
+        except BaseException as err:  # the sampler failed (a dead server): the calls learn why, then the run does
+            for call, pending, _ in group:
+                call.episode.conversation.release(pending)
                 call.answer.set_result(error(500, f"the sampler failed: {type(err).__name__}: {err}"))
             raise
         lengths, versions = turn.response_mask.sum(-1).tolist(), token_versions(turn).tolist()

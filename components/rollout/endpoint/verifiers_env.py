@@ -20,6 +20,7 @@ import signal
 from typing import Any
 
 from .agent import OpenAIAgent
+from .server import EndpointLimits
 from .tool_calls import ToolCallParser
 
 
@@ -60,6 +61,9 @@ class VerifiersAgent(OpenAIAgent):
         tool_calls: ToolCallParser | None = None,
         reasoning_tags: list[str] | None = None,
         batch_wait_s: float = 0.02,
+        max_calls_per_episode: int = 256,
+        max_rows_per_episode: int = 16,
+        limits: EndpointLimits | None = None,
     ):
         """
         Args:
@@ -71,6 +75,9 @@ class VerifiersAgent(OpenAIAgent):
             tool_calls: how the model writes tool calls (ToolEnv needs them: e.g. components.rollout.endpoint.HermesToolCalls).
             reasoning_tags: see OpenAIAgent.
             batch_wait_s: see OpenAIAgent.
+            max_calls_per_episode: see OpenAIAgent.
+            max_rows_per_episode: see OpenAIAgent.
+            limits: see OpenAIAgent.
         """
         super().__init__(
             f"{__name__}.run_episode",
@@ -81,6 +88,9 @@ class VerifiersAgent(OpenAIAgent):
             reasoning_tags,
             "policy",
             batch_wait_s,
+            max_calls_per_episode,
+            max_rows_per_episode,
+            limits,
         )
         self.environment, self.env_args, self.env = environment, dict(env_args or {}), None
 
