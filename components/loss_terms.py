@@ -10,10 +10,12 @@ from lightning_rl.core.batch import RolloutBatch
 
 
 class LossTerm(ABC):
-    """``__call__(logprobs, entropy, batch) -> (B, R)`` added to the per-token loss."""
+    """``__call__(logprobs, entropy, batch) -> (B, R)`` added to the per-token loss; a term with ``needs_logits`` is
+    also given ``logits``, the policy's `ResponseLogits` (its whole distribution at each response position)."""
 
     requires: frozenset[str] = frozenset()
     needs_entropy: bool = False
+    needs_logits: bool = False
 
     @abstractmethod
     def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
@@ -73,3 +75,8 @@ class PositiveNLL(LossTerm):
             (batch.scores > self.threshold).float().unsqueeze(-1)
         )  # (B, 1): only positive samples have a gradient
         return (positive * batch.loss_mask).sum() * float(self.coef != 0)
+
+
+from components.distill import TeacherKL  # noqa: E402 (on-policy distillation's loss term, listed with the others)
+
+__all__ = ["LossTerm", "EntropyBonus", "PositiveNLL", "TeacherKL"]

@@ -1,5 +1,6 @@
 """The checkpoint format of `RLModule`, in one place: what a checkpoint holds besides Lightning's own entries, which
-parameters are left out (frozen models and a LoRA model's base are reloaded from their paths), the loop state that
+parameters are left out (frozen models and a LoRA model's base are reloaded from their paths: each slot of the roster,
+lightning_rl.roster, says which), the loop state that
 travels with the weights, how a file is written (atomically, never with NaN/inf weights) and how one is read back
 (``torch.load(weights_only=True)``: plain data only).
 
@@ -18,7 +19,6 @@ resumed run samples those prompts again (`save`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import pickle
@@ -39,9 +39,7 @@ from lightning_rl.core.lora import check_base, is_lora
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.loop.health import NonFiniteTrainingError
 from lightning_rl.loop.rng import IterationRNG, gather_rng_states, restore_rng_states
-
-RELOADED = ("reference.", "reward.", "val_reward.")
-"""Submodules that never train (reference, reward models): their weights are reloaded from their paths, never stored."""
+from lightning_rl.roster import ROSTER, policy_export_info  # noqa: F401 (the supervised recipe's policy entry)
 
 
 @dataclass
@@ -81,26 +79,25 @@ def frozen_parameter_names(module: nn.Module) -> set[str]:
     return {name for name, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
 
-def _lora_roots(module) -> dict[str, tuple[nn.Module | None, str, str]]:
+def lora_roots(module) -> dict[str, tuple[nn.Module | None, str, str | None]]:
     """{checkpoint key prefix: (model, config key, base path)} of an ``RLModule``'s models that may carry adapters."""
-    critic = module.critic
-    critic_path = None if critic is None else (critic.path if critic.init_from == "path" else critic.init_from)
     return {
-        "policy.": (module.policy, "model.policy", module.policy_spec.path),
-        "critic.backbone.": (getattr(critic, "backbone", None), "model.critic", critic_path),
+        slot.lora.prefix: (slot.lora.model(module), slot.key, slot.lora.base_path(module))
+        for slot in ROSTER
+        if slot.lora is not None
     }
 
 
 def base_fingerprints(module) -> dict[str, list[float]]:
     """{prefix: fingerprint} of the LoRA models' bases, stored in checkpoints (``lora_base``)."""
     return {
-        prefix: model.lora_base_fingerprint for prefix, (model, _, _) in _lora_roots(module).items() if is_lora(model)
+        prefix: model.lora_base_fingerprint for prefix, (model, _, _) in lora_roots(module).items() if is_lora(model)
     }
 
 
 def check_bases(stored: dict[str, list[float]] | None, module) -> None:
     """Raise, naming the config key, when a checkpoint's adapters were trained on another base than the one loaded."""
-    for prefix, (model, what, path) in _lora_roots(module).items():
+    for prefix, (model, what, path) in lora_roots(module).items():
         if is_lora(model):
             check_base((stored or {}).get(prefix), model, what, str(path))
 
@@ -110,15 +107,11 @@ def check_adapters(checkpoint: dict, module) -> None:
     or other target modules (torch would list a size mismatch or an unexpected key per adapted layer), another alpha
     (the update silently scaled by another alpha / rank), adapters on a model now trained in full, or the reverse."""
     info, state = checkpoint.get("hf_export") or {}, checkpoint.get("state_dict")
-    critic = module.critic
-    parts = {  # {checkpoint key prefix: (the checkpoint's part, its LoRA spec now, the model now, config key)}
-        "policy.": ("policy", module.policy_spec.lora, module.policy, "model.policy.lora"),
-        "critic.backbone.": (
-            "critic",
-            getattr(critic, "lora", None),
-            getattr(critic, "backbone", None),
-            "model.critic.init_args.lora",
-        ),
+    # {checkpoint key prefix: (the checkpoint's part, its LoRA spec now, the model now, config key)}
+    parts = {
+        slot.lora.prefix: (slot.name, slot.lora.spec(module), slot.lora.model(module), slot.lora.key)
+        for slot in ROSTER
+        if slot.lora is not None
     }
     for prefix, (part, spec, model, key) in parts.items():
         if part not in info:
@@ -170,7 +163,7 @@ def check_adapters(checkpoint: dict, module) -> None:
 def frozen_base_names(module) -> set[str]:
     """Names (as in ``module.state_dict()``) of the frozen base parameters of LoRA models: left out of checkpoints."""
     names: set[str] = set()
-    for prefix, (model, _, _) in _lora_roots(module).items():
+    for prefix, (model, _, _) in lora_roots(module).items():
         if is_lora(model):
             names |= {prefix + n for n in frozen_parameter_names(model)}
     return names
@@ -180,11 +173,7 @@ def left_out(module) -> set[str]:
     """State-dict names an `RLModule` checkpoint does not store: the frozen parameters of the models reloaded from
     their paths (buffers stay: a reward model's running score statistics are state), and a LoRA model's frozen base.
     A reference refreshed during training (``kl.refresh_every``) is state, and stored."""
-    reloaded = (
-        RELOADED
-        if module.kl is None or module.kl.refresh_every is None
-        else tuple(p for p in RELOADED if p != "reference.")
-    )
+    reloaded = tuple(f"{slot.name}." for slot in ROSTER if slot.reloaded(module))
     return {name for name in frozen_parameter_names(module) if name.startswith(reloaded)} | frozen_base_names(module)
 
 
@@ -210,8 +199,10 @@ def load(module, checkpoint: dict[str, Any]) -> None:
     check_adapters(checkpoint, module)  # before torch lists a size mismatch per adapted layer
     if state is not None:
         lora_base = frozen_base_names(module)
+        # every slot that never trains, stored or not: a run that refreshed its reference stored it, one that did not
+        frozen = tuple(f"{slot.name}." for slot in ROSTER if not slot.trains)
         for key, value in module.state_dict().items():
-            if key.startswith(RELOADED) or key in lora_base:
+            if key.startswith(frozen) or key in lora_base:
                 state.setdefault(key, value)
     module.loop_state.optimizer_steps.update(checkpoint.get("optimizer_steps", {}))
     module.loop_state.totals.update(checkpoint.get("totals", {}))  # a checkpoint of an older version counts from 0
@@ -219,28 +210,11 @@ def load(module, checkpoint: dict[str, Any]) -> None:
         restore_rng_states(checkpoint["rng"], module.loop_state.rng, {"shuffle": module.loop_state.shuffle})
 
 
-def policy_export_info(policy, spec) -> dict[str, Any]:
-    """The ``hf_export["policy"]`` entry of a causal LM loaded from ``spec`` (a `ModelSpec`): what
-    `lightning-rl export` rebuilds ``policy/`` from (any module whose state holds it under ``policy.``)."""
-    info = {"config": policy.config.to_dict(), "tokenizer": spec.path, **dataclasses.asdict(spec)}
-    if is_lora(policy):
-        info["base_fingerprint"] = policy.lora_base_fingerprint
-    return info
-
-
 def export_info(module) -> dict[str, Any]:
-    """What an export needs besides the weights, stored in every ``RLModule`` checkpoint (``hf_export``)."""
-    info: dict[str, Any] = {"policy": policy_export_info(module.policy, module.policy_spec)}
-    critic = module.critic
-    if critic is not None and critic.backbone is not None:
-        info["critic"] = {"config": critic.backbone.config.to_dict()}
-        if is_lora(critic.backbone):
-            reward_path = getattr(module.reward, "path", None)
-            info["critic"].update(
-                init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora)
-            )
-            info["critic"].update(reward_path=reward_path, base_fingerprint=critic.backbone.lora_base_fingerprint)
-    return info
+    """What an export needs besides the weights, stored in every ``RLModule`` checkpoint (``hf_export``): one entry per
+    exported slot of the roster the module holds."""
+    entries = {slot.name: slot.export_info(module) for slot in ROSTER if slot.export_info is not None}
+    return {name: entry for name, entry in entries.items() if entry is not None}
 
 
 # ---------------------------------------------------------------------------------------------- writing

@@ -225,3 +225,17 @@ def test_the_own_data_example_names_the_shipped_model_and_how_to_name_a_hub_mode
     ).exists()  # runs on a CPU newcomer's clone
     assert config["data"]["chat_template"] is False  # the shipped tokenizer has no chat template
     assert "--model.policy.path Qwen/" in section[: section.index("\n## ")]
+
+
+@pytest.mark.slow
+def test_the_distillation_recipe_commands_as_printed(scratch, run):
+    """SFT, then distillation from the shipped teacher, then GRPO, each from the previous export (shortened)."""
+    sft, export_sft, distill, export_distill, rl = bash_block("### On-policy distillation", index=1)
+    for command in (sft, export_sft, distill, export_distill, rl):
+        run(command)
+    (distilled,) = (scratch / "runs" / "distill").glob("version_*")
+    assert "path: runs/sft/hf/policy" in (distilled / "config.yaml").read_text()
+    assert "class_path: components.teacher.HFTeacher" in (distilled / "config.yaml").read_text()
+    (trained,) = (scratch / "runs" / "grpo").glob("version_*")
+    assert "path: runs/distill/hf/policy" in (trained / "config.yaml").read_text()
+    assert torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2

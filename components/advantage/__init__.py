@@ -1,4 +1,5 @@
 from .base import AdvantageEstimator, Advantages
+from .distill import DistillAdvantage
 from .gae import GAE
 from .group import GroupNormalized
 from .leave_one_out import LeaveOneOut
@@ -9,6 +10,7 @@ from .remax import ReMax
 __all__ = [
     "Advantages",
     "AdvantageEstimator",
+    "DistillAdvantage",
     "GAE",
     "GroupNormalized",
     "LeaveOneOut",

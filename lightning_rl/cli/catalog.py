@@ -13,6 +13,7 @@ KINDS = {
     "aggregator": ("components.aggregator", "Aggregator"),
     "kl": ("components.kl", "KLRegularizer"),
     "critic": ("components.critic", "ValueCritic"),
+    "teacher": ("components.teacher", "Teacher"),
     "sampling": ("components.sampling", "DynamicSampling"),
     "loss_terms": ("components.loss_terms", "LossTerm"),
     "ptx": ("components.ptx", "PretrainMix"),

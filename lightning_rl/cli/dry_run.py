@@ -7,6 +7,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_rl.loop.runs import LATEST, continued_run, follows_run, resolve_checkpoint, shown_path, versioned
+from lightning_rl.roster import ROSTER
 
 
 def describe(cli) -> str:
@@ -14,7 +15,18 @@ def describe(cli) -> str:
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
     loop, rollout = model.loop, model.rollout
     lines = ["components:"]
-    for key in ("rollout", "reward", "advantage", "surrogate", "aggregator", "kl", "critic", "sampling", "ptx"):
+    for key in (
+        "rollout",
+        "reward",
+        "advantage",
+        "surrogate",
+        "aggregator",
+        "kl",
+        "critic",
+        "teacher",
+        "sampling",
+        "ptx",
+    ):
         part = getattr(model, key, None)
         if part is not None:
             lines.append(f"  model.{key:11s} {type(part).__name__}")
@@ -42,18 +54,17 @@ def describe(cli) -> str:
     ]
     model.configure_model()
     lines.append("models:")
-    for name, module in (
-        ("policy", model.policy),
-        ("reference", model.reference),
-        ("critic", model.critic),
-        ("reward", model.reward),
-    ):
-        params = list(module.parameters()) if hasattr(module, "parameters") else []
+    shown: set[int] = set()
+    for slot in ROSTER:  # each model the run holds (lightning_rl.roster), once: a reward that also validates is one
+        part = slot.model(model)
+        params = list(part.parameters()) if hasattr(part, "parameters") and id(part) not in shown else []
+        shown.add(id(part))
         if params:
             trainable = sum(p.numel() for p in params if p.requires_grad)
-            lines.append(f"  {name:10s} {sum(p.numel() for p in params):,} parameters ({trainable:,} trainable)")
-    if model.reference is None and getattr(model, "reference_is_base", False):
-        lines.append("  reference  the policy with its LoRA adapters off (no second model)")
+            lines.append(f"  {slot.name:10s} {sum(p.numel() for p in params):,} parameters ({trainable:,} trainable)")
+        note = slot.note(model)
+        if note is not None:
+            lines.append(f"  {slot.name:10s} {note}")
     lines.append("folders:")
     lines += _folders(trainer, cli.config_init["fit"].get("ckpt_path"), bool(cli.config_init["fit"].get("new_run")))
     return "\n".join(lines)

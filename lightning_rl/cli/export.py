@@ -32,16 +32,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from lightning_rl.checkpoint import load_checkpoint
 from lightning_rl.core.lora import LoraSpec, merged_state_dict
-
-POLICY, CRITIC = "policy.", "critic."
+from lightning_rl.roster import ROSTER, Slot
 
 
 def _config(values: dict[str, Any]):
@@ -83,6 +83,24 @@ def _build(auto_class, config, state: dict[str, Tensor], what: str):
     return model.eval()
 
 
+@dataclass(frozen=True)
+class ExportKind:
+    """How `lightning-rl export` writes one kind of model (a slot's ``export_as``). Each function takes the slot's
+    ``hf_export`` entry, the whole ``hf_export`` and the slot's state (its prefix stripped)."""
+
+    write: Callable[..., None]
+    """(state, entry, info, folder, dtype, tokenizer, processor path) -> writes a from_pretrained folder."""
+    lora_model: Callable[[dict, dict, dict[str, Tensor]], torch.nn.Module]
+    """The LoRA model rebuilt on its reloaded (and checked) base, with the trained adapters loaded."""
+    write_adapter: Callable[..., None]
+    """(model, entry, folder, tokenizer) -> writes the adapters alone."""
+
+
+def _exported(info: dict[str, Any]) -> list[Slot]:
+    """The roster's exported slots this checkpoint holds, in roster order."""
+    return [slot for slot in ROSTER if slot.export_as is not None and slot.name in info]
+
+
 def export_state(
     state: dict[str, Tensor],
     info: dict[str, Any],
@@ -90,46 +108,51 @@ def export_state(
     dtype: torch.dtype | None = None,
     tokenizer: str | None = None,
 ) -> dict[str, Path]:
-    """Write the models of an ``RLModule`` state dict (``policy.*``, ``critic.*`` keys) under ``out_dir``."""
-    from transformers import AutoModelForTokenClassification
-
-    from lightning_rl.core.models import is_vision_language, load_pretrained, load_tokenizer, policy_class
+    """Write each exported model of an ``RLModule`` state dict (``policy.*``, ``critic.*`` keys) to ``out_dir/<slot>``."""
+    from lightning_rl.core.models import load_tokenizer
 
     out_dir = Path(out_dir)
-    written: dict[str, Path] = {}
-    policy_info = info["policy"]
     state = merge_adapters(state, info)
-    config = _config(policy_info["config"])
-    policy = _build(policy_class(config), config, _cast(_strip(state, POLICY), dtype), "policy")
-    written["policy"] = out_dir / "policy"
-    policy.save_pretrained(written["policy"])
-    tok = load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)")
-    tok.save_pretrained(written["policy"])
+    processor = tokenizer or info["policy"]["tokenizer"]
+    tok = load_tokenizer(processor, "--tokenizer (the policy's tokenizer)")
+    written: dict[str, Path] = {}
+    for slot in _exported(info):
+        written[slot.name] = out_dir / slot.name
+        trained = _strip(state, slot.name + ".")
+        KINDS[slot.export_as].write(trained, info[slot.name], info, written[slot.name], dtype, tok, processor)
+    return written
+
+
+def _write_causal_lm(state, entry, info, folder: Path, dtype, tok, processor: str) -> None:
+    from lightning_rl.core.models import is_vision_language, load_pretrained, policy_class
+
+    config = _config(entry["config"])
+    _build(policy_class(config), config, _cast(state, dtype), "policy").save_pretrained(folder)
+    tok.save_pretrained(folder)
     if is_vision_language(config):
         from transformers import AutoImageProcessor
 
         load_pretrained(
-            AutoImageProcessor.from_pretrained,
-            tokenizer or policy_info["tokenizer"],
-            "--tokenizer (the policy's processor)",
-        ).save_pretrained(written["policy"])
-    if "critic" in info:
-        config = _config(info["critic"]["config"])
-        config.num_labels = 1
-        config.classifier_dropout = 0.0  # the critic trains without dropout
-        critic_state = _strip(state, CRITIC)
-        prefix = AutoModelForTokenClassification._model_mapping[type(config)].base_model_prefix
-        backbone = {f"{prefix}.{k}": v for k, v in _strip(critic_state, "backbone.").items()}
-        backbone_dtype = next(iter(backbone.values())).dtype
-        head = {f"score.{k}": v.to(backbone_dtype) for k, v in _strip(critic_state, "head.").items()}
-        critic = _build(AutoModelForTokenClassification, config, _cast({**backbone, **head}, dtype), "critic")
-        written["critic"] = out_dir / "critic"
-        critic.save_pretrained(written["critic"])
-        tok.save_pretrained(written["critic"])
-    return written
+            AutoImageProcessor.from_pretrained, processor, "--tokenizer (the policy's processor)"
+        ).save_pretrained(folder)
 
 
-def _lora_policy(policy_info: dict[str, Any], adapters: dict[str, Tensor]):
+def _write_value_model(state, entry, info, folder: Path, dtype, tok, processor: str) -> None:
+    from transformers import AutoModelForTokenClassification
+
+    config = _config(entry["config"])
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # the critic trains without dropout
+    prefix = AutoModelForTokenClassification._model_mapping[type(config)].base_model_prefix
+    backbone = {f"{prefix}.{k}": v for k, v in _strip(state, "backbone.").items()}
+    backbone_dtype = next(iter(backbone.values())).dtype
+    head = {f"score.{k}": v.to(backbone_dtype) for k, v in _strip(state, "head.").items()}
+    critic = _build(AutoModelForTokenClassification, config, _cast({**backbone, **head}, dtype), "critic")
+    critic.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def _lora_policy(policy_info: dict[str, Any], info: dict[str, Any], adapters: dict[str, Tensor]):
     """The policy's base, reloaded from its recorded path and checked, with the trained adapters loaded into it."""
     from lightning_rl.core.lora import check_base
     from lightning_rl.core.models import ModelSpec, load_causal_lm
@@ -144,7 +167,7 @@ def _lora_policy(policy_info: dict[str, Any], adapters: dict[str, Tensor]):
     return model
 
 
-def _lora_critic(critic_info: dict[str, Any], policy_path: str, trained: dict[str, Tensor]):
+def _lora_critic(critic_info: dict[str, Any], info: dict[str, Any], trained: dict[str, Tensor]):
     """The critic's backbone reloaded (as ``ValueCritic.build`` does) with its adapters and value head loaded."""
     from components.critic import ValueCritic
     from lightning_rl.core.lora import check_base
@@ -155,7 +178,7 @@ def _lora_critic(critic_info: dict[str, Any], policy_path: str, trained: dict[st
         dtype=critic_info["dtype"],
         lora=LoraSpec(**critic_info["lora"]),
     )
-    critic.build(policy_path, critic_info.get("reward_path"))
+    critic.build(info["policy"]["path"], critic_info.get("reward_path"))
     check_base(
         critic_info.get("base_fingerprint"),
         critic.backbone,
@@ -176,18 +199,45 @@ def _load_adapters(model: torch.nn.Module, trained: dict[str, Tensor], what: str
         )
 
 
+def _causal_lm_adapter(model, entry: dict[str, Any], folder: Path, tok) -> None:
+    from lightning_rl.core.lora import save_adapter
+
+    # peft picks the model class from task_type, and loads the base from the path written here, from any folder
+    base = os.path.expanduser(entry["path"])
+    base = os.path.abspath(base) if os.path.isdir(base) else entry["path"]  # a hub id stays as it is
+    save_adapter(model, folder, base_path=base, task_type="CAUSAL_LM")
+    tok.save_pretrained(folder)
+
+
+def _value_model_adapter(critic, entry: dict[str, Any], folder: Path, tok) -> None:
+    from safetensors.torch import save_file
+
+    from lightning_rl.core.lora import save_adapter
+
+    save_adapter(critic.backbone, folder)
+    save_file(
+        {k: v.detach().contiguous() for k, v in critic.head.state_dict().items()}, folder / "value_head.safetensors"
+    )
+
+
+KINDS = {
+    "causal_lm": ExportKind(_write_causal_lm, _lora_policy, _causal_lm_adapter),
+    "value_model": ExportKind(_write_value_model, _lora_critic, _value_model_adapter),
+}
+"""Export kinds by name (`lightning_rl.roster.Slot.export_as`): ``AutoModelForCausalLM`` (or a vision-language
+model's class) + tokenizer; ``AutoModelForTokenClassification`` with one label (a critic: backbone + value head)."""
+
+
 def merge_adapters(state: dict[str, Tensor], info: dict[str, Any]) -> dict[str, Tensor]:
     """An ``RLModule`` state dict with full weights: LoRA models' adapters merged into their reloaded bases."""
     state = dict(state)
-    if info["policy"].get("lora") is not None:
-        policy = _lora_policy(info["policy"], _strip(state, POLICY))
-        state = {k: v for k, v in state.items() if not k.startswith(POLICY)} | {
-            POLICY + k: v for k, v in merged_state_dict(policy).items()
-        }
-    if "lora" in info.get("critic", {}):
-        critic = _lora_critic(info["critic"], info["policy"]["path"], _strip(state, CRITIC))
-        state = {k: v for k, v in state.items() if not k.startswith(CRITIC)} | {
-            CRITIC + k: v for k, v in merged_state_dict(critic).items()
+    for slot in _exported(info):
+        entry, prefix = info[slot.name], slot.name + "."
+        if entry.get("lora") is None:
+            continue
+        model = KINDS[slot.export_as].lora_model(entry, info, _strip(state, prefix))
+        state = {k: v for k, v in state.items() if not k.startswith(prefix)} | {
+            prefix + k: v for k, v in merged_state_dict(model).items()
         }
     return state
 
@@ -196,9 +246,6 @@ def export_adapters(
     state: dict[str, Tensor], info: dict[str, Any], out_dir: str | Path, tokenizer: str | None = None
 ) -> dict[str, Path]:
     """Write the LoRA adapters alone: ``policy/`` (peft adapter + tokenizer) and, for a LoRA critic, ``critic/``."""
-    from safetensors.torch import save_file
-
-    from lightning_rl.core.lora import save_adapter
     from lightning_rl.core.models import load_tokenizer
 
     if info["policy"].get("lora") is None:
@@ -206,25 +253,14 @@ def export_adapters(
             "--adapter_only: this checkpoint's policy was trained without LoRA (model.policy.lora is null); export it without --adapter_only"
         )
     out_dir = Path(out_dir)
-    policy_info = info["policy"]
-    written = {"policy": out_dir / "policy"}
-    # peft picks the model class from task_type, and loads the base from the path written here, from any folder
-    base = os.path.expanduser(policy_info["path"])
-    base = os.path.abspath(base) if os.path.isdir(base) else policy_info["path"]  # a hub id stays as it is
-    save_adapter(
-        _lora_policy(policy_info, _strip(state, POLICY)), written["policy"], base_path=base, task_type="CAUSAL_LM"
-    )
-    load_tokenizer(tokenizer or policy_info["tokenizer"], "--tokenizer (the policy's tokenizer)").save_pretrained(
-        written["policy"]
-    )
-    if "lora" in info.get("critic", {}):
-        critic = _lora_critic(info["critic"], policy_info["path"], _strip(state, CRITIC))
-        written["critic"] = out_dir / "critic"
-        save_adapter(critic.backbone, written["critic"])
-        save_file(
-            {k: v.detach().contiguous() for k, v in critic.head.state_dict().items()},
-            written["critic"] / "value_head.safetensors",
-        )
+    tok = load_tokenizer(tokenizer or info["policy"]["tokenizer"], "--tokenizer (the policy's tokenizer)")
+    written: dict[str, Path] = {}
+    for slot in _exported(info):
+        entry, kind = info[slot.name], KINDS[slot.export_as]
+        if entry.get("lora") is None:
+            continue
+        written[slot.name] = out_dir / slot.name
+        kind.write_adapter(kind.lora_model(entry, info, _strip(state, slot.name + ".")), entry, written[slot.name], tok)
     return written
 
 

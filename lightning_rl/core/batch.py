@@ -32,6 +32,10 @@ PER_TOKEN = (
     "action_mask",
     "env_rewards",
     "token_versions",
+    "teacher_logprobs",
+    "teacher_topk_ids",
+    "teacher_topk_logprobs",
+    "teacher_logits",
 )
 PROMPT = ("prompt_ids", "prompt_mask")
 ROWS = ("columns", "score_parts")
@@ -69,6 +73,10 @@ class RolloutBatch:
     env_rewards: Tensor | None = None  # (B, R) an environment's per-turn rewards, on the last token of each turn
     versions: Tensor | None = None  # (B,) long: the oldest policy version that sampled any of the sample's tokens
     token_versions: Tensor | None = None  # (B, R) long: the version that sampled each token (partial rollouts, agents)
+    teacher_logprobs: Tensor | None = None  # (B, R) a teacher's log-probs of the sampled tokens (distillation)
+    teacher_topk_ids: Tensor | None = None  # (B, R, K) long: the teacher's K most likely tokens at each position
+    teacher_topk_logprobs: Tensor | None = None  # (B, R, K) their log-probs under the teacher
+    teacher_logits: Tensor | None = None  # (b, r, V) a teacher's logits, set on a micro-batch of the update only
     columns: Columns | None = None  # per row: the data row (prompt, answer, ...), prompts / completions / transcripts
     score_parts: dict[str, Tensor] | None = None  # name -> (B,): a Composite reward's unweighted parts
     images: list | None = None  # per row: the prompt's images (a list of PIL images; empty for a text-only prompt)
@@ -192,9 +200,9 @@ class RolloutBatch:
             if isinstance(values[0], list):  # per row
                 merged[f.name] = [entry for v in values for entry in v]
                 continue
-            if f.name in PER_TOKEN:
+            if f.name in PER_TOKEN:  # (B, R) or (B, R, K): padded along R
                 width = max(v.shape[1] for v in values)
-                values = [torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values]
+                values = [torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, width - v.shape[1])) for v in values]
             elif f.name in PROMPT:
                 width = max(v.shape[1] for v in values)
                 values = [torch.nn.functional.pad(v, (width - v.shape[1], 0)) for v in values]

@@ -10,6 +10,9 @@ under the distribution that actually sampled the tokens (N+ implementation detai
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
@@ -275,6 +278,31 @@ def _packed_group_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respons
     return torch.cat([first, rest], dim=1)
 
 
+@dataclass
+class ResponseLogits:
+    """The policy's logits at the response positions, as its forward laid them out: (B, R, V), or (N, V) over the real
+    tokens of a packed row. What a loss term reading the whole distribution gets (``LossTerm.needs_logits``)."""
+
+    logits: Tensor  # (B, R, V) or (N, V), with gradient
+    temperature: float  # the sampling temperature the policy's distribution is taken at: softmax(logits / T)
+    token_mask: Tensor | None = None  # (B, R) bool: the packed layout's positions (None: not packed)
+    scatter_to: Callable[[Tensor], Tensor] | None = None
+
+    def align(self, field: Tensor) -> Tensor:
+        """A (B, R, ...) batch field laid out as the logits are. Shape: (B, R, ...) -> (B, R, ...) or (N, ...)."""
+        return field if self.token_mask is None else field[self.token_mask]
+
+    def scatter(self, values: Tensor) -> Tensor:
+        """Per-position values back to the batch's layout, zero on padding. Shape: (B, R) or (N,) -> (B, R)."""
+        return values if self.scatter_to is None else self.scatter_to(values)
+
+
+class PolicyOutputs(NamedTuple):
+    logprobs: Tensor  # (B, R) fp32
+    entropy: Tensor | None  # (B, R) fp32
+    logits: ResponseLogits | None
+
+
 def policy_logprobs(
     model,
     batch,
@@ -290,6 +318,21 @@ def policy_logprobs(
     ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.core.packing) when the model
     allows it; log-probs and entropy are then chunked over the real tokens only. Rows with images are refused there.
     """
+    out = policy_outputs(model, batch, temperature, with_entropy, entropy_grad, chunk_rows, packed)
+    return out.logprobs, out.entropy
+
+
+def policy_outputs(
+    model,
+    batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_rows: int | None = None,
+    packed: bool = False,
+    keep_logits: bool = False,
+) -> PolicyOutputs:
+    """`policy_logprobs`, and with ``keep_logits`` the response logits themselves (`ResponseLogits`)."""
     if packed:
         refuse_images(batch)
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
@@ -313,6 +356,9 @@ def policy_logprobs(
         else:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach(), temperature, chunk_rows)
+    kept = None
+    if keep_logits:
+        kept = ResponseLogits(logits, float(temperature), None if scatter is None else row.token_mask, scatter)
     if scatter is not None:
-        return scatter(logprobs), None if entropy is None else scatter(entropy)
-    return logprobs, entropy
+        return PolicyOutputs(scatter(logprobs), None if entropy is None else scatter(entropy), kept)
+    return PolicyOutputs(logprobs, entropy, kept)

@@ -54,5 +54,5 @@ def micro_batches(batch: RolloutBatch, size: int, max_tokens: int | None) -> lis
 
 
 def pad_to(values: Tensor, width: int) -> Tensor:
-    """Right-pad a per-token field of a trimmed micro-batch back to the batch's width. Shape: (b, r) -> (b, width)."""
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+    """Right-pad a per-token field of a trimmed micro-batch back to the batch's width. Shape: (b, r, ...) -> (b, width, ...)."""
+    return torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (0, width - values.shape[1]))

@@ -32,4 +32,14 @@ def estimate(
         metrics.add(
             "kl/ref", masked_mean(sequence_kl(batch.old_logprobs, batch.ref_logprobs, mask), counted), counted.sum()
         )
+    if batch.old_logprobs is not None and batch.teacher_logprobs is not None:
+        add_distill_metrics(metrics, batch, mask.sum())
     return batch
+
+
+def add_distill_metrics(metrics: WeightedMeans, batch: RolloutBatch, tokens) -> None:
+    """``distill/reverse_kl``: the token mean of log pi_old - log pi_T on the tokens that count (k1, an unbiased
+    estimate of the per-token reverse KL to the teacher); ``distill/teacher_logprob_mean``: the teacher's token mean."""
+    mask = batch.loss_mask
+    metrics.add("distill/reverse_kl", masked_mean(batch.old_logprobs - batch.teacher_logprobs, mask), tokens)
+    metrics.add("distill/teacher_logprob_mean", masked_mean(batch.teacher_logprobs, mask), tokens)

@@ -31,10 +31,11 @@ from components.reward import ExactMatch, Reward
 from components.rollout import Agent, HFRollout, Rollout
 from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
+from components.teacher import Teacher
 from lightning_rl import checkpoint
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
-from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm, load_tokenizer
+from lightning_rl.core.models import ModelSpec, load_tokenizer
 from lightning_rl.distributed import hf_zero3_config
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
 from lightning_rl.loop.collect import Collector
@@ -49,6 +50,7 @@ from lightning_rl.loop.runs import RunFolders
 from lightning_rl.loop.score import TrainerForward
 from lightning_rl.loop.sharding import shard_models
 from lightning_rl.loop.validation import ValidateBeforeAndAfter, Validator
+from lightning_rl.roster import ROSTER, scorers, trained
 
 
 class RLModule(LightningModule):
@@ -70,6 +72,7 @@ class RLModule(LightningModule):
         val_reward: Reward | None = None,
         ptx: PretrainMix | None = None,
         agent: Agent | None = None,
+        teacher: Teacher | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),
         loop: LoopConfig = LoopConfig(),
     ):
@@ -90,6 +93,8 @@ class RLModule(LightningModule):
             ptx: PPO-ptx, a pretraining LM loss on ``data.ptx_data`` mixed into the policy loss (None = off).
             agent: whole episodes sampled by ``rollout`` (None = one turn): MultiTurnRollout (an `Environment` with tools) or
                 OpenAIAgent (your function, given an OpenAI client on a loopback endpoint).
+            teacher: scores the policy's sampled tokens for on-policy distillation (``teacher_logprobs``): HFTeacher, a
+                transformers model with the policy's tokenizer (None = no teacher).
             optimizer: the policy's AdamW, LR schedule and gradient clipping.
             loop: epochs, mini-batches, micro-batches and logging.
         """
@@ -100,7 +105,7 @@ class RLModule(LightningModule):
         self.surrogate, self.aggregator, self.kl, self.critic = surrogate, aggregator, kl, critic
         self.sampling, self.loss_terms = sampling, list(loss_terms or [])
         self.val_reward = val_reward if val_reward is not None else reward
-        self.ptx, self.agent = ptx, agent
+        self.ptx, self.agent, self.teacher = ptx, agent, teacher
         self.optimizer_cfg, self.loop = optimizer, loop
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
@@ -131,22 +136,16 @@ class RLModule(LightningModule):
             return
         self.tokenizer = load_tokenizer(self.policy_spec.path)
         self._hf_zero3 = hf_zero3_config(self._trainer)  # DeepSpeed ZeRO-3: models load into partitioned parameters
-        self.policy = load_causal_lm(self.policy_spec)
-        if "ref_logprobs" in self.needs and not self.reference_is_base:
-            self.reference = freeze(load_causal_lm(self.reference_spec or self.policy_spec, "model.reference"))
-        if self.critic is not None:
-            self.critic.build(self.policy_spec.path, getattr(self.reward, "path", None), policy=self.policy)
-        for component in {id(c): c for c in (self.rollout, self.reward, self.val_reward)}.values():
-            component.setup(self.tokenizer)
+        for slot in ROSTER:  # policy, reference, critic, rewards, teacher (lightning_rl.roster)
+            slot.build(self)
+        self.rollout.setup(self.tokenizer)
         if self.agent is not None:
             self.agent.setup(self.tokenizer, self.rollout)
         if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh
             shard_models(self, self._trainer.strategy if self._trainer is not None else None)
         loop, kl = self.loop, self.kl
         self.collector = Collector(self.rollout, self.reward, self.agent, self.sampling, loop, self.tokenizer)
-        self.trainer_forward = TrainerForward(
-            self.policy, self.reference, self.reference_is_base, self.critic, loop, self.recompute_old
-        )
+        self.trainer_forward = TrainerForward(scorers(self), loop)
         self.update = PolicyUpdate(
             self.policy,
             self.critic,
@@ -159,6 +158,8 @@ class RLModule(LightningModule):
             self.optimizer_cfg,
             self.health,
             self.loop_state,
+            {slot.name: slot.optimizer(self) for slot, _ in trained(self)},
+            self.teacher.logits if "teacher_logits" in self.needs else None,
         )
         self.reporter = Reporter(
             loop,
@@ -174,9 +175,7 @@ class RLModule(LightningModule):
         self.validator = Validator(self.collector, self.val_reward, loop)
 
     def configure_optimizers(self):
-        groups = [self._param_group("policy", self.policy, self.optimizer_cfg)]
-        if self.critic is not None:
-            groups.append(self._param_group("critic", self.critic, self.critic.optimizer))
+        groups = [self._param_group(slot.name, model, slot.optimizer(self)) for slot, model in trained(self)]
         params = [p for group in groups for p in group["params"]]
         # the fused kernel is one call for all parameters (~6x faster than the per-tensor loop torch picks on CPU);
         # sharded DTensor parameters (FSDP2) keep torch's default implementation

@@ -18,10 +18,11 @@ from components.surrogate import Surrogate
 from lightning_rl.checkpoint import LoopState
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
-from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.logprobs import policy_outputs
 from lightning_rl.core.microbatch import micro_batches
 from lightning_rl.core.ops import all_reduce_sum, masked_mean, sequence_kl, world_size
 from lightning_rl.distributed import touch, uses_ddp, uses_deepspeed
+from lightning_rl.loop.estimate import add_distill_metrics
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import WeightedMeans
 
@@ -42,8 +43,12 @@ class PolicyUpdate:
         optimizer: OptimizerConfig,
         health: TrainingHealth,
         state: LoopState,
+        group_configs: dict[str, OptimizerConfig],
+        teacher_logits: Callable[[RolloutBatch], Tensor] | None = None,
     ):
-        """``state``: the optimizer step counters (LR schedules) and the mini-batch shuffle, checkpointed."""
+        """``state``: the optimizer step counters (LR schedules) and the mini-batch shuffle, checkpointed.
+        ``group_configs``: each parameter group's settings, by name (the roster's trained slots). ``teacher_logits``:
+        the teacher's full distribution on a micro-batch (``teacher_logits``), when a loss term reads it."""
         self.policy, self.critic, self.surrogate, self.aggregator, self.kl = policy, critic, surrogate, aggregator, kl
         self.loss_terms, self.ptx, self.loop, self.optimizer_cfg, self.health, self.state = (
             loss_terms,
@@ -53,6 +58,7 @@ class PolicyUpdate:
             health,
             state,
         )
+        self.group_configs, self.teacher_logits = group_configs, teacher_logits
         self._said_degenerate = False
 
     def worth_optimizing(self, batch: RolloutBatch, iteration: int) -> bool:
@@ -154,7 +160,8 @@ class PolicyUpdate:
     def _policy_loss(
         self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans
     ) -> Tensor:
-        logprobs, entropy = policy_logprobs(
+        needs_logits = any(term.needs_logits for term in self.loss_terms)
+        logprobs, entropy, logits = policy_outputs(
             self.policy,
             micro,
             t,
@@ -162,7 +169,10 @@ class PolicyUpdate:
             entropy_grad=needs_entropy,
             chunk_rows=self.loop.logprob_chunk_rows,
             packed=self.loop.max_tokens_per_micro_batch is not None,
+            keep_logits=needs_logits,
         )
+        if self.teacher_logits is not None:  # the teacher's whole distribution, one micro-batch at a time
+            micro = micro.replace(teacher_logits=self.teacher_logits(micro))
         if micro.old_logprobs is None:  # on-policy: pi_old is the current policy
             micro = micro.replace(old_logprobs=logprobs.detach())
             if micro.ref_logprobs is not None:
@@ -172,6 +182,8 @@ class PolicyUpdate:
                     masked_mean(sequence_kl(micro.old_logprobs, micro.ref_logprobs, micro.loss_mask), counted),
                     counted.sum(),
                 )
+            if micro.teacher_logprobs is not None:
+                add_distill_metrics(metrics, micro, tokens)
         if micro.rollout_logprobs is not None:
             # over the tokens that count: greedy baseline rows carry untempered sampler log-probs
             diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.loss_mask
@@ -181,7 +193,8 @@ class PolicyUpdate:
         if self.kl is not None:
             per_token = per_token + self.kl.loss_term(logprobs, micro)
         for term in self.loss_terms:
-            per_token = per_token + term(logprobs, entropy, micro)
+            given = {"logits": logits} if term.needs_logits else {}
+            per_token = per_token + term(logprobs, entropy, micro, **given)
         metrics.add("policy/entropy", masked_mean(entropy.detach(), micro.loss_mask), tokens)
         metrics.add_all(surrogate_metrics, tokens)
         return self.aggregator(per_token, micro.loss_mask, total)
@@ -195,7 +208,7 @@ class PolicyUpdate:
         norms, stepping = list(losses), []
         for group in optimizer.param_groups:
             name = group["name"]
-            cfg = self.optimizer_cfg if name == "policy" else self.critic.optimizer
+            cfg = self.group_configs[name]
             if name == "policy" and not train_policy:
                 for p in group["params"]:
                     p.grad = (

@@ -38,6 +38,7 @@ LAYOUT = {
     "2 policy": {
         "loss": ["Multiline", [r"^policy/loss$"]],
         "KL (nats)": ["Multiline", [r"^kl/ref$", r"^policy/approx_kl$"]],
+        "distillation (reverse KL to the teacher, teacher log-prob; nats)": ["Multiline", [r"^distill/"]],
         "entropy (nats)": ["Multiline", [r"^policy/entropy$"]],
         "clip fraction": ["Multiline", [r"^policy/clipfrac"]],
         "gradient norm": ["Multiline", [r"^policy/grad_norm$"]],

@@ -19,6 +19,10 @@ HOW_TO_PROVIDE = {
     "returns": "use an estimator that produces value targets (components.advantage.GAE)",
     "rollout_logprobs": "use a rollout that reports sampler log-probs (components.rollout.SGLangRollout, or HFRollout with return_logprobs: true)",
     "is_greedy": "enable the greedy baseline on the rollout (greedy_baseline: true on HFRollout or SGLangRollout)",
+    "teacher_logprobs": "add a teacher: model.teacher with class_path components.teacher.HFTeacher",
+    "teacher_topk_ids": "add a teacher that returns its top k: model.teacher.init_args.top_k > 0",
+    "teacher_topk_logprobs": "add a teacher that returns its top k: model.teacher.init_args.top_k > 0",
+    "teacher_logits": "add a teacher in this process, which gives its whole distribution (components.teacher.HFTeacher)",
 }
 
 
@@ -58,6 +62,8 @@ def check_requirements(module) -> Needs:
         provided.add("values")
     if getattr(module.advantage, "produces_returns", False):
         provided.add("returns")
+    if getattr(module, "teacher", None) is not None:
+        provided |= module.teacher.provides
     for name, component in {**early, **late, "kl": kl}.items():
         missing = sorted(_requires(component) - provided)
         if missing:

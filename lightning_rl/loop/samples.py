@@ -1,6 +1,6 @@
 """The table of sampled completions a researcher reads beside the curves: one row per prompt (different prompts,
-not one prompt's group), with the completion, its reward, the gold answer where the data has one and the advantage
-the update gave it. The prompt is shown as the model read it (its token ids decoded): a character the tokenizer does not
+not one prompt's group), with the completion, its reward, the gold answer where the data has one, the advantage
+the update gave it and, when a teacher scored it (distillation), the teacher's log-prob of each sampled token. The prompt is shown as the model read it (its token ids decoded): a character the tokenizer does not
 know shows as its unknown token, not as the data's text. Printed to the console and written to TensorBoard as text;
 a prompt's images are listed in the table (count and sizes) and drawn, beside the completion, as TensorBoard images."""
 
@@ -53,6 +53,8 @@ def sample_rows(batch: RolloutBatch, n: int, decode: Callable[[list[int]], str] 
             row["gold"] = str(columns["answer"][i])
         if advantages is not None:
             row["advantage"] = f"{float(advantages[i]):+.3f}"
+        if batch.teacher_logprobs is not None:  # distillation: how the teacher scored each token the model sampled
+            row["teacher logprobs"] = " ".join(f"{v:.2f}" for v in batch.teacher_logprobs[i][mask[i] != 0].tolist())
         rows.append({k: _cell(v) for k, v in row.items()})
     return rows
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from torch import nn
-
-from components.reward.model import scalar_head
 from lightning_rl.distributed import FSDP2Strategy, fsdp_mesh, shard
+from lightning_rl.roster import ROSTER
 
 
 def shard_models(module, strategy=None) -> None:
-    """Shard the policy, the critic, the reference and reward models of an ``RLModule`` over its device mesh (idempotent)."""
+    """Shard every unit the roster's slots name over the module's device mesh, in roster order (idempotent)."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(module.policy, FSDPModule):
@@ -20,16 +18,11 @@ def shard_models(module, strategy=None) -> None:
             "(configs/strategy/fsdp.yaml), whose checkpoints leave out the frozen models and reload them"
         )
     mesh = fsdp_mesh(module.device_mesh)
-    shard(module.policy, mesh)
+    sharded: set[int] = set()
+    for slot in ROSTER:
+        for model, blocks_of in slot.shard(module):
+            if id(model) not in sharded:  # one model in two slots (a reward that also validates) is sharded once
+                sharded.add(id(model))
+                shard(model, mesh, blocks_of=blocks_of)
     # HFRollout (and transformers' generate, as synced_gpus) keeps ranks stepping together for modules with this flag
     module.policy._is_fsdp_managed_module = True
-    if module.reference is not None:
-        shard(module.reference, mesh)
-    if module.critic is not None:
-        shard(module.critic, mesh, blocks_of=module.critic.backbone)
-    for reward in {id(r): r for r in (module.reward, module.val_reward)}.values():
-        if isinstance(getattr(reward, "model", None), nn.Module):  # RewardModel: called once per round on every rank
-            # it calls the backbone and the scalar head itself, not the classifier's forward: the backbone is the
-            # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated
-            backbone, _ = scalar_head(reward.model)
-            shard(backbone, mesh)

@@ -78,6 +78,7 @@ class Probe(Callback):
         scorer = getattr(module.reward, "model", None)  # RewardModel's classifier; its backbone is the sharded unit
         reward = getattr(scorer, getattr(scorer, "base_model_prefix", ""), None)
         roots = {"policy": module.policy, "reference": module.reference, "critic": module.critic, "reward": reward}
+        roots["teacher"] = getattr(module.teacher, "shard_unit", None)
         record["sharded"] = sorted(name for name, m in roots.items() if isinstance(m, FSDPModule))
         if self.generate_lengths:
             # greedy, 5 new tokens at most: rank 0 stops after its first token (every id is a stop token), rank 1 never

@@ -248,6 +248,28 @@ def test_fsdp2_ppo_rlhf_four_models_equal_one_process(tmp_path, tiny_model_path)
 
 
 @pytest.mark.slow
+def test_fsdp2_distillation_with_a_sharded_teacher_equals_one_process(tmp_path, tiny_model_path, tiny_model_path_b):
+    """configs/distill.yaml: the teacher is sharded with the policy, scores every sample and gives its whole
+    distribution to the exact reverse KL on each micro-batch of the 2 epochs: 2 ranks train as 1 (one mini-batch:
+    shuffled mini-batches would hold other samples on 2 ranks than on 1)."""
+    extra = [
+        *SEEDED,
+        f"--model.teacher.init_args.path={tiny_model_path_b}",
+        "--model.teacher.init_args.dtype=float32",
+        "--model.loop.num_mini_batches=1",
+        *no_checkpoints(),
+    ]
+    one = one_process("configs/distill.yaml", [*probe_args(tmp_path / "one", tiny_model_path, 1, 4), *extra])
+    two = launch(
+        "configs/distill.yaml",
+        [*probe_args(tmp_path / "two", tiny_model_path, 2, 2), *extra, "--config", "configs/strategy/fsdp.yaml"],
+    )
+    assert two["sharded"] == ["policy", "teacher"] and one["sharded"] == []
+    assert_same_training(one, two)
+    assert not any(k.startswith("teacher.") for k in two["state"])
+
+
+@pytest.mark.slow
 def test_two_nodes_of_one_process_on_loopback_equal_one_process(tmp_path, tiny_model_path, one_process_grpo):
     """A multi-node launch as a cluster does it (torchrun, SLURM): each "node" starts its own process with Lightning's
     environment variables (MASTER_ADDR / MASTER_PORT / NODE_RANK / LOCAL_RANK / WORLD_SIZE) and --trainer.num_nodes=2;

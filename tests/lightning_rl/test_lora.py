@@ -8,6 +8,7 @@ import torch
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.models import ModelSpec, load_causal_lm
+from lightning_rl.roster import reference_model
 from tests.support.probes import DENSE_REWARD, probe_batch
 
 from .cli_runs import cli_args, run_cli
@@ -21,8 +22,8 @@ WITH_KL = ["--model.kl.init_args.coef=0.1", "--model.optimizer.lr=1e-2"]
 
 
 def count_loads(monkeypatch) -> list[str]:
-    """Every causal LM the module builds, by config key."""
-    import lightning_rl.loop.module as module
+    """Every causal LM the module builds, by config key (the roster's slots build them)."""
+    import lightning_rl.roster as module
 
     built: list[str] = []
 
@@ -54,7 +55,7 @@ def test_reference_is_the_base_model_with_adapters_off_and_no_second_model_is_bu
     assert is_lora(module.policy)
     batch = probe_batch(module.tokenizer)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    with torch.no_grad(), module.trainer_forward.reference_model() as reference:
+    with torch.no_grad(), reference_model(module) as reference:
         assert reference is module.policy  # the same object: no copy
         ref = policy_logprobs(reference, batch)[0]
         expected = policy_logprobs(base, batch)[0]

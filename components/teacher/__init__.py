@@ -1,0 +1,6 @@
+"""Teachers for on-policy distillation: they score the tokens the student sampled."""
+
+from .base import Teacher, TeacherScores, tokenizer_mismatch
+from .hf import TINY_TEACHER_PATH, HFTeacher
+
+__all__ = ["Teacher", "TeacherScores", "tokenizer_mismatch", "HFTeacher", "TINY_TEACHER_PATH"]

@@ -1,0 +1,270 @@
+"""The roster: every model an `RLModule` holds, each declared once as a `Slot`.
+
+    slot        built by                          trains  checkpoint                        LoRA root         FSDP2 unit            export    trainer forward
+    policy      load_causal_lm(model.policy)      yes     stored (LoRA: adapters only)      policy.           the LM                policy/   old_logprobs, when recomputed
+    reference   load_causal_lm(model.reference)   no      reloaded (stored when refreshed)  -                 the LM                -         ref_logprobs
+    critic      ValueCritic.build                 yes     stored (LoRA: adapters, head)     critic.backbone.  the backbone's blocks critic/   values
+    reward      Reward.setup                      no      reloaded                          -                 a RewardModel's body  -         -  (scores during collect)
+    val_reward  Reward.setup, when not ``reward`` no      reloaded                          -                 a RewardModel's body  -         -
+    teacher     Teacher.setup                     no      reloaded                          -                 the LM, in process    -         teacher_logprobs (+ top-k)
+
+"Reloaded": checkpoints leave the model's frozen weights out and it is built again from its path; a LoRA model's
+frozen base is reloaded the same way and checked against a fingerprint. Checkpointing (lightning_rl.checkpoint), FSDP2
+sharding (lightning_rl.loop.sharding), the optimizer's parameter groups (DDP, FSDP2 and DeepSpeed alike: one optimizer,
+one group per trained slot), ``--dry_run`` (lightning_rl.cli.dry_run), ``lightning-rl export`` (lightning_rl.cli.export)
+and the trainer forward (lightning_rl.loop.score) iterate over ``ROSTER``: another model is one more `Slot` and its
+component. Slots are built, sharded and scored in roster order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import Tensor, nn
+
+from components.reward.model import scalar_head
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.config import OptimizerConfig
+from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
+from lightning_rl.core.models import freeze, load_causal_lm
+
+Scorer = Callable[[RolloutBatch, float, bool], dict[str, Tensor]]
+"""One trainer forward over a micro-batch: (chunk, sampling temperature, packed) -> {RolloutBatch field: (b, r, ...)}."""
+ShardUnit = tuple[nn.Module, "nn.Module | None"]
+"""(model, the module whose transformer blocks are sharded first; None = the model's own)."""
+
+
+@dataclass(frozen=True)
+class LoraRoot:
+    """Where a slot's LoRA adapters sit, read from the module: the model carrying them, its settings and its base."""
+
+    prefix: str
+    """The adapted model's state-dict prefix in an `RLModule` checkpoint."""
+    key: str
+    """The config key of its LoRA settings (errors name it)."""
+    model: Callable[[Any], nn.Module | None]
+    spec: Callable[[Any], LoraSpec | None]
+    base_path: Callable[[Any], str | None]
+    """The base model's path, as errors about another base name it."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One model of an `RLModule`: how it is built, trained, checkpointed, sharded, exported and scored. Each
+    callable takes the module."""
+
+    name: str
+    """The module's attribute, the state-dict prefix (``name.``), the checkpoint's ``hf_export`` entry, export's folder."""
+    key: str
+    """Its config key."""
+    build: Callable[[Any], None]
+    """Build the model on the module (in ``configure_model``, once the tokenizer exists)."""
+    trains: bool = False
+    """Its trainable parameters are a parameter group of the one optimizer (named ``name``)."""
+    reloaded: Callable[[Any], bool] = lambda m: True
+    """Checkpoints leave its frozen weights out; it is built again from its path (False: checkpoints store it)."""
+    optimizer: Callable[[Any], OptimizerConfig] | None = None
+    """A trained slot's AdamW settings."""
+    lora: LoraRoot | None = None
+    shard: Callable[[Any], list[ShardUnit]] = lambda m: []
+    """The units FSDP2 shards (a frozen model's too: it saves memory; its forward all-gathers like the policy's)."""
+    export_info: Callable[[Any], dict | None] | None = None
+    """What ``lightning-rl export`` rebuilds the model from (checkpoint entry ``hf_export[name]``); None = not exported."""
+    export_as: str | None = None
+    """How ``lightning-rl export`` writes it (a kind of lightning_rl.cli.export: ``causal_lm``, ``value_model``)."""
+    scorer: Callable[[Any], Scorer | None] = lambda m: None
+    """The trainer forward's pass with this model over a micro-batch, or None when the run needs none."""
+    note: Callable[[Any], str | None] = lambda m: None
+    """What ``--dry_run`` says of the slot besides its parameter count (e.g. a reference without a model of its own)."""
+
+    def model(self, module) -> Any:
+        """The object the module holds in this slot (a model or a component), or None."""
+        return getattr(module, self.name, None)
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+def _build_policy(m) -> None:
+    m.policy = load_causal_lm(m.policy_spec)
+
+
+def policy_export_info(policy, spec) -> dict[str, Any]:
+    """The ``hf_export["policy"]`` entry of a causal LM loaded from ``spec`` (a `ModelSpec`): what
+    `lightning-rl export` rebuilds ``policy/`` from (any module whose state holds it under ``policy.``)."""
+    info = {"config": policy.config.to_dict(), "tokenizer": spec.path, **dataclasses.asdict(spec)}
+    if is_lora(policy):
+        info["base_fingerprint"] = policy.lora_base_fingerprint
+    return info
+
+
+def _policy_scorer(m) -> Scorer | None:
+    if not m.recompute_old:  # on policy and nothing reads pi_old before the update: the optimize phase takes it
+        return None
+    rows = m.loop.logprob_chunk_rows
+    return lambda chunk, t, packed: {
+        "old_logprobs": policy_logprobs(m.policy, chunk, t, chunk_rows=rows, packed=packed)[0]
+    }
+
+
+POLICY = Slot(
+    "policy",
+    "model.policy",
+    _build_policy,
+    trains=True,
+    reloaded=lambda m: False,
+    optimizer=lambda m: m.optimizer_cfg,
+    lora=LoraRoot("policy.", "model.policy.lora", lambda m: m.policy, lambda m: m.policy_spec.lora, lambda m: m.policy_spec.path),
+    shard=lambda m: [(m.policy, None)],
+    export_info=lambda m: policy_export_info(m.policy, m.policy_spec),
+    export_as="causal_lm",
+    scorer=_policy_scorer,
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- reference
+
+
+def _build_reference(m) -> None:
+    if "ref_logprobs" in m.needs and not m.reference_is_base:
+        m.reference = freeze(load_causal_lm(m.reference_spec or m.policy_spec, "model.reference"))
+
+
+def reference_model(m):
+    """Context giving the model that scores ``ref_logprobs``: the loaded reference, or the LoRA policy with adapters off."""
+    return nullcontext(m.reference) if m.reference is not None else adapters_disabled(m.policy)
+
+
+def _reference_scorer(m) -> Scorer | None:
+    if m.reference is None and not m.reference_is_base:
+        return None
+    rows = m.loop.logprob_chunk_rows
+
+    def score(chunk: RolloutBatch, t: float, packed: bool) -> dict[str, Tensor]:
+        with reference_model(m) as reference:
+            return {"ref_logprobs": policy_logprobs(reference, chunk, t, chunk_rows=rows, packed=packed)[0]}
+
+    return score
+
+
+REFERENCE = Slot(
+    "reference",
+    "model.reference",
+    _build_reference,
+    # a reference refreshed during training (kl.refresh_every) is state: checkpoints store it
+    reloaded=lambda m: m.kl is None or m.kl.refresh_every is None,
+    shard=lambda m: [(m.reference, None)] if m.reference is not None else [],
+    scorer=_reference_scorer,
+    note=lambda m: (
+        "the policy with its LoRA adapters off (no second model)"
+        if m.reference is None and m.reference_is_base
+        else None
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------- critic
+
+
+def _build_critic(m) -> None:
+    if m.critic is not None:
+        m.critic.build(m.policy_spec.path, getattr(m.reward, "path", None), policy=m.policy)
+
+
+def _critic_base(m) -> str | None:
+    critic = m.critic
+    return None if critic is None else (critic.path if critic.init_from == "path" else critic.init_from)
+
+
+def _critic_export_info(m) -> dict | None:
+    critic = m.critic
+    if critic is None or critic.backbone is None:
+        return None
+    info = {"config": critic.backbone.config.to_dict()}
+    if is_lora(critic.backbone):
+        reward_path = getattr(m.reward, "path", None)
+        info.update(
+            init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora)
+        )
+        info.update(reward_path=reward_path, base_fingerprint=critic.backbone.lora_base_fingerprint)
+    return info
+
+
+CRITIC = Slot(
+    "critic",
+    "model.critic",
+    _build_critic,
+    trains=True,
+    reloaded=lambda m: False,
+    optimizer=lambda m: m.critic.optimizer,
+    lora=LoraRoot(
+        "critic.backbone.", "model.critic.init_args.lora", lambda m: getattr(m.critic, "backbone", None),
+        lambda m: getattr(m.critic, "lora", None), _critic_base,
+    ),
+    shard=lambda m: [(m.critic, m.critic.backbone)] if m.critic is not None else [],
+    export_info=_critic_export_info,
+    export_as="value_model",
+    scorer=lambda m: None if m.critic is None else (lambda chunk, t, packed: {"values": m.critic(chunk, packed=packed).float()}),
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+
+
+def _reward_units(reward) -> list[ShardUnit]:
+    # a RewardModel calls the backbone and the scalar head itself, not the classifier's forward: the backbone is the
+    # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated
+    return [(scalar_head(reward.model)[0], None)] if isinstance(getattr(reward, "model", None), nn.Module) else []
+
+
+REWARD = Slot("reward", "model.reward", lambda m: m.reward.setup(m.tokenizer), shard=lambda m: _reward_units(m.reward))
+VAL_REWARD = Slot(
+    "val_reward",
+    "model.val_reward",
+    # the same object as ``reward`` unless configured: set up (and sharded) once
+    lambda m: m.val_reward.setup(m.tokenizer) if m.val_reward is not m.reward else None,
+    shard=lambda m: _reward_units(m.val_reward) if m.val_reward is not m.reward else [],
+)
+
+
+# ---------------------------------------------------------------------------------------------- teacher
+
+
+def _teacher_scorer(m) -> Scorer | None:
+    if m.teacher is None:
+        return None
+    return lambda chunk, t, packed: {k: v for k, v in m.teacher.score(chunk)._asdict().items() if v is not None}
+
+
+def _teacher_note(m) -> str | None:
+    model, device = getattr(m.teacher, "model", None), getattr(m.teacher, "device_name", None)
+    if model is None or device is None:
+        return None
+    return f"{sum(p.numel() for p in model.parameters()):,} parameters on {device}, outside the strategy"
+
+
+TEACHER = Slot(
+    "teacher",
+    "model.teacher",
+    lambda m: m.teacher.setup(m.tokenizer) if m.teacher is not None else None,
+    shard=lambda m: [(m.teacher.shard_unit, None)] if getattr(m.teacher, "shard_unit", None) is not None else [],
+    scorer=_teacher_scorer,
+    note=_teacher_note,
+)
+
+
+ROSTER: tuple[Slot, ...] = (POLICY, REFERENCE, CRITIC, REWARD, VAL_REWARD, TEACHER)
+
+
+def trained(module) -> list[tuple[Slot, nn.Module]]:
+    """(slot, model) of every trained slot the module holds, in roster order (the optimizer's parameter groups)."""
+    return [(slot, slot.model(module)) for slot in ROSTER if slot.trains and slot.model(module) is not None]
+
+
+def scorers(module) -> list[Scorer]:
+    """The trainer forward's passes this run needs, in roster order."""
+    return [scorer for slot in ROSTER if (scorer := slot.scorer(module)) is not None]
