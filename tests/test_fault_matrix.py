@@ -37,6 +37,8 @@
 | weight_sync: tensor without CUDA (CPU policy, server in another process) | error at construction naming weight_sync: disk      | test_tensor_sync_without_cuda / components/test_sglang_rollout.py                         |
 | SGLang server killed in the middle of a distributed weight push | SGLangError naming its URL; no request sampled until a whole push succeeds | test_sglang_failed_push / components/test_sglang_weight_sync.py (servers in processes) |
 | SGLang server that silently keeps an old tensor          | the push's verification fails the iteration naming the server       | test_stale_server_weights / components/test_sglang_weight_sync.py                         |
+| server keeps one old tensor below the probe's tolerance (a norm, the vision tower) | the exact check (checksums before/after the push) names tensor and server | test_stale_tensor_named / components/test_server_verify.py |
+| server loads a push but keeps its old weight_version     | verification fails naming the server and both versions              | test_version_not_applied / components/test_server_verify.py                               |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -340,3 +342,37 @@ def test_stale_server_weights(tiny_model_path, tokenizer):
     finally:
         rollout.close()
         server.stop()
+
+
+def _pushed_twice(tiny_model_path, tokenizer, fault: dict, **rollout_kwargs):
+    """A loopback server with ``fault``; a push of the policy, a small update, a second push (the one checked)."""
+    from components.rollout import SGLangRollout
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    rollout = SGLangRollout(base_url=server.url, backoff=0.01, **rollout_kwargs)
+    try:
+        rollout.setup(tokenizer)
+        rollout.sync_weights(policy)
+        for name, value in fault.items():
+            setattr(server, name, value)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+        rollout.sync_weights(policy)
+    finally:
+        rollout.close()
+        server.stop()
+
+
+def test_stale_tensor_named(tiny_model_path, tokenizer):
+    stale = "model.layers.0.post_attention_layernorm.weight"
+    with pytest.raises(SGLangError, match=rf"kept their checksum on the server: {stale}"):
+        _pushed_twice(tiny_model_path, tokenizer, {"keep_stale": {stale}})  # the default verify_tolerance 0.1
+
+
+def test_version_not_applied(tiny_model_path, tokenizer):
+    with pytest.raises(SGLangError, match=r"answers with weight_version '1' after the push of version 2"):
+        _pushed_twice(tiny_model_path, tokenizer, {"keep_version": True})
