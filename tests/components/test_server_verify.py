@@ -39,6 +39,7 @@ def test_server_names_go_through_the_fusions_and_a_different_root():
             "model.visual.merger.mlp.0.weight",
             "model.norm.weight",
             "model.visual.blocks.0.norm1.weight",
+            "model.layers.2.self_attn.qkv_proj.base_layer.weight",
         ],
         FUSIONS,
     )
@@ -47,6 +48,7 @@ def test_server_names_go_through_the_fusions_and_a_different_root():
     assert names("model.layers.1.mlp.down_proj.weight") == "model.language_model.layers.1.mlp.down_proj.weight"
     assert names("visual.merger.mlp.0.weight") == "model.visual.merger.mlp.0.weight"
     assert names("model.norm.weight") == "model.norm.weight"
+    assert names("model.layers.2.self_attn.v_proj.weight") == "model.layers.2.self_attn.qkv_proj.base_layer.weight"
     assert names("lm_head.weight") is None
 
 

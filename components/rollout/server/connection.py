@@ -3,7 +3,6 @@ request pool, reconnected after ``close``; ``close`` ends what was started."""
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
@@ -39,7 +38,7 @@ class Connection:
                 f"{who}: release_memory is for one colocated training process; with several ranks set it to false"
             )
         if s.launch is not None and rank() == 0:  # one server per job, started by rank 0
-            command = self.engine_type.command(dict(s.launch), s.launch_python or sys.executable)
+            command = self.engine_type.command(dict(s.launch), s.launch_python)
             self.server = LaunchedServer(command, self.engine_type.client_type)
             try:
                 self.server.wait_ready(s.launch_timeout_s)

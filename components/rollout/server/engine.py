@@ -41,8 +41,9 @@ class Engine(ABC):
     # ------------------------------------------------------------------ servers
     @classmethod
     @abstractmethod
-    def command(cls, launch: dict, python: str) -> Command:
-        """How to start a server with ``launch`` (the rollout's ``launch`` argument) under ``python``."""
+    def command(cls, launch: dict, python: str | None) -> Command:
+        """How to start a server with ``launch`` (the rollout's ``launch`` argument) under ``python`` (the rollout's
+        ``launch_python``; None: the engine's default)."""
 
     @abstractmethod
     def health(self, url: str) -> None:

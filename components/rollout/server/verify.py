@@ -9,7 +9,8 @@ changed on the server, under the name the server gives it. A tensor the server d
 named in the error.
 
 Names are matched through the engine's fusions (``layers.0.self_attn.k_proj`` is the server's
-``layers.0.self_attn.qkv_proj``) and then by the longest unique suffix (a server may root its module tree elsewhere:
+``layers.0.self_attn.qkv_proj``; with LoRA enabled vLLM holds it as ``qkv_proj.base_layer``) and then by the longest
+unique suffix (a server may root its module tree elsewhere:
 ``model.visual.`` for ``visual.``, ``model.language_model.layers.`` for ``model.layers.``). A changed tensor the server
 reports no checksum for fails the check: exact means nothing is skipped.
 
@@ -37,22 +38,26 @@ class ServerNames:
                 self._by_suffix[".".join(parts[k:])].add(name)
 
     def __call__(self, pushed: str) -> str | None:
-        for candidate in (pushed, self._fused(pushed)):
-            if candidate in self.names:
-                return candidate
-        for candidate in (pushed, self._fused(pushed)):
+        fused = ".".join(self.fusions.get(part, part) for part in pushed.split("."))
+        for candidate in dict.fromkeys([pushed, fused]):
+            if candidate in self.names or _wrapped(candidate) in self.names:
+                return candidate if candidate in self.names else _wrapped(candidate)
+        for candidate in dict.fromkeys([pushed, fused]):
             parts = candidate.split(".")
             for k in range(1, len(parts) - 1):  # at least a module and the tensor
-                found = self._by_suffix.get(".".join(parts[k:]), set())
+                suffix = ".".join(parts[k:])
+                found = self._by_suffix.get(suffix, set()) | self._by_suffix.get(_wrapped(suffix), set())
                 if len(found) == 1:
                     return next(iter(found))
                 if len(found) > 1:
                     break
         return None
 
-    def _fused(self, name: str) -> str:
-        parts = name.split(".")
-        return ".".join(self.fusions.get(part, part) for part in parts)
+
+def _wrapped(name: str) -> str:
+    """``name`` under ``base_layer``: a layer an engine wraps for LoRA holds its own weight there."""
+    module, _, tensor = name.rpartition(".")
+    return f"{module}.base_layer.{tensor}"
 
 
 def stale_tensors(

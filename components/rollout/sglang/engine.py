@@ -17,6 +17,7 @@ memory        ``/release_memory_occupation``, ``/resume_memory_occupation`` (``-
 
 from __future__ import annotations
 
+import sys
 import uuid
 
 from torch import Tensor
@@ -43,8 +44,8 @@ class SGLangEngine(Engine):
         self._version: int | None = None  # the last version pushed through the group
 
     @classmethod
-    def command(cls, launch: dict, python: str) -> Command:
-        return server.command(launch, python)
+    def command(cls, launch: dict, python: str | None) -> Command:
+        return server.command(launch, python or sys.executable)
 
     def health(self, url: str) -> None:
         self.client.request(url, "/health_generate", method="GET")
