@@ -3,6 +3,7 @@ request pool, reconnected after ``close``; ``close`` ends what was started."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
@@ -24,6 +25,7 @@ class Connection:
         self.client: HTTPClient | None = None
         self.engine: Engine | None = None
         self.pool: ThreadPoolExecutor | None = None
+        self.default_model: str | None = None  # the policy's checkpoint: what a launch serves unless it names one
 
     @property
     def open(self) -> bool:
@@ -38,7 +40,13 @@ class Connection:
                 f"{who}: release_memory is for one colocated training process; with several ranks set it to false"
             )
         if s.launch is not None and rank() == 0:  # one server per job, started by rank 0
-            command = self.engine_type.command(dict(s.launch), s.launch_python)
+            launch = dict(s.launch)
+            if self.default_model is not None:  # a local folder by its absolute path: the server may run elsewhere
+                local = os.path.exists(self.default_model)
+                launch.setdefault(
+                    self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
+                )
+            command = self.engine_type.command(launch, s.launch_python)
             self.server = LaunchedServer(command, self.engine_type.client_type)
             try:
                 self.server.wait_ready(s.launch_timeout_s)

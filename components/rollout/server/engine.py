@@ -26,6 +26,8 @@ class Engine(ABC):
 
     client_type: ClassVar[type[HTTPClient]]
     """The engine's client class (its error class names the engine)."""
+    model_key: ClassVar[str]
+    """The ``launch`` argument naming the checkpoint to serve (the policy's, when ``launch`` leaves it out)."""
     fusions: ClassVar[dict[str, str]] = {}
     """Module names the engine fuses on load, trainer name -> the engine's (``q_proj`` -> ``qkv_proj``): a checksum
     of the fused tensor stands for each of its parts."""

@@ -79,8 +79,8 @@ class ServerRollout(Rollout):
         """
         Args:
             base_url: running server(s) (``http://host:port``) or a router in front of them; prompts are spread over them.
-            launch: instead of ``base_url``, start a server with these arguments (``True`` = bare flag) and stop it on
-                ``close``.
+            launch: instead of ``base_url``, start a server with these arguments (``True`` = bare flag; the checkpoint
+                it serves defaults to the policy's) and stop it on ``close``.
             launch_python: interpreter that has the engine installed (None = this one).
             group_size: responses sampled per prompt (G).
             max_new_tokens: length cap; a response that reaches it without EOS is ``truncated``.
@@ -162,6 +162,7 @@ class ServerRollout(Rollout):
         """Read eos/pad, start the server if asked to, and check every server generates."""
         super().setup(tokenizer)
         self.pusher.tokenizer = tokenizer
+        self.connection.default_model = getattr(tokenizer, "name_or_path", None) or None  # the policy's checkpoint
         if not self.connection.open:
             self._connect()
 

@@ -35,6 +35,7 @@ from .group import WeightGroup
 
 class SGLangEngine(Engine):
     client_type = SGLangClient
+    model_key = "model_path"
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
                "up_proj": "gate_up_proj"}  # fmt: skip
 

@@ -43,6 +43,7 @@ EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sh
 
 class VLLMEngine(Engine):
     client_type = VLLMClient
+    model_key = "model"
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
                "up_proj": "gate_up_proj"}  # fmt: skip
 

@@ -38,8 +38,8 @@ class VLLMRollout(ServerRollout):
                 ``weight_sync: distributed``, ``--weight-transfer-config '{"backend": "lightning_rl"}'`` with
                 ``components/rollout/vllm/plugin`` on its ``PYTHONPATH`` (``launch`` does all of it).
             launch: instead of ``base_url``, start ``python -m vllm.entrypoints.openai.api_server`` with these
-                arguments as flags (``{model: ..., dtype: float32, enforce_eager: true}``; ``True`` = bare flag) and
-                stop it on ``close``.
+                arguments as flags (``{dtype: float32, enforce_eager: true}``; ``True`` = bare flag; ``model``
+                defaults to the policy's checkpoint) and stop it on ``close``.
             launch_python: the interpreter of vLLM's environment (None: ``LIGHTNING_RL_VLLM_PYTHON``, else the one
                 ``make vllm-env`` creates, ``.venv-vllm/bin/python``).
         """
