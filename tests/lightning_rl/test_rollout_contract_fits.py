@@ -34,13 +34,17 @@ def _gaps(logged: dict) -> list[float]:
 def test_asynchronous_training_with_staleness_one(engine, tmp_path):
     extra = [*engine.fit_args(), "--config", str(REPO / "configs/loop/async.yaml"),
              "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
-             "--model.rollout.init_args.backoff=0.05"]  # fmt: skip
+             "--model.rollout.init_args.backoff=0.05", "--model.rollout.init_args.temperature=2.0"]  # fmt: skip
     cli = run_cli("fit", cli_args(tmp_path, engine.model, 4, *extra))
-    assert cli.trainer.global_step == 4 and cli.model.rollout.weight_version == 5  # a first push, then one per update
+    updates = cli.model.loop_state.optimizer_steps["policy"]  # an iteration of degenerate groups skips its update
+    assert cli.trainer.global_step == 4 and updates >= 2 and cli.model.rollout.weight_version == 1 + updates
     logged = scalars(tmp_path)
-    assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0, 1.0]
+    staleness = [v for _, v in logged["async/staleness_max"]]
+    assert len(staleness) == 4 and max(staleness) == 1.0  # sampled one version behind, never more
     gaps = _gaps(logged)
-    assert len(gaps) == 4 and max(gaps) < 1e-4  # every iteration logs the gap; fp32 on both sides
+    # the first iteration trains the weights that sampled it: the gap is the engine's alone (fp32 on both sides);
+    # later ones were sampled one version behind, and the gap is mostly that version's difference
+    assert len(gaps) == updates and gaps[0] < 1e-4
 
 
 @pytest.mark.parametrize("agent", ["agent_calc", "openai_agent"])

@@ -49,5 +49,9 @@ class VLLMRollout(ServerRollout):
                 "VLLMRollout: weight_sync: tensor (CUDA IPC) is not offered for vLLM; use weight_sync: distributed "
                 "(a process group: nccl on GPUs) or disk"
             )
+        if self.params.temperature > 2.0:
+            raise ValueError(
+                f"VLLMRollout: temperature {self.params.temperature} is above vLLM's limit of 2.0 (it refuses the request)"
+            )
         if self.weights.release_memory:
             raise ValueError("VLLMRollout: release_memory is not offered for vLLM; set it to false")
