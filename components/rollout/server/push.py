@@ -2,7 +2,7 @@
 
 From disk (a safetensors folder per version), as `WeightBuckets` (CUDA IPC or a process group, the engine's
 mapping), or a LoRA adapter alone from memory; then, every ``verify_every`` pushes, each server is checked exactly (its
-checksums before and after the push: `verify`) and numerically (the probe: `probe`). In asynchronous training a push
+checksums before and after the push) and numerically (the probe): `checks`. In asynchronous training a push
 also runs while requests are in flight (staged on the trainer's thread and sent from another, interrupting them for
 partial rollouts, or waiting for them).
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -22,15 +21,15 @@ from lightning_rl.core.lora import is_lora
 
 from .adapters import Adapters, adapter_payload
 from .buckets import WeightBuckets
+from .checks import Checks
 from .engine import Engine
 from .fingerprints import Fingerprints
 from .folders import WeightFolders, save_checkpoint
 from .http import ServerError
-from .probe import Probe, check_version, probe_finding, server_continuation, trainer_continuation, trainer_scores
+from .probe import trainer_continuation
 from .push_state import PushState
-from .ranks import agree, rank, several_ranks, share
+from .ranks import agree, rank, several_ranks
 from .settings import Verification, WeightPush
-from .verify import checksum_finding, verdict
 
 
 class Pusher:
@@ -38,22 +37,25 @@ class Pusher:
     ``urls`` (the servers that receive weights) are set when the rollout connects."""
 
     def __init__(self, settings: WeightPush, verification: Verification, owner: object, prefix: str):
-        self.settings, self.verification = settings, verification
+        self.settings = settings
         self.state = PushState()
         self.adapters = Adapters()
         self.folders = WeightFolders(settings.weight_dir, owner, prefix)
         self.engine: Engine | None = None
         self.urls: list[str] = []
-        self.tokenizer = None
+        self.checks = Checks(verification)
         # asynchronous training (from prepare to close): requests may be in flight during a push
         self.overlapping = False
-        self._probe: Probe | None = None
         self._pushed: Fingerprints | None = None  # what the last push sent (rank 0): the base of the next exact check
         self._released = False
 
     @property
     def error(self) -> type[ServerError]:
         return self.engine.client.error
+
+    @property
+    def verification(self) -> Verification:
+        return self.checks.verification
 
     @property
     def _abort(self) -> bool:
@@ -71,7 +73,7 @@ class Pusher:
         before = None
         try:
             if verify and fingerprints is not None and self._pushed is not None:
-                before = {url: engine.checksums(url) for url in urls}
+                before = self.checks.before(engine, urls)
             if adapter:
                 self._push_adapter(policy, f"policy-v{version}", urls)
             elif settings.weight_sync == "disk":
@@ -105,7 +107,9 @@ class Pusher:
             self._pushed = fingerprints
         if verify:  # before the servers release their memory: the probe runs on them
             changed = fingerprints.changed_since(previous) if before is not None else None
-            self._settle(self._verify(policy, None if adapter else version, urls, before, changed))
+            checked = self.checks.after_push(engine, policy, None if adapter else version, urls, before, changed,
+                                             self.adapters.current)  # fmt: skip
+            self._settle(checked)
         self.release_memory()
         if several_ranks():
             dist.barrier()  # no rank samples before every server holds the new weights
@@ -125,13 +129,13 @@ class Pusher:
         previous, self._pushed = self._pushed, fingerprints or self._pushed
         changed = fingerprints.changed_since(previous) if fingerprints is not None else None
         verify = self._verify_due()
-        probe = self._probe_for(policy) if verify else None
+        probe = self.checks.probe_for(policy) if verify else None
         expected = (
             trainer_continuation(policy, probe.prompt, probe.image_inputs) if verify else None
         )  # these weights, not the trainer's later ones
 
         def push() -> None:
-            before = {url: engine.checksums(url) for url in urls} if verify and changed is not None else None
+            before = self.checks.before(engine, urls) if verify and changed is not None else None
             try:
                 engine.push_folder(urls, str(folder), version, abort=self.settings.partial_rollouts)
             except Exception:
@@ -140,7 +144,9 @@ class Pusher:
             self.folders.remove(version - 1)
             self.state.served(version)
             if expected is not None:
-                self._settle(self._staged_checks(probe, *expected, version, urls, before, changed))
+                checked = self.checks.after_staged(engine, probe, *expected, version, urls, before, changed,
+                                                   self.adapters.current)  # fmt: skip
+                self._settle(checked)
 
         return push
 
@@ -169,80 +175,6 @@ class Pusher:
 
     def _verify_due(self) -> bool:
         return self.verification.every > 0 and self.state.count_push() % self.verification.every == 0
-
-    def _probe_for(self, policy: nn.Module) -> Probe:
-        if self._probe is None:
-            self._probe = Probe.for_policy(policy, self.tokenizer)
-        return self._probe
-
-    def _verify(
-        self, policy: nn.Module, version: int | None, urls: list[str], before: dict | None, changed: list[str] | None
-    ) -> BaseException | None:
-        """Both checks of every server: its checksums (rank 0), then the probe: each server continues it, the trainer
-        scores every continuation (on every rank); the failure, or None."""
-        stale, failure = {}, None
-        if rank() == 0 and before is not None and changed is not None:
-            try:
-                stale = self._checksums(urls, before, changed)
-            except ServerError as err:
-                failure = err
-        failure = agree(failure, self.error)
-        if failure is not None:
-            return failure
-        stale = share(stale)
-        probe = self._probe_for(policy)
-        probes: list | BaseException = []
-        if rank() == 0:
-            try:
-                probes = [server_continuation(self.engine, url, probe, self.adapters.current) for url in urls]
-            except ServerError as err:
-                probes = err
-        probes = share(probes)  # the continuations every rank scores
-        if isinstance(probes, BaseException):
-            return probes if rank() == 0 else self.error(str(probes))
-        expected = trainer_scores(policy, probe.prompt, [ids for ids, _, _ in probes], probe.image_inputs)  # (S, R)
-        served = [(url, scores, served_version) for url, (_, scores, served_version) in zip(urls, probes)]
-        return self._judge(served, expected, stale, version)
-
-    def _checksums(self, urls: list[str], before: dict, changed: list[str]) -> dict[str, str | None]:
-        """{url: what its checksums say is missing}; the engine's error when they cannot be read or matched."""
-        return {
-            url: checksum_finding(
-                self.error, url, changed, before[url], self.engine.checksums(url), self.engine.fusions
-            )
-            for url in urls
-        }
-
-    def _judge(self, served: list, expected, stale: dict, version) -> BaseException | None:
-        """The failure of the first server whose version, checksums or probe is wrong, or None."""
-        try:
-            for (url, scores, served_version), mine in zip(served, expected):
-                check_version(self.error, url, served_version, None if version is None else str(version))
-                findings = {
-                    "checksums": stale.get(url),
-                    "probe": probe_finding(scores, mine, self.verification.tolerance),
-                }
-                failure = verdict(self.error, url, version, findings)
-                if failure is not None:
-                    return failure
-        except ServerError as err:
-            return err
-        return None
-
-    def _staged_checks(self, probe, continuation, expected, version: int, urls, before, changed):
-        """A staged push (one process): its checksums, and every server scores the trainer's continuation, written
-        when the push was staged."""
-        try:
-            stale = self._checksums(urls, before, changed) if before is not None else {}
-            served = []
-            for url in urls:
-                scores, served_version = self.engine.score(
-                    url, probe.prompt, continuation, probe.image_data, self.adapters.current
-                )
-                served.append((url, torch.tensor(scores), served_version))
-        except ServerError as err:
-            return err
-        return self._judge(served, [expected] * len(urls), stale, version)
 
     # ------------------------------------------------------------------ colocated memory
     def resume_memory(self) -> None:

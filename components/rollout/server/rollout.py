@@ -161,7 +161,7 @@ class ServerRollout(Rollout):
     def setup(self, tokenizer) -> None:
         """Read eos/pad, start the server if asked to, and check every server generates."""
         super().setup(tokenizer)
-        self.pusher.tokenizer = tokenizer
+        self.pusher.checks.tokenizer = tokenizer
         self.connection.default_model = getattr(tokenizer, "name_or_path", None) or None  # the policy's checkpoint
         if not self.connection.open:
             self._connect()
