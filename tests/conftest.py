@@ -57,3 +57,6 @@ def tiny_vlm3_path(tmp_path_factory) -> str:
     from lightning_rl.recipes.tiny_vlm import save_tiny_vlm
 
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen3-vl"), "qwen3_vl", seed=0)
+
+
+from tests.fixtures.vllm_server import vllm_server  # noqa: E402, F401 (the run's one real vLLM server, session-scoped)

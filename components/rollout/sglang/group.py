@@ -25,64 +25,21 @@ gathered while bucket k is on the wire, so at most two buckets of full tensors e
 
 from __future__ import annotations
 
-import socket
-import threading
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator
-from urllib.parse import urlsplit
+from typing import Iterator
 
 import torch.distributed as dist
 from torch import Tensor
 
-from .buckets import Weight, metadata
+from ..server.buckets import Weight, drain
+from ..server.group import address_towards, in_background, join_as_rank_zero, rank_layout
+from ..server.launch import free_port
+from .buckets import metadata
 from .client import SGLangClient, SGLangError
-from .server import free_port
 from .weights import succeeded, tp_size
 
-
-def address_towards(url: str) -> str:
-    """This host's address on the route to ``url``'s host (what a server there can connect back to)."""
-    parts = urlsplit(url)
-    with socket.socket(socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((parts.hostname, parts.port or 80))  # UDP: picks the route, sends nothing
-        return sock.getsockname()[0]
-
-
-def rank_layout(tp_sizes: list[int]) -> tuple[list[int], int]:
-    """Each server's rank offset and the group's world size: the trainer is rank 0, then each server's tensor-parallel
-    ranks in turn (server i's rank_offset = 1 + the tp sizes of the servers before it)."""
-    return [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))], 1 + sum(tp_sizes)
-
-
-def in_background(fn: Callable[..., Any], *args, **kwargs) -> Future:
-    """``fn(*args, **kwargs)`` on a daemon thread: a rendezvous or a request left waiting by a failed push must not
-    hold the process at exit (a pool's threads are joined there)."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as err:  # noqa: BLE001 (handed to whoever waits)
-            future.set_exception(err)
-
-    threading.Thread(target=run, daemon=True, name="sglang-weight-group").start()
-    return future
-
-
-def _join_as_rank_zero(backend: str, address: str, port: int, world_size: int, name: str, timeout: timedelta):
-    """Rank 0 of the group the servers create with SGLang's ``init_custom_process_group``: the same rendezvous, the
-    same store prefixes (the group name, then torch's own), a group registered apart from any default group."""
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
-
-    host = f"[{address}]" if ":" in address else address
-    store, _, _ = next(rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    group, _ = _new_process_group_helper(
-        world_size, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, timeout=timeout
-    )
-    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
-    return group
+__all__ = ["WeightGroup", "address_towards", "drain", "rank_layout"]
 
 
 class WeightGroup:
@@ -145,7 +102,7 @@ class WeightGroup:
             )  # fmt: skip
             for url, offset in zip(urls, offsets)
         ]
-        mine = in_background(_join_as_rank_zero, backend, address, port, world_size, name, timeout)
+        mine = in_background(join_as_rank_zero, backend, address, port, world_size, name, timeout)
         wait([mine, *joins], return_when=FIRST_EXCEPTION)
         failed = [(url, f.exception()) for url, f in zip(urls, joins) if f.done() and f.exception() is not None]
         if failed or (mine.done() and mine.exception() is not None):
@@ -246,9 +203,3 @@ class WeightGroup:
                 )
             except SGLangError:
                 pass
-
-
-def drain(tensors: Iterable) -> None:
-    """Take part in every gather of a push without sending (trainer ranks other than 0)."""
-    for _ in tensors:
-        pass

@@ -1,22 +1,19 @@
 """Getting the trainer's weights to SGLang: a Hugging Face checkpoint on disk, or tensors by CUDA IPC.
 
-Disk (portable: any host that reads the directory). ``save_pretrained`` writes safetensors; SGLang's
-``POST /update_weights_from_disk`` takes ``{model_path, load_format, abort_all_requests,
-weight_version, flush_cache}`` (``UpdateWeightFromDiskReqInput`` in ``sglang/srt/managers/io_struct.py``)
-and needs no weight-update session.
+Disk (portable: any host that reads the directory). SGLang's ``POST /update_weights_from_disk`` takes ``{model_path,
+load_format, abort_all_requests, weight_version, flush_cache}`` (``UpdateWeightFromDiskReqInput`` in
+``sglang/srt/managers/io_struct.py``) and needs no weight-update session; SGLang applies it once the requests in
+flight are answered (or ends them first, ``abort_all_requests``) and holds new ones until it is done.
 
-Tensor (the server shares this host and GPU). ``POST /update_weights_from_tensor`` takes
-``serialized_named_tensors``: one entry per tensor-parallel rank, each the base64 text of a
-``ForkingPickler`` dump of ``[(name, tensor), ...]`` (SGLang's ``MultiprocessingSerializer``). For CUDA
-tensors the pickle holds CUDA IPC handles, not data, so the server maps the trainer's memory: same host
-only. SGLang's scheduler asserts an open ``/begin_weight_update`` ... ``/end_weight_update`` session
-around tensor (and distributed) updates (``SchedulerWeightUpdaterManager``); disk updates need none.
+Tensor (the server shares this host and GPU). ``POST /update_weights_from_tensor`` takes ``serialized_named_tensors``:
+one entry per tensor-parallel rank, each the base64 text of a ``ForkingPickler`` dump of ``[(name, tensor), ...]``
+(SGLang's ``MultiprocessingSerializer``). For CUDA tensors the pickle holds CUDA IPC handles, not data, so the server
+maps the trainer's memory: same host only. SGLang's scheduler asserts an open ``/begin_weight_update`` ...
+``/end_weight_update`` session around tensor (and distributed) updates (``SchedulerWeightUpdaterManager``); disk
+updates need none.
 
-CPU tensors cannot take that road to another process (multiprocessing's shared-memory handover needs the
-server to be our child: SGLang answers "digest sent was rejected"), so tensor sync of a policy on the CPU is refused.
-
-LoRA policies with ``lora_sync="merged"``: the adapters are folded into the base (W + alpha/r B A) and the full
-weights go out as without LoRA (``lora_sync="adapter"``: `adapters`).
+CPU tensors cannot take that road to another process (multiprocessing's shared-memory handover needs the server to be
+our child: SGLang answers "digest sent was rejected"), so tensor sync of a policy on the CPU is refused.
 """
 
 from __future__ import annotations
@@ -24,39 +21,13 @@ from __future__ import annotations
 import base64
 import io
 from multiprocessing.reduction import ForkingPickler
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from lightning_rl.core.lora import is_lora, merged_state_dict
-
-from .buckets import gather, plan_buckets
+from ..server.buckets import WeightBuckets
 from .client import RETRY_STATUSES, SGLangClient, SGLangError
-
-
-def rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def full_state_dict(policy: nn.Module) -> dict[str, Tensor]:
-    """Unsharded weights as the server names them (LoRA adapters merged); under torch.distributed a collective
-    (every rank calls it), gathered to CPU."""
-    if not (dist.is_available() and dist.is_initialized()):
-        state = policy.state_dict()
-    else:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return merged_state_dict(policy, state) if is_lora(policy) else state
-
-
-def save_checkpoint(policy: nn.Module, directory: str) -> None:
-    """Write ``policy`` as a Hugging Face checkpoint (config + safetensors); rank 0 writes, every rank gathers."""
-    state = full_state_dict(policy)
-    if rank() == 0:
-        policy.save_pretrained(directory, state_dict=state)
 
 
 def serialize_named_tensors(named: list[tuple[str, Tensor]]) -> str:
@@ -74,25 +45,26 @@ def serialize_named_tensors(named: list[tuple[str, Tensor]]) -> str:
     return MultiprocessingSerializer.serialize(named, output_str=True)
 
 
-def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
-    """The policy's weights as ``(name, tensor)`` lists of about ``bucket_bytes`` each (one request per bucket)."""
-    state = policy.state_dict(keep_vars=True)
-    for name, tensor in state.items():
+def plain(weights: WeightBuckets) -> WeightBuckets:
+    """``weights``, refused when a tensor is sharded: CUDA IPC hands over one process's memory as it is."""
+    for name, tensor in weights.state.items():
         if hasattr(tensor, "full_tensor"):
             raise ValueError(
-                f"SGLangRollout weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
+                f"weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
                 "use weight_sync: distributed (or disk) with sharded (FSDP) policies"
             )
-    for bucket in plan_buckets(policy, bucket_bytes):
-        yield [(w.name, t) for w, t in zip(bucket, gather(state, bucket))]
+    return weights
+
+
+def tensor_buckets(policy: nn.Module, bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+    """The policy's weights as ``(name, tensor)`` lists of about ``bucket_bytes`` each (one request per bucket)."""
+    return iter(plain(WeightBuckets(policy, bucket_bytes)))
 
 
 @torch.no_grad()
-def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_version: str) -> Iterator[dict]:
+def payloads(buckets: Iterable[list[tuple[str, Tensor]]], tp_size: int, weight_version: str) -> Iterator[dict]:
     """``/update_weights_from_tensor`` request bodies; the last one carries the new ``weight_version``."""
-    buckets = list(
-        tensor_buckets(policy, bucket_bytes)
-    )  # references (merged LoRA weights: copies) kept until the server has them
+    buckets = list(buckets)  # references (merged LoRA weights: copies) kept until the server has them
     for i, bucket in enumerate(buckets):
         serialized = serialize_named_tensors(bucket)
         last = i == len(buckets) - 1
@@ -104,6 +76,10 @@ def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_v
         }
 
 
+def tensor_payloads(policy: nn.Module, bucket_bytes: int, tp_size: int, weight_version: str) -> Iterator[dict]:
+    return payloads(tensor_buckets(policy, bucket_bytes), tp_size, weight_version)
+
+
 def push_from_disk(client: SGLangClient, urls: list[str], directory: str, version: str, abort: bool = False) -> None:
     """``abort``: end the requests in flight first (partial rollouts continue them with the new weights); otherwise
     the server applies the update once they finish, and holds new requests until it is done."""
@@ -112,17 +88,23 @@ def push_from_disk(client: SGLangClient, urls: list[str], directory: str, versio
         client.request(url, "/update_weights_from_disk", body, check=succeeded(url))
 
 
-def push_tensors(
-    client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False
+def send_tensors(
+    client: SGLangClient, url: str, buckets: Iterable[list[tuple[str, Tensor]]], version: str, abort: bool = False
 ) -> None:
     """One ``/begin_weight_update`` ... ``/end_weight_update`` session of ``/update_weights_from_tensor`` requests."""
     client.request(url, "/begin_weight_update", {}, check=succeeded(url))
     try:
-        for i, body in enumerate(tensor_payloads(policy, bucket_bytes, tp_size(client, url), version)):
+        for i, body in enumerate(payloads(buckets, tp_size(client, url), version)):
             body["abort_all_requests"] = abort and i == 0
             client.request(url, "/update_weights_from_tensor", body, check=succeeded(url))
     finally:
         client.request(url, "/end_weight_update", {}, check=succeeded(url))
+
+
+def push_tensors(
+    client: SGLangClient, url: str, policy: nn.Module, version: str, bucket_bytes: int, abort: bool = False
+) -> None:
+    send_tensors(client, url, tensor_buckets(policy, bucket_bytes), version, abort)
 
 
 def tp_size(client: SGLangClient, url: str) -> int:

@@ -1,0 +1,78 @@
+"""`Connection`: a rollout's servers: one started if asked to (rank 0), every one checked to generate, a client and a
+request pool, reconnected after ``close``; ``close`` ends what was started."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch.distributed as dist
+
+from .engine import Engine
+from .http import HTTPClient
+from .launch import LaunchedServer
+from .ranks import rank, share
+from .settings import Servers, WeightPush
+
+
+class Connection:
+    """``urls``: where requests go (a launched server's own address once started); ``engine`` talks to them."""
+
+    def __init__(self, servers: Servers, engine_type: type[Engine], push: WeightPush):
+        self.settings, self.engine_type, self.push = servers, engine_type, push
+        self.urls = list(servers.urls)
+        self.server: LaunchedServer | None = None
+        self.client: HTTPClient | None = None
+        self.engine: Engine | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.default_model: str | None = None  # the policy's checkpoint: what a launch serves unless it names one
+
+    @property
+    def open(self) -> bool:
+        return self.client is not None
+
+    def connect(self, who: str, release_memory: bool) -> bool:
+        """Start the server if asked to, build the client, check every server; True when the servers are new (a
+        launched one holds its launch checkpoint)."""
+        s = self.settings
+        if release_memory and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise ValueError(
+                f"{who}: release_memory is for one colocated training process; with several ranks set it to false"
+            )
+        if s.launch is not None and rank() == 0:  # one server per job, started by rank 0
+            launch = dict(s.launch)
+            if self.default_model is not None:  # a local folder by its absolute path: the server may run elsewhere
+                local = os.path.exists(self.default_model)
+                launch.setdefault(
+                    self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
+                )
+            command = self.engine_type.command(launch, s.launch_python)
+            self.server = LaunchedServer(command, self.engine_type.client_type)
+            try:
+                self.server.wait_ready(s.launch_timeout_s)
+            except BaseException:
+                self.server.close()
+                self.server = None
+                raise
+        if s.launch is not None:
+            self.urls = [share(self.server.url if self.server is not None else None)]
+        self.client = self.engine_type.client_type(s.timeout_s, s.max_retries, s.backoff, death_note=self._death_note)
+        self.engine = self.engine_type(self.client, self.push)
+        self.pool = ThreadPoolExecutor(s.max_concurrency, thread_name_prefix=f"{self.engine.name.lower()}-rollout")
+        for url in self.urls:
+            self.engine.health(url)
+        return s.launch is not None
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        self.client = None
+
+    def _death_note(self, url: str) -> str | None:
+        return self.server.death_note() if self.server is not None and url == self.server.url else None

@@ -1,0 +1,55 @@
+"""Waiting for the requests of one rollout, spread over the servers: every answer or the first failure, a progress
+line while it is slow, and a deadline."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from typing import Any
+
+from .http import ServerError
+
+log = logging.getLogger(__name__)
+
+
+def wait_for_answers(
+    futures: list[Future], deadline_s: float, progress_every_s: float, urls: list[str], error: type[ServerError]
+) -> list[Any]:
+    """Every future's result, in order; the first failure is raised at once.
+
+    While requests are outstanding, a progress line (answered / pending, seconds waited) is logged every
+    ``progress_every_s``; past ``deadline_s`` the wait ends with ``error`` (a stopped or hung server otherwise means
+    silence for up to ``(max_retries + 1) * timeout_s`` per request).
+    """
+    start = time.monotonic()
+    pending = set(futures)
+    while pending:
+        waited = time.monotonic() - start
+        if waited >= deadline_s:
+            for f in futures:
+                f.cancel()
+            raise error(
+                f"{error.engine} rollout: {len(futures) - len(pending)}/{len(futures)} requests answered within "
+                f"deadline_s={deadline_s:g} s (model.rollout.init_args.deadline_s) from {', '.join(urls)}. A server may "
+                "be stalled (stopped process, hung GPU, overloaded): check its log and health, or raise deadline_s for "
+                "very long generations."
+            )
+        done, pending = wait(pending, timeout=min(progress_every_s, deadline_s - waited), return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                for other in futures:
+                    other.cancel()
+                raise f.exception()
+        if pending and time.monotonic() - start >= progress_every_s:
+            log.warning(
+                "%s rollout: waiting %.0f s for %s: %d/%d requests answered, %d pending (deadline_s=%g)",
+                error.engine,
+                time.monotonic() - start,
+                ", ".join(urls),
+                len(futures) - len(pending),
+                len(futures),
+                len(pending),
+                deadline_s,
+            )
+    return [f.result() for f in futures]

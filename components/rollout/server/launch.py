@@ -1,0 +1,141 @@
+"""Launching an inference server as a child process, waiting until it answers its health check, stopping it.
+
+An engine pins its own torch (and CUDA stack), so ``python`` is usually the interpreter of a separate environment that
+has the engine installed. The server and the processes it spawns (scheduler, detokenizer, engine core) share a new
+process group, which `LaunchedServer.close` terminates as a whole.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .http import HTTPClient, ServerError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def server_argv(args: dict[str, Any]) -> list[str]:
+    """``{"model_path": p, "enable_memory_saver": True}`` -> ``["--model-path", p, "--enable-memory-saver"]``.
+
+    ``True`` is a bare flag, ``False``/``None`` leave the flag out, a list gives one value each.
+    """
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+@dataclass(frozen=True)
+class Command:
+    """How to start one server: its argv, the environment variables it adds, where it will listen and what answers
+    once it is ready."""
+
+    argv: list[str]
+    url: str
+    health_path: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class LaunchedServer:
+    """One server started by the rollout; ``url`` is where it listens."""
+
+    def __init__(self, command: Command, client: type[HTTPClient], log_dir: str | None = None):
+        self.command, self.url, self._client = command, command.url, client
+        engine = client.error.engine
+        port = command.url.rsplit(":", 1)[-1]
+        folder = log_dir or tempfile.mkdtemp(prefix=f"lightning_rl_{engine.lower()}_")
+        self.log_path = Path(folder) / f"{engine.lower()}_{port}.log"
+        self._log = open(self.log_path, "ab")
+        try:
+            self.process = subprocess.Popen(
+                command.argv,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **command.env},
+            )
+        except OSError as err:
+            self._log.close()
+            raise client.error(
+                f"could not start the {engine} server ({' '.join(command.argv)}): {err}. "
+                f"Set launch_python to an interpreter with {engine} installed."
+            ) from err
+        atexit.register(self.close)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def death_note(self) -> str | None:
+        """Why the server is gone (exit code and log tail), or None while its process runs."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return (
+            f"The {self._client.error.engine} server launched by the rollout exited with code {code}; "
+            f"log {self.log_path}, last lines:\n{self.log_tail()}"
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll ``GET <health_path>`` until it answers 200."""
+        deadline = time.monotonic() + timeout_s
+        probe = self._client(timeout_s=30.0, max_retries=0, backoff=0.0)
+        path = self.command.health_path
+        while True:
+            note = self.death_note()
+            if note is not None:
+                raise probe.fail(self.url, f" did not start. {note}")
+            try:
+                probe.request(self.url, path, method="GET")
+                return
+            except ServerError:
+                if time.monotonic() > deadline:
+                    raise probe.fail(
+                        self.url,
+                        f" did not answer {path} within launch_timeout_s={timeout_s}; "
+                        f"log {self.log_path}, last lines:\n{self.log_tail()}",
+                    ) from None
+            time.sleep(1.0)
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to the whole process group, SIGKILL to what is left after ``grace_s`` seconds."""
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.process.pid, signal.SIGKILL)  # stragglers (scheduler, detokenizer)
+        self.process.wait()
+        self._log.close()
+        atexit.unregister(self.close)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,313 @@
+"""`ServerRollout`: sampling on inference servers over HTTP (token ids in, token ids and log-probs out), the policy's
+weights pushed to them after every update; the engine (`Engine`) is a subclass's choice.
+
+An engine pins its own torch (and CUDA stack), so it runs out of process: servers already running (``base_url``, or
+a router in front of them), or one launched here (``launch``). Every optimize phase ends with ``sync_weights``, which
+pushes the policy as weight version v + 1 and checks it arrived; every batch carries the version that sampled it, and
+an answer from any other version is an error rather than a silently stale sample.
+
+Departures from `HFRollout`: the samples come with the sampler's own log-probs (``rollout_logprobs``, always), and an
+EOS sampled exactly at ``max_new_tokens`` is not ``truncated`` (see `to_batch`). A prompt's images go with its token
+ids (base64 PNG data URLs); the server computes their pixels with its own processor.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from torch import nn
+
+from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.sampling import SamplingParams
+
+from ..base import Rollout, configured_params
+from .connection import Connection
+from .engine import Engine
+from .fanout import wait_for_answers
+from .generation import sample
+from .push import Pusher
+from .samples import Request, Sample, image_data, to_batch
+from .settings import Servers, Verification, WeightPush
+
+
+class ServerRollout(Rollout):
+    """Sample ``group_size`` responses per prompt from inference servers; push the policy's weights after every update.
+
+    ``rollout_logprobs`` are the sampler's own: the trainer/sampler mismatch is logged as ``rollout/logprob_diff_*``
+    and TIS/MIS can correct for it.
+    """
+
+    samples_in_process = False
+    engine_type: ClassVar[type[Engine]]
+
+    def __init__(
+        self,
+        base_url: str | list[str] | None = None,
+        launch: dict | None = None,
+        launch_python: str | None = None,
+        group_size: int = 8,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: list[int] | None = None,
+        greedy_baseline: bool = False,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        max_concurrency: int = 64,
+        weight_sync: Literal["disk", "tensor", "distributed"] = "disk",
+        weight_dir: str | None = None,
+        weight_update_urls: list[str] | None = None,
+        bucket_mb: float = 512,
+        master_address: str | None = None,
+        master_port: int | None = None,
+        group_backend: Literal["nccl", "gloo"] | None = None,
+        group_per_server: bool | None = None,
+        verify_every: int = 1,
+        verify_tolerance: float = 0.1,
+        verify_checksums: bool = True,
+        flush_cache: bool = True,
+        release_memory: bool = False,
+        sync_before_first_rollout: bool = True,
+        launch_timeout_s: float = 900.0,
+        lora_sync: Literal["adapter", "merged"] = "adapter",
+        deadline_s: float = 1800.0,
+        progress_every_s: float = 60.0,
+        partial_rollouts: bool = False,
+    ):
+        """
+        Args:
+            base_url: running server(s) (``http://host:port``) or a router in front of them; prompts are spread over them.
+            launch: instead of ``base_url``, start a server with these arguments (``True`` = bare flag; the checkpoint
+                it serves defaults to the policy's) and stop it on ``close``.
+            launch_python: interpreter that has the engine installed (None = this one).
+            group_size: responses sampled per prompt (G).
+            max_new_tokens: length cap; a response that reaches it without EOS is ``truncated``.
+            temperature: sampling temperature; 0 means greedy.
+            top_p: nucleus sampling mass (1.0 = off).
+            top_k: top-k sampling (0 = off).
+            stop_token_ids: extra token ids that end a response, besides the tokenizer's EOS.
+            greedy_baseline: also decode one greedy response per prompt, appended to its group and
+                flagged ``is_greedy`` (the ReMax baseline); it never enters the loss.
+            timeout_s: seconds to wait for one answer (a whole generate request or a weight update).
+            max_retries: extra attempts after a timeout, a dropped connection, a 5xx or an aborted request.
+            backoff: seconds before the first retry, doubled for each further one.
+            max_concurrency: requests in flight at once, over all servers.
+            weight_sync: ``disk`` (save safetensors to ``weight_dir``, the server loads them), ``tensor``
+                (CUDA IPC: the server must share this host and GPU) or ``distributed`` (rank 0 and every server
+                in process groups; each push is broadcast bucket by bucket: no folder, servers on any host).
+            weight_dir: directory the servers can read, for ``disk`` (None = a temporary one, same host only).
+            weight_update_urls: servers that receive weight updates (None = ``base_url``); list the
+                workers here when ``base_url`` is a router.
+            bucket_mb: size of one weight-update request (``tensor``, ``distributed``); with FSDP2 a ``distributed``
+                push holds at most two buckets of full (gathered) tensors at a time.
+            master_address: for ``distributed``, this host's address as the servers reach it (rank 0 hosts the
+                group's rendezvous; None = the address on the route to the first server).
+            master_port: for ``distributed``, the rendezvous port on ``master_address`` (None = a free one); with a
+                group per server, server i's group meets at ``master_port + i``.
+            group_backend: for ``distributed``, ``nccl`` or ``gloo`` (None = nccl when the policy is on a GPU).
+            group_per_server: for ``distributed``, each server in a group of its own with rank 0, broadcast to all at
+                once, instead of one group of all (None = per server with gloo, whose broadcast sends to the servers
+                one after the other; one group with NCCL, which pipelines the broadcast through the servers).
+            verify_every: after every N-th push, check each server holds the pushed weights (0 = never); a mismatch
+                fails the iteration. Two checks: the server's own checksums (``verify_checksums``) and a probe, the
+                log-probs of its greedy continuation of a fixed prompt (and picture, for a vision-language policy)
+                against the trainer's.
+            verify_tolerance: largest mean |log-prob difference| on the probe that passes (an fp32 sampler ~1e-6, a
+                bf16 one about rollout/logprob_diff_mean; set a few times that).
+            verify_checksums: the exact check: every tensor the trainer changed since the push before must have
+                changed on the server (its checksums before and after the push, names mapped through the engine's
+                fusions); a tensor it did not load is named.
+            flush_cache: drop the servers' prefix cache after each update (it holds KV of the old weights).
+            release_memory: release the servers' GPU memory between rollouts and resume it before the next
+                (colocated training; the engine must support it).
+            sync_before_first_rollout: push the policy's weights before the first rollout, so a server
+                started from another checkpoint (or a resumed run) samples from the trained policy.
+            launch_timeout_s: seconds to wait for a launched server to answer its health check.
+            lora_sync: for a LoRA policy, push the adapter alone (``adapter``: from memory; the server must run with
+                LoRA enabled and a rank covering the adapter's) or the base with the adapters merged in
+                (``merged``: as ``weight_sync``).
+            deadline_s: seconds one rollout (every request of a batch, retries included) may take before it fails.
+            progress_every_s: while a rollout is slower than this, log its progress (answered / pending) this often.
+            partial_rollouts: asynchronous training (``loop.max_staleness`` > 0): a weight push interrupts the
+                requests in flight, which then continue with the new weights; each token keeps the version that
+                sampled it (``token_versions``) and its log-prob under that version, so the off-policy correction is
+                per token. False: a push waits for the requests in flight, and every response comes from one version.
+        """
+        who = type(self).__name__
+        self.params = configured_params(
+            who, group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline
+        )
+        self.servers = Servers(
+            Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
+            max_concurrency, deadline_s, progress_every_s,
+        )  # fmt: skip
+        update_urls = Servers.urls_of(weight_update_urls) or None
+        self.weights = WeightPush(
+            weight_sync, weight_dir, update_urls, bucket_mb, master_address, master_port, group_backend,
+            group_per_server, flush_cache, release_memory, sync_before_first_rollout, lora_sync, partial_rollouts,
+        )  # fmt: skip
+        self.verification = Verification(verify_every, verify_tolerance, verify_checksums)
+        for settings in (self.servers, self.weights, self.verification):
+            settings.check(who)
+        self.provides = (
+            Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+        )
+        self.connection = Connection(self.servers, self.engine_type, self.weights)
+        self.pusher = Pusher(self.weights, self.verification, self, f"lightning_rl_{who.lower()}_weights_")
+
+    # ------------------------------------------------------------------ life
+    def setup(self, tokenizer) -> None:
+        """Read eos/pad, start the server if asked to, and check every server generates."""
+        super().setup(tokenizer)
+        self.pusher.checks.tokenizer = tokenizer
+        self.connection.default_model = getattr(tokenizer, "name_or_path", None) or None  # the policy's checkpoint
+        if not self.connection.open:
+            self._connect()
+
+    def _connect(self) -> None:
+        fresh = self.connection.connect(type(self).__name__, self.weights.release_memory)
+        if fresh:
+            self.pusher.forget_servers()
+        self.pusher.engine = self.connection.engine
+        self.pusher.urls = list(self.weights.weight_update_urls or self.connection.urls)
+
+    def _connected(self) -> None:
+        if not self.connection.open:
+            if not hasattr(self, "eos_token_id"):
+                raise RuntimeError(
+                    f"{type(self).__name__}.setup(tokenizer) must run before generate/sync_weights "
+                    "(RLModule.configure_model calls it)"
+                )
+            self._connect()  # used again after close() (e.g. trainer.validate after trainer.fit)
+
+    def prepare(self, policy: nn.Module, max_staleness: int = 1) -> None:
+        """Asynchronous training: connect and push the first weights here, on the trainer's thread; from now until
+        ``close`` requests may be in flight during a push (no separate cache flush; partial rollouts interrupt them).
+        A LoRA adapter push keeps the ``max_staleness + 1`` newest adapters loaded: requests in flight finish on theirs."""
+        self.pusher.adapters.keep = max_staleness + 1
+        self._connected()
+        if self.pusher.state.view().needs_sync and self.weights.sync_before_first_rollout:
+            self.sync_weights(policy)
+        self.pusher.overlapping = True
+
+    def close(self) -> None:
+        self.pusher.overlapping = False
+        self.connection.close()
+        self.pusher.folders.close()
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, policy: nn.Module) -> None:
+        """Push ``policy``'s weights to every server as ``weight_version + 1`` (rank 0 pushes, all ranks wait)."""
+        self._connected()
+        self.pusher.sync(policy)
+
+    def stage_weights(self, policy: nn.Module):
+        self._connected()
+        return self.pusher.stage(policy)
+
+    @property
+    def weight_version(self) -> int:
+        """The last version every server holds (0: their launch weights)."""
+        return self.pusher.state.version
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
+        params = params or self.params
+        self._connected()
+        state = self.pusher.state.view()
+        if (state.needs_sync and self.weights.sync_before_first_rollout) or (
+            state.failed and not self.pusher.overlapping
+        ):
+            # after a failed push: the whole policy again, so no server samples from part of one
+            self.sync_weights(policy)
+        n_prompts = len(prompts)
+        # left padding stripped
+        unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
+        images = (
+            [image_data(im) if im else None for im in prompts.images]
+            if prompts.images is not None
+            else [None] * n_prompts
+        )
+        jobs = [(p, params.samples_per_prompt, params.sampling_temperature, im) for p, im in zip(unpadded, images)]
+        if params.with_baseline:
+            jobs += [(p, 1, 0.0, im) for p, im in zip(unpadded, images)]
+        self.pusher.resume_memory()
+        version = self.pusher.state.version  # read before the requests: a push may land while they run
+        answers = self._run(jobs, version, params)
+        self.pusher.release_memory()
+        groups = [answers[i] + (answers[n_prompts + i] if params.with_baseline else []) for i in range(n_prompts)]
+        samples = [s for group in groups for s in group]  # prompt-major
+        return to_batch(
+            prompts,
+            samples,
+            params.rows_per_prompt,
+            params.with_baseline,
+            params.eos_ids(self.eos_token_id),
+            self.pad_token_id,
+            version,
+        )
+
+    def _run(
+        self, jobs: list[tuple[list[int], int, float, list[str] | None]], version: int, params: SamplingParams
+    ) -> list[list[Sample]]:
+        """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
+        connection, adapter = self.connection, self.pusher.adapters.current
+        # an adapter's name carries its version: the server's own weight version does not change on adapter loads
+        check, partial = adapter is None, self.weights.partial_rollouts and self.pusher.overlapping
+        futures = []
+        for i, (input_ids, n, temperature, images) in enumerate(jobs):
+            request = Request(
+                input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
+                list(params.stop_token_ids), images,
+            )  # fmt: skip
+            url = connection.urls[i % len(connection.urls)]
+            futures.append(
+                connection.pool.submit(sample, connection.engine, url, request, version, adapter, partial, check)
+            )
+        try:  # never a partial batch: the first failure fails the rollout
+            return wait_for_answers(
+                futures, self.servers.deadline_s, self.servers.progress_every_s, connection.urls,
+                connection.client.error,
+            )  # fmt: skip
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+    # ------------------------------------------------------------------ what tests and tools read
+    @property
+    def urls(self) -> list[str]:
+        return self.connection.urls
+
+    @property
+    def client(self):
+        return self.connection.client
+
+    @property
+    def server(self):
+        return self.connection.server
+
+    @property
+    def adapter_name(self) -> str | None:
+        return self.pusher.adapters.current
+
+    @property
+    def overlapping(self) -> bool:
+        return self.pusher.overlapping
+
+    @property
+    def _push_failed(self) -> bool:
+        return self.pusher.state.failed
+
+    @property
+    def _pool(self):
+        return self.connection.pool
+
+    @property
+    def _own_dir(self) -> str | None:
+        return self.pusher.folders.own
+
+    def _checkpoint_dir(self, version: str):
+        return self.pusher.folders.version(version)

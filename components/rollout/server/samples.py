@@ -1,0 +1,105 @@
+"""What one generation request asks of an engine (`Request`), what it answers (`Answer`), and the answers of a rollout
+turned into a `RolloutBatch` (`to_batch`).
+
+Every engine is sent the unpadded prompt ids (never re-tokenised text) with an explicit ``max_new_tokens``, and
+answers each sample's token ids with the log-prob of every sampled token under the weights that sampled it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from lightning_rl.core.batch import Prompts, RolloutBatch
+
+from ..base import response_mask_from_eos
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt's ``n`` samples. ``temperature`` 0 is greedy (untempered log-probs); ``top_k`` 0 is off."""
+
+    input_ids: list[int]
+    n: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    images: list[str] | None = None  # the prompt's images as `image_data` entries (base64 PNG data URLs)
+    ignore_eos: bool = False
+
+
+class Answer(NamedTuple):
+    """One sample as the server answered it."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: str  # stop | length | abort (interrupted by a weight push: the tokens so far)
+    weight_version: str | None  # the server's weight version, when its answers carry one
+
+
+class Sample(NamedTuple):
+    ids: list[int]
+    logprobs: list[float]
+    finish: str  # stop | length (| abort, before a partial response is continued)
+    versions: list[int]  # per token: the weight version that sampled it
+
+
+def image_data(images: list) -> list[str]:
+    """A prompt's images as base64 PNG data URLs (lossless: the server decodes the pixels the trainer read)."""
+    import base64
+    import io
+
+    urls = []
+    for image in images:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        urls.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    return urls
+
+
+def to_batch(
+    prompts: Prompts,
+    samples: list[Sample],
+    rows: int,
+    greedy_last: bool,
+    eos_ids: list[int],
+    pad_token_id: int,
+    version: int,
+) -> RolloutBatch:
+    """Prompt-major ``samples`` (``rows`` per prompt; the last one greedy when ``greedy_last``) -> a batch of B = P_n * rows.
+
+    ``response_mask`` covers what the server sampled, up to and including the first EOS. ``truncated``
+    = finish ``length`` and no EOS: an engine may check the length cap before the stop tokens (SGLang does), so an
+    EOS sampled exactly at ``max_new_tokens`` can come back as ``length``, yet that response is complete.
+    """
+    b, n_prompts = len(samples), len(prompts)
+    width = max(1, max(len(s.ids) for s in samples))
+    response_ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    logprobs = torch.zeros(b, width)
+    token_versions = torch.full((b, width), version, dtype=torch.long)  # padding: the request's version
+    for i, s in enumerate(samples):
+        response_ids[i, : len(s.ids)] = torch.tensor(s.ids, dtype=torch.long)
+        logprobs[i, : len(s.ids)] = torch.tensor(s.logprobs)
+        token_versions[i, : len(s.ids)] = torch.tensor(s.versions, dtype=torch.long)
+    lengths = torch.tensor([len(s.ids) for s in samples])
+    eos_mask, no_eos = response_mask_from_eos(response_ids, eos_ids)
+    response_mask = eos_mask * (torch.arange(width)[None, :] < lengths[:, None]).long()  # (B, R)
+    truncated = torch.tensor([s.finish == "length" for s in samples]) & no_eos  # (B,)
+    is_greedy = (torch.arange(rows) == rows - 1).repeat(n_prompts) if greedy_last else None  # (B,)
+    device = prompts.prompt_ids.device
+    return RolloutBatch(
+        **prompts.per_row(rows),
+        response_ids=response_ids.to(device),
+        response_mask=response_mask.to(device),
+        rollout_logprobs=(logprobs * response_mask).to(device),
+        truncated=truncated.to(device),
+        group_ids=torch.arange(n_prompts, device=device).repeat_interleave(rows),
+        is_greedy=None if is_greedy is None else is_greedy.to(device),
+        sample_mask=None if is_greedy is None else (is_greedy == 0).float().to(device),
+        versions=torch.tensor([min(s.versions, default=version) for s in samples], dtype=torch.long, device=device),
+        token_versions=token_versions.to(device),
+    )

@@ -1,0 +1,124 @@
+"""Exact verification of a push: the server's own checksums of what it holds, before and after the push, against what
+the trainer changed.
+
+An engine hashes its weights as it holds them (SGLang's ``/weights_checker``, vLLM's ``/weight_checker``): fused (q, k
+and v in one ``qkv_proj``; gate and up in one ``gate_up_proj``), split over tensor-parallel ranks, the vocabulary
+padded, in the server's dtype, with a GPU hash on GPUs; no digest the trainer computes equals those. What can be checked
+exactly is change: every tensor whose value the trainer changed since the push before (`fingerprints`) must have
+changed on the server, under the name the server gives it. A tensor the server did not load keeps its checksum and is
+named in the error.
+
+Names are matched through the engine's fusions (``layers.0.self_attn.k_proj`` is the server's
+``layers.0.self_attn.qkv_proj``; with LoRA enabled vLLM holds it as ``qkv_proj.base_layer``) and then by the longest
+unique suffix (a server may root its module tree elsewhere:
+``model.visual.`` for ``visual.``, ``model.language_model.layers.`` for ``model.layers.``). A changed tensor the server
+reports no checksum for fails the check: exact means nothing is skipped.
+
+What this cannot see, the probe checks numerically: a tensor fused with one that did change (a stale ``k_proj`` beside
+a changed ``q_proj``), the first push of a run (no push before it to compare with), a push after a failed one (what
+the failed one left is unknown), a change finer than bf16.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .http import ServerError
+
+
+class ServerNames:
+    """Finds the server's name for a tensor the trainer pushed."""
+
+    def __init__(self, names, fusions: dict[str, str]):
+        self.names, self.fusions = set(names), fusions
+        self._by_suffix: dict[str, set[str]] = defaultdict(set)
+        for name in self.names:
+            parts = name.split(".")
+            for k in range(len(parts)):
+                self._by_suffix[".".join(parts[k:])].add(name)
+
+    def __call__(self, pushed: str) -> str | None:
+        fused = ".".join(self.fusions.get(part, part) for part in pushed.split("."))
+        for candidate in dict.fromkeys([pushed, fused]):
+            if candidate in self.names or _wrapped(candidate) in self.names:
+                return candidate if candidate in self.names else _wrapped(candidate)
+        for candidate in dict.fromkeys([pushed, fused]):
+            parts = candidate.split(".")
+            for k in range(1, len(parts) - 1):  # at least a module and the tensor
+                suffix = ".".join(parts[k:])
+                found = self._by_suffix.get(suffix, set()) | self._by_suffix.get(_wrapped(suffix), set())
+                if len(found) == 1:
+                    return next(iter(found))
+                if len(found) > 1:
+                    break
+        return None
+
+
+def _wrapped(name: str) -> str:
+    """``name`` under ``base_layer``: a layer an engine wraps for LoRA holds its own weight there."""
+    module, _, tensor = name.rpartition(".")
+    return f"{module}.base_layer.{tensor}"
+
+
+def stale_tensors(
+    changed: list[str], before: dict[str, str], after: dict[str, str], fusions: dict[str, str]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(pushed name, server name) of every changed tensor whose server checksum did not change, and the changed
+    tensors the server reports no checksum for."""
+    names = ServerNames(after, fusions)
+    stale, unknown = [], []
+    for pushed in changed:
+        served = names(pushed)
+        if served is None:
+            unknown.append(pushed)
+        elif before.get(served) == after[served]:
+            stale.append((pushed, served))
+    return stale, unknown
+
+
+def checksum_finding(
+    error: type[ServerError],
+    url: str,
+    changed: list[str],
+    before: dict[str, str],
+    after: dict[str, str],
+    fusions: dict[str, str],
+) -> str | None:
+    """What the server's checksums say is missing from the push (None: nothing); ``error`` naming ``url`` when a
+    changed tensor has no checksum on the server."""
+    stale, unknown = stale_tensors(changed, before, after, fusions)
+    if unknown:
+        raise error(
+            f"{error.engine} server at {url}: its weight checksums name none of {unknown[:5]}, which the push changed, so "
+            "the push cannot be verified exactly. If this engine names them otherwise, set "
+            "model.rollout.init_args.verify_checksums: false (the probe still checks every push)"
+        )
+    if not stale:
+        return None
+    shown = ", ".join(p if p == s else f"{p} (the server's {s})" for p, s in stale[:5])
+    return (
+        f"{len(stale)} of the {len(changed)} tensors the trainer changed kept their checksum on the server: {shown}"
+        f"{' ...' if len(stale) > 5 else ''}"
+    )
+
+
+ADVICE = {
+    "checksums": "It did not load them (a loader that skips a name, a server restarted mid-push, a weight_update_urls "
+    "list that misses it).",
+    "probe": "A weight it did not load, an adapter it did not take, or a restarted server. If the probe's gap is only "
+    "numerics (a bf16 sampler), set verify_tolerance a few times rollout/logprob_diff_mean.",
+}
+
+
+def verdict(
+    error: type[ServerError], url: str, version: int | str | None, findings: dict[str, str | None]
+) -> ServerError | None:
+    """One error naming ``url`` with every check that failed ({check: finding}), or None when none did."""
+    failed = {check: finding for check, finding in findings.items() if finding}
+    if not failed:
+        return None
+    return error(
+        f"{error.engine} server at {url} does not hold the weights just pushed"
+        f"{f' (version {version})' if version is not None else ''}: {'; '.join(failed.values())}. "
+        + " ".join(ADVICE[check] for check in failed)
+    )

@@ -1,0 +1,159 @@
+"""`SGLangEngine`: the server layer's engine protocol over SGLang's native HTTP API (checked against SGLang 0.5.23's
+``sglang/srt/entrypoints/http_server.py`` and ``managers/io_struct.py``).
+
+generate      ``POST /generate`` (`generation`)
+push          ``/update_weights_from_disk`` (`weights`); ``/update_weights_from_tensor`` in a
+              ``/begin_weight_update`` ... ``/end_weight_update`` session (CUDA IPC, `weights`); or a process group
+              (``/init_weights_update_group``, ``/update_weights_from_distributed``: `group`) while the servers are
+              paused (``/pause_generation`` mode abort or retract, ``/continue_generation``)
+adapters      ``/load_lora_adapter_from_tensors``, ``/unload_lora_adapter`` (`adapters`)
+checksums     ``POST /weights_checker {action: checksum}`` -> ``{success, ranks: [{checksums: {name: hash}, ...}]}``:
+              per tensor-parallel rank, each parameter and buffer of the server's model under SGLang's own names
+              (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``), hashed as held (sha256 of the bytes on CPU,
+              a Triton hash on GPUs: ``sglang/srt/utils/weight_checker.py``)
+health        ``GET /health_generate`` (runs a one-token generation)
+memory        ``/release_memory_occupation``, ``/resume_memory_occupation`` (``--enable-memory-saver``)
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+
+from torch import Tensor
+
+from ..server.buckets import WeightBuckets, drain
+from ..server.engine import Engine
+from ..server.launch import Command
+from ..server.ranks import rank
+from ..server.samples import Answer, Request
+from ..server.session import paused
+from . import adapters, generation, server, weights
+from .client import SGLangClient, SGLangError
+from .group import WeightGroup
+
+
+class SGLangEngine(Engine):
+    client_type = SGLangClient
+    model_key = "model_path"
+    fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+               "up_proj": "gate_up_proj"}  # fmt: skip
+
+    def __init__(self, client: SGLangClient, push=None):
+        super().__init__(client, push)
+        self._group: WeightGroup | None = None
+        self._version: int | None = None  # the last version pushed through the group
+
+    @classmethod
+    def command(cls, launch: dict, python: str | None) -> Command:
+        return server.command(launch, python or sys.executable)
+
+    def health(self, url: str) -> None:
+        self.client.request(url, "/health_generate", method="GET")
+
+    def generate(self, url: str, request: Request, adapter: str | None, keep_aborted: bool) -> list[Answer]:
+        return generation.request(self.client, url, request, adapter, keep_aborted)
+
+    def score(self, url, prompt, continuation, images, adapter):
+        return generation.score(self.client, url, prompt, continuation, images, adapter)
+
+    # ------------------------------------------------------------------ weights
+    def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:
+        weights.push_from_disk(self.client, urls, folder, str(version), abort=abort)
+
+    def push_buckets(self, urls: list[str], buckets: WeightBuckets, version: int, abort: bool, device: str) -> None:
+        if self.push.weight_sync == "tensor":
+            if rank() == 0:
+                weights.plain(buckets)
+                for url in urls:
+                    weights.send_tensors(self.client, url, buckets, str(version), abort=abort)
+            return
+        tensors = ([t for _, t in bucket] for bucket in buckets)  # every rank gathers each bucket, in order
+        if rank() != 0:
+            drain(tensors)
+            return
+        try:
+            with paused(self, urls, abort):
+                group = self._weight_group(urls, device)
+                self._each(urls, "/begin_weight_update", {})
+                group.push(buckets.plan, tensors, str(version), self.push.flush_cache)  # flushes with its last bucket
+                self._each(urls, "/end_weight_update", {})
+        except BaseException:
+            drain(tensors)
+            self._drop_group(end_sessions=True)
+            raise
+        self._version = version
+
+    def pause(self, urls: list[str], abort: bool) -> None:
+        self._each(urls, "/pause_generation", {"mode": "abort" if abort else "retract"})
+
+    def resume(self, urls: list[str]) -> None:
+        self._each(urls, "/continue_generation", {})
+
+    def flush_cache(self, urls: list[str]) -> None:
+        weights.flush_caches(self.client, urls)
+
+    def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
+        adapters.push_adapter(self.client, urls, name, config, tensors)
+
+    def unload_adapter(self, urls: list[str], name: str) -> None:
+        adapters.unload_adapter(self.client, urls, name)
+
+    def checksums(self, url: str) -> dict[str, str]:
+        answer = self.client.request(url, "/weights_checker", {"action": "checksum"}, check=weights.succeeded(url))
+        ranks = (answer or {}).get("ranks") if isinstance(answer, dict) else None
+        if not ranks:
+            raise SGLangError(f"SGLang server at {url}: /weights_checker answered no checksums: {str(answer)[:300]}")
+        joined: dict[str, list[str]] = {}
+        for entry in ranks:
+            for name, digest in entry["checksums"].items():
+                joined.setdefault(name, []).append(str(digest))
+        return {name: ",".join(digests) for name, digests in joined.items()}
+
+    def release_memory(self, urls: list[str]) -> None:
+        for url in urls:
+            self.client.request(url, "/release_memory_occupation", {})
+
+    def resume_memory(self, urls: list[str]) -> None:
+        for url in urls:
+            self.client.request(url, "/resume_memory_occupation", {})
+
+    def close(self) -> None:
+        self._drop_group()
+
+    # ------------------------------------------------------------------ the weight group
+    def _weight_group(self, urls: list[str], device: str) -> WeightGroup:
+        if self._group is not None and self._restarted(urls):
+            self._drop_group()
+        if self._group is None:
+            backend = self.push.group_backend or ("nccl" if device == "cuda" else "gloo")
+            name = f"lightning_rl_{uuid.uuid4().hex[:12]}"  # a crashed trainer may have left its group on the servers
+            per_server = backend == "gloo" if self.push.group_per_server is None else self.push.group_per_server
+            self._group = WeightGroup(
+                self.client, urls, backend, self.push.master_address, self.push.master_port, name, per_server=per_server
+            )
+        return self._group
+
+    def _restarted(self, urls: list[str]) -> bool:
+        """A server that does not report the last version pushed has restarted (or missed it): it is not in the group."""
+        for url in urls:
+            info = self.client.request(url, "/model_info", method="GET")
+            if str((info or {}).get("weight_version")) != str(self._version):
+                return True
+        return False
+
+    def _drop_group(self, end_sessions: bool = False) -> None:
+        if self._group is None:
+            return
+        group, self._group = self._group, None
+        group.close()  # the trainer leaves first: a server still inside a broadcast is released
+        if end_sessions:  # a server that lived through a failed push must accept the next /begin_weight_update
+            for url in group.urls:
+                try:
+                    self.client.request(url, "/end_weight_update", {}, retries=0, timeout_s=30.0)
+                except SGLangError:
+                    pass
+
+    def _each(self, urls: list[str], path: str, body: dict) -> None:
+        for url in urls:
+            self.client.request(url, path, body, check=weights.succeeded(url), retries=0)

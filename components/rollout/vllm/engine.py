@@ -1,0 +1,192 @@
+"""`VLLMEngine`: the server layer's engine protocol over vLLM 0.32's HTTP API (its OpenAI-compatible server with the
+scale-out and dev routes, `launch`).
+
+generate      ``POST /inference/v1/generate`` (`generation`)
+push          disk: ``/collective_rpc {method: reload_weights, kwargs: {weights_path}}`` (an in-place reload from a
+              safetensors folder) and ``/update_weight_version``; distributed: ``/init_weight_transfer_engine`` once,
+              then ``/start_weight_update``, ``/update_weights`` per bucket, ``/finish_weight_update {weight_version}``
+              through lightning_rl's transfer engine (`transfer`). Both while the servers are paused (``/pause?mode=
+              wait``, or ``abort`` for partial rollouts; ``/resume``): vLLM loads in place and would otherwise sample
+              from a half-loaded model. Pausing in those modes also clears the prefix cache, which a weight update does
+              not (KV of the old weights would be reused).
+adapters      ``/v1/load_lora_adapter {lora_name, lora_path}`` (a peft folder: vLLM loads no adapter from memory, so
+              the adapter is written to one first), ``/v1/unload_lora_adapter``; ``"model": <name>`` samples with it
+checksums     ``POST /weight_checker {action: checksum}`` -> ``{checksums: {"dp0:pp0:pcp0:tp0:<name>": sha256}}``: each
+              parameter as the server holds it (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the
+              embedding padded to 64 rows, with LoRA enabled under ``<layer>.base_layer.``)
+health        ``GET /health``
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from safetensors.torch import save_file
+from torch import Tensor
+
+from ..server.buckets import WeightBuckets, drain
+from ..server.engine import Engine
+from ..server.launch import Command
+from ..server.ranks import rank
+from ..server.samples import Answer, Request
+from ..server.session import paused
+from . import generation, launch
+from .client import VLLMClient, VLLMError
+from .transfer import TransferGroups
+
+EMPTY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256 of no bytes
+
+
+class VLLMEngine(Engine):
+    client_type = VLLMClient
+    model_key = "model"
+    fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+               "up_proj": "gate_up_proj"}  # fmt: skip
+
+    def __init__(self, client: VLLMClient, push=None):
+        super().__init__(client, push)
+        self._groups: TransferGroups | None = None
+        self._version: int | None = None  # the last version pushed through the groups
+        self._adapter_dir: str | None = None
+
+    @classmethod
+    def command(cls, launch_args: dict, python: str | None) -> Command:
+        return launch.command(launch_args, python)
+
+    def health(self, url: str) -> None:
+        self.client.request(url, "/health", method="GET")
+
+    def generate(self, url: str, request: Request, adapter: str | None, keep_aborted: bool) -> list[Answer]:
+        return generation.generate(self.client, url, request, adapter, keep_aborted)
+
+    def score(self, url, prompt, continuation, images, adapter):
+        if images:
+            raise VLLMError(f"vLLM server at {url}: prompts with images are not sent to vLLM by this rollout yet")
+        return generation.score(self.client, url, prompt, continuation, adapter)
+
+    # ------------------------------------------------------------------ weights
+    def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:
+        if not any(Path(folder).glob("*.safetensors")):  # vLLM would leave its model on the meta device, then die
+            raise VLLMError(f"vLLM rollout: no *.safetensors in {folder} to load")
+        with paused(self, urls, abort):
+            for url in urls:
+                rpc = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
+                self.client.request(url, "/collective_rpc", rpc, retries=0)
+                self.client.request(url, "/update_weight_version", {"new_version": str(version)}, retries=0)
+
+    def push_buckets(self, urls: list[str], buckets: WeightBuckets, version: int, abort: bool, device: str) -> None:
+        tensors = iter(buckets)  # every rank gathers each bucket, in order
+        if rank() != 0:
+            drain(tensors)
+            return
+        try:
+            with paused(self, urls, abort):
+                groups = self._transfer_groups(urls, device)
+                self._each(urls, "/start_weight_update", {})
+                groups.send(tensors)
+                self._each(urls, "/finish_weight_update", {"weight_version": str(version)})
+        except BaseException:
+            drain(tensors)
+            self._drop_groups(end_updates=True)
+            raise
+        self._version = version
+
+    def pause(self, urls: list[str], abort: bool) -> None:
+        self._each(urls, f"/pause?mode={'abort' if abort else 'wait'}", {})
+
+    def resume(self, urls: list[str]) -> None:
+        self._each(urls, "/resume", {})
+
+    def flush_cache(self, urls: list[str]) -> None:
+        self._each(urls, "/reset_prefix_cache", {})
+
+    def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
+        folder = self._adapter_folder(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(folder / "adapter_model.safetensors"))
+        for url in urls:
+            try:
+                self.client.request(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+            except VLLMError as err:
+                raise VLLMError(
+                    f"vLLM server at {url} refused LoRA adapter {name!r} ({err}). It must run with --enable-lora and a "
+                    "--max-lora-rank covering the policy's lora rank (launch: {enable_lora: true, max_lora_rank: 16}), "
+                    "or set lora_sync: merged"
+                ) from None
+
+    def unload_adapter(self, urls: list[str], name: str) -> None:
+        for url in urls:
+            self.client.request(url, "/v1/unload_lora_adapter", {"lora_name": name})
+        shutil.rmtree(self._adapter_folder(name), ignore_errors=True)
+
+    def checksums(self, url: str) -> dict[str, str]:
+        answer = self.client.request(url, "/weight_checker", {"action": "checksum"})
+        checksums = answer.get("checksums") if isinstance(answer, dict) else None
+        if not checksums:
+            raise VLLMError(f"vLLM server at {url}: /weight_checker answered no checksums: {str(answer)[:300]}")
+        joined: dict[str, list[str]] = {}
+        for key, digest in checksums.items():
+            joined.setdefault(key.rsplit(":", 1)[-1], []).append(str(digest))  # "dp0:pp0:pcp0:tp0:<name>"
+        empty = sorted(name for name, digests in joined.items() if EMPTY in digests)
+        if empty:
+            raise VLLMError(
+                f"vLLM server at {url}: its /weight_checker hashes no bytes for {empty[:3]} (vLLM's CPU build hands "
+                "linear weights to oneDNN and empties them), so a push cannot be verified exactly. Start it with "
+                "LIGHTNING_RL_VLLM_PLAIN_LINEAR=1 and the plugin on its PYTHONPATH (launch: does both), or set "
+                "verify_checksums: false"
+            )
+        return {name: ",".join(digests) for name, digests in joined.items()}
+
+    def close(self) -> None:
+        self._drop_groups()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            self._adapter_dir = None
+
+    # ------------------------------------------------------------------ parts
+    def _adapter_folder(self, name: str) -> Path:
+        """Where an adapter is written for the servers to read: under ``weight_dir`` (servers on other hosts) or a
+        temporary folder of this process."""
+        if self.push.weight_dir is not None:
+            return Path(self.push.weight_dir) / "adapters" / name
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.mkdtemp(prefix="lightning_rl_vllm_adapters_")
+            weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
+        return Path(self._adapter_dir) / name
+
+    def _transfer_groups(self, urls: list[str], device: str) -> TransferGroups:
+        if self._groups is not None and self._restarted(urls):
+            self._drop_groups()
+        if self._groups is None:
+            backend = self.push.group_backend or ("nccl" if device == "cuda" else "gloo")
+            self._groups = TransferGroups(self.client, urls, backend, self.push.master_address, self.push.master_port)
+        return self._groups
+
+    def _restarted(self, urls: list[str]) -> bool:
+        """A server that does not report the last version pushed has restarted (or missed it): it is in no group."""
+        for url in urls:
+            info = self.client.request(url, "/weight_info", method="GET")
+            if str((info or {}).get("weight_version")) != str(self._version):
+                return True
+        return False
+
+    def _drop_groups(self, end_updates: bool = False) -> None:
+        if self._groups is None:
+            return
+        groups, self._groups = self._groups, None
+        if end_updates:  # a server that lived through a failed push must accept the next /start_weight_update
+            for url in groups.urls:
+                try:
+                    self.client.request(url, "/finish_weight_update", {}, retries=0, timeout_s=30.0)
+                except VLLMError:
+                    pass
+        groups.close()
+
+    def _each(self, urls: list[str], path: str, body: dict) -> None:
+        for url in urls:
+            self.client.request(url, path, body, retries=0)

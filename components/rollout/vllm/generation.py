@@ -1,0 +1,103 @@
+"""vLLM's token-in token-out ``POST /inference/v1/generate`` (``--enable-scale-out``; vLLM 0.32,
+``vllm/entrypoints/scale_out/token_in_token_out/protocol.py``): one request per prompt, its answers as the server
+layer's `Answer`.
+
+Request: ``{"token_ids": [...], "sampling_params": {n, temperature, top_p, top_k, max_tokens, stop_token_ids,
+ignore_eos, logprobs: 0}, "model": <adapter>}`` (``model`` only to sample with a LoRA adapter). ``max_tokens`` is
+always explicit (left out, vLLM fills the context). Answer: ``choices`` (``index`` 0..n-1), each with ``token_ids``
+(a stop token or EOS that ended it included), ``logprobs.content[i].logprob`` (the sampled token's: with
+``--logprobs-mode processed_logprobs`` log_softmax(logits / T); greedy: untempered), ``finish_reason`` stop | length
+| abort and ``weight_versions``: ``[{version, start, end}]`` spans of output tokens and the weights that sampled them.
+A non-finite log-prob comes as -9999.0. ``/pause?mode=abort`` ends the requests in flight with finish ``abort``, the
+tokens so far and their log-probs (the server layer continues them: partial rollouts).
+
+Scoring given tokens: ``sampling_params: {prompt_logprobs: 0, max_tokens: 1}`` answers ``prompt_logprobs``: entry i
+is ``{"<token id>": {"logprob": ...}}``, the log-prob of prompt token i given those before it (entry 0 is null);
+prompt log-probs are raw (untempered) in every mode.
+"""
+
+from __future__ import annotations
+
+from ..server.http import Retry
+from ..server.samples import Answer, Request
+from .client import VLLMClient, VLLMError
+
+NON_FINITE = -9999.0  # vLLM's stand-in for a -inf or NaN log-prob
+
+
+def sampling_params(request: Request) -> dict:
+    params = {
+        "n": request.n,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,  # 0: off
+        "max_tokens": request.max_new_tokens,
+        "stop_token_ids": list(request.stop_token_ids),
+        "logprobs": 0,  # the sampled token's only
+    }
+    if request.ignore_eos:
+        params["ignore_eos"] = True
+    return params
+
+
+def generate(client: VLLMClient, url: str, request: Request, adapter: str | None, keep_aborted: bool) -> list[Answer]:
+    """The ``request.n`` answers of one request (an aborted one is sent again unless ``keep_aborted``)."""
+    if request.images:
+        raise VLLMError(
+            f"vLLM server at {url}: prompts with images are not sent to vLLM by this rollout yet (its token-in "
+            "endpoint takes images as preprocessed features); sample vision-language prompts with SGLangRollout"
+        )
+    n = request.n
+
+    def check(answer) -> None:
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or len(choices) != n:
+            raise VLLMError(
+                f"vLLM server at {url}: /inference/v1/generate returned {len(choices or [])} choice(s) for n={n}: "
+                f"{str(answer)[:300]}"
+            )
+        if not keep_aborted and any(c.get("finish_reason") == "abort" for c in choices):
+            raise Retry("request aborted by the server")
+
+    body = {"token_ids": request.input_ids, "sampling_params": sampling_params(request)}
+    if adapter is not None:
+        body["model"] = adapter
+    answer = client.request(url, "/inference/v1/generate", body, check=check)
+    return [_parse(url, choice) for choice in sorted(answer["choices"], key=lambda c: c["index"])]
+
+
+def _parse(url: str, choice: dict) -> Answer:
+    ids = [int(t) for t in choice.get("token_ids") or []]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if len(content) != len(ids) or any(int(c["token_id"]) != t for c, t in zip(content, ids)):
+        raise VLLMError(
+            f"vLLM server at {url}: the log-probs do not match the token ids ({len(content)} vs {len(ids)})"
+        )
+    logprobs = [float(c["logprob"]) for c in content]
+    if any(lp <= NON_FINITE for lp in logprobs):
+        raise VLLMError(f"vLLM server at {url} returned a non-finite log-prob for a sampled token")
+    spans = choice.get("weight_versions") or []
+    # the oldest weights that sampled a token of it (an answer spans several versions only when paused in mode keep)
+    version = str(spans[0]["version"]) if spans else None
+    return Answer(ids, logprobs, choice.get("finish_reason") or "stop", version)
+
+
+def score(
+    client: VLLMClient, url: str, prompt: list[int], continuation: list[int], adapter: str | None
+) -> tuple[list[float], str | None]:
+    """The server's log p(y_t | x, y_<t) of a given continuation (raw: the probe is greedy) and its weight version."""
+    body = {"token_ids": prompt + continuation, "sampling_params": {"prompt_logprobs": 0, "max_tokens": 1,
+            "temperature": 0.0, "logprobs": 0}}  # fmt: skip
+    if adapter is not None:
+        body["model"] = adapter
+    answer = client.request(url, "/inference/v1/generate", body)
+    scored = (answer or {}).get("prompt_logprobs") or []
+    tokens = prompt + continuation
+    if len(scored) != len(tokens):
+        raise VLLMError(
+            f"vLLM server at {url}: the verification probe came back with {len(scored)} prompt log-probs for "
+            f"{len(tokens)} tokens"
+        )
+    logprobs = [float(scored[i][str(tokens[i])]["logprob"]) for i in range(len(prompt), len(tokens))]
+    spans = (answer.get("choices") or [{}])[0].get("weight_versions") or []
+    return logprobs, (str(spans[0]["version"]) if spans else None)

@@ -1,0 +1,145 @@
+"""The contract every server engine keeps, run against two: the loopback SGLang server and a real vLLM server (vLLM's
+CPU build; tests/fixtures/vllm_server.py). Generation with the engine's own log-probs equal to the trainer's (fp32),
+a verified weight push after every update, a stale tensor caught and named, LoRA adapters, a server killed and
+restarted. The fits (asynchronous, agents) are in tests/lightning_rl/test_rollout_contract_fits.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_rl.core.lora import LoraSpec
+from lightning_rl.core.models import ModelSpec, load_causal_lm
+from tests.helpers import prompts as make_prompts
+from tests.support.engines import MODEL, LoopbackSGLang, RealVLLM, gap, perturb
+
+
+@pytest.fixture(scope="module")
+def loopback():
+    from tests.fixtures.sglang_server import ServerProcess
+
+    process = ServerProcess(MODEL, env={"OMP_NUM_THREADS": "1"})
+    yield process
+    process.stop()
+
+
+ENGINES = [pytest.param(e, marks=[pytest.mark.slow, pytest.mark.xdist_group("vllm")]) for e in ("sglang", "vllm")]
+"""Both engines; one xdist worker runs these (the run has one vLLM server)."""
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request, loopback):
+    served = LoopbackSGLang(loopback) if request.param == "sglang" else RealVLLM(request.getfixturevalue("vllm_server"))
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def policy(engine):
+    return load_causal_lm(ModelSpec(path=engine.model))
+
+
+@pytest.fixture
+def prompts(engine):
+    enc = engine.tokenizer(["12+3=", "4*5=", "71*23="], return_tensors="pt", padding=True)
+    return make_prompts(enc.input_ids, enc.attention_mask)
+
+
+def _step(policy, batch, lr: float) -> None:
+    """One SGD step that makes the sampled tokens likelier: the served distribution must move with it."""
+    from lightning_rl.core.logprobs import policy_logprobs
+
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    (-(policy_logprobs(policy.train(), batch, 1.0)[0] * batch.response_mask).sum()).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_samples_carry_the_engines_logprobs_equal_to_the_trainers(engine, policy, prompts, temperature):
+    rollout = engine.make(group_size=4, max_new_tokens=8, temperature=temperature)
+    batch = rollout.generate(prompts, policy)
+    assert batch.batch_size == 12 and batch.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert set(batch.versions.tolist()) == {1} and batch.response_mask.sum() > 12
+    assert (batch.rollout_logprobs[batch.response_mask == 0] == 0).all()
+    assert gap(policy, batch, temperature) <= 1e-4  # per token, fp32 on both sides
+    if temperature != 1.0:
+        assert gap(policy, batch, 1.0) > 1e-2  # the engine reports the tempered distribution it sampled from
+
+
+@pytest.mark.parametrize("weight_sync", ["disk", "distributed"])
+def test_every_update_is_pushed_verified_and_served(engine, policy, prompts, weight_sync):
+    """Three iterations: sample, update (a random step: an SGD step on three prompts soon makes the tiny policy
+    deterministic, where old and new weights give the same log-probs), push (checked: checksums and probe); the next
+    samples are the new policy's."""
+    import copy
+
+    rollout = engine.make(group_size=4, max_new_tokens=8, weight_sync=weight_sync, verify_tolerance=1e-3)
+    rollout.sync_weights(policy)
+    for version in (2, 3, 4):
+        before = copy.deepcopy(policy)
+        perturb(policy, 0.05, seed=version)
+        rollout.sync_weights(policy)
+        assert rollout.weight_version == version
+        batch = rollout.generate(prompts, policy)
+        assert set(batch.versions.tolist()) == {version}
+        assert gap(policy, batch) <= 1e-4 and gap(before, batch) > 1e-3  # served: the update, not the weights before
+
+
+def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts):
+    stale = "model.layers.1.post_attention_layernorm.weight"
+    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed")
+    rollout.sync_weights(policy)
+    perturb(policy, 0.02)
+    with (
+        engine.stale(stale),
+        pytest.raises(
+            engine.error, match=rf"{engine.url} does not hold the weights just pushed \(version 2\): .*{stale}"
+        ),
+    ):
+        rollout.sync_weights(policy)
+    assert rollout._push_failed
+    batch = rollout.generate(prompts, policy)  # pushed again, whole, before it samples
+    assert set(batch.versions.tolist()) == {3} and gap(policy, batch) <= 1e-4
+
+
+def test_a_lora_adapter_is_pushed_and_sampled(engine, prompts):
+    lora = load_causal_lm(
+        ModelSpec(path=engine.model, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    )
+    engine.make().sync_weights(
+        load_causal_lm(ModelSpec(path=engine.model))
+    )  # the base again: earlier tests pushed others
+    rollout = engine.make(group_size=4, max_new_tokens=8)
+    batch = rollout.generate(prompts, lora)  # adapter v1: B = 0, the base's distribution (the probe checks the base)
+    _step(lora, batch, lr=20.0)
+    rollout.sync_weights(lora)
+    batch = rollout.generate(prompts, lora)
+    assert rollout.adapter_name == "policy-v2" and set(batch.versions.tolist()) == {2}
+    assert gap(lora, batch) <= 1e-4
+    assert gap(load_causal_lm(ModelSpec(path=engine.model)), batch) > 1e-2  # the adapter moved the served distribution
+
+
+def test_a_killed_server_is_named_and_a_restarted_one_gets_the_whole_policy(engine, policy, prompts):
+    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed", max_retries=1)
+    rollout.sync_weights(policy)
+    engine.kill()
+    with pytest.raises(engine.error, match=engine.url):
+        rollout.generate(prompts, policy)
+    engine.restart()  # the same address, its launch weights, in no weight-transfer group
+    perturb(policy, 0.05)
+    rollout.sync_weights(policy)  # a new group; verified
+    batch = rollout.generate(prompts, policy)
+    assert gap(policy, batch) <= 1e-4 and set(batch.versions.tolist()) == {rollout.weight_version}
+
+
+def test_the_widened_policy_vllm_serves_computes_the_same_function(tmp_path):
+    """vLLM's CPU attention has no kernel for head_dim 16: its server gets tiny-calc with 32-dimension heads."""
+    from tests.fixtures.vllm_server import TINY_CALC, widen_heads
+
+    wide = load_causal_lm(ModelSpec(path=str(widen_heads(TINY_CALC, tmp_path / "wide")))).eval()
+    shipped = load_causal_lm(ModelSpec(path=str(TINY_CALC))).eval()
+    ids = torch.randint(0, shipped.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(wide(input_ids=ids).logits, shipped(input_ids=ids).logits, atol=1e-4, rtol=0)
+    assert wide.config.head_dim == 32 and shipped.config.head_dim == 16

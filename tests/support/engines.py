@@ -1,0 +1,141 @@
+"""The two engines the contract tests run against, behind one face: the loopback SGLang server (a process of its own,
+tests/fixtures/sglang_server.py) and the run's real vLLM server (tests/fixtures/vllm_server.py), both serving the
+shipped tiny tool-using policy (vLLM: the same function with wider attention heads, its ``model``)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from lightning_rl.core.logprobs import policy_logprobs
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = str(REPO / "lightning_rl/assets/tiny-calc")
+
+
+class Engine:
+    """``url`` and ``model`` (the checkpoint it serves: the trainer's policy); ``make(**kwargs)`` a rollout on it
+    (closed by the fixture); ``stale(name)`` while the block runs, ``name`` does not reach the server; ``kill`` /
+    ``restart`` the server."""
+
+    name: str
+    url: str
+    model: str
+    config: str  # the rollout fragment a fit stacks
+    error: type[Exception]
+
+    def __init__(self):
+        from lightning_rl.core.models import load_tokenizer
+
+        self.tokenizer, self.made = load_tokenizer(self.model), []
+
+    def rollout_class(self):
+        raise NotImplementedError
+
+    def make(self, **kwargs):
+        kwargs.setdefault("backoff", 0.05)
+        rollout = self.rollout_class()(base_url=self.url, **kwargs)
+        rollout.setup(self.tokenizer)
+        self.made.append(rollout)
+        return rollout
+
+    def fit_args(self) -> list[str]:
+        return ["--config", str(REPO / self.config), "--model.rollout.init_args.base_url", self.url]
+
+    def close(self) -> None:
+        for rollout in self.made:
+            rollout.close()
+
+
+class LoopbackSGLang(Engine):
+    name, config = "sglang", "configs/rollout/sglang.yaml"
+
+    def __init__(self, process):
+        self.process, self.url, self.model = process, process.url, MODEL
+        super().__init__()
+        from components.rollout.sglang import SGLangError
+
+        self.error = SGLangError
+
+    def rollout_class(self):
+        from components.rollout import SGLangRollout
+
+        return SGLangRollout
+
+    @contextmanager
+    def stale(self, name: str):
+        self.process.get("/loopback_fault", {"keep_stale": [name]})  # the server's loader skips it
+        try:
+            yield
+        finally:
+            self.process.get("/loopback_fault", {"keep_stale": []})
+
+    def kill(self) -> None:
+        self.process.process.kill()
+        self.process.process.wait()
+
+    def restart(self) -> None:
+        """A new server process at the same address, in the place of the old one (whoever holds it stops the new)."""
+        from tests.fixtures.sglang_server import ServerProcess
+
+        self.process.stop()
+        self.process.__dict__.update(vars(ServerProcess(MODEL, port=self.process.port, env={"OMP_NUM_THREADS": "1"})))
+
+
+class RealVLLM(Engine):
+    name, config = "vllm", "configs/rollout/vllm.yaml"
+
+    def __init__(self, shared):
+        self.shared, self.url, self.model = shared, shared.url, shared.model
+        super().__init__()
+        from components.rollout.vllm import VLLMError
+
+        self.error = VLLMError
+
+    def rollout_class(self):
+        from components.rollout import VLLMRollout
+
+        return VLLMRollout
+
+    def fit_args(self) -> list[str]:
+        return [*super().fit_args(), "--model.rollout.init_args.launch", "null"]
+
+    @contextmanager
+    def stale(self, name: str):
+        """The push leaves ``name`` out after recording it as sent: the server keeps its old value (vLLM keeps what a
+        push does not carry), as a loader that skipped it would."""
+        from components.rollout.server import buckets
+
+        original = buckets.WeightBuckets.__iter__
+
+        def leaving_out(self):
+            for bucket in original(self):
+                yield [(n, t) for n, t in bucket if n != name]
+
+        buckets.WeightBuckets.__iter__ = leaving_out
+        try:
+            yield
+        finally:
+            buckets.WeightBuckets.__iter__ = original
+
+    def kill(self) -> None:
+        self.shared.kill()
+
+    def restart(self) -> None:
+        self.shared.restart()
+
+
+def gap(policy, batch, temperature: float = 1.0) -> float:
+    """Largest |trainer - engine| log-prob over the sampled tokens (fp32 both)."""
+    with torch.no_grad():
+        trainer = policy_logprobs(policy.eval(), batch, temperature)[0]
+    return float(((trainer - batch.rollout_logprobs) * batch.response_mask).abs().max())
+
+
+def perturb(policy, scale: float, seed: int = 0) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
