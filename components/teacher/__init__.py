@@ -2,5 +2,16 @@
 
 from .base import Teacher, TeacherScores, tokenizer_mismatch
 from .hf import TINY_TEACHER_PATH, HFTeacher
+from .server import CompletionsTeacher, ServerTeacher, SGLangTeacher, VLLMTeacher
 
-__all__ = ["Teacher", "TeacherScores", "tokenizer_mismatch", "HFTeacher", "TINY_TEACHER_PATH"]
+__all__ = [
+    "Teacher",
+    "TeacherScores",
+    "tokenizer_mismatch",
+    "HFTeacher",
+    "TINY_TEACHER_PATH",
+    "ServerTeacher",
+    "SGLangTeacher",
+    "VLLMTeacher",
+    "CompletionsTeacher",
+]

@@ -56,6 +56,9 @@ class Teacher(ABC):
     def score(self, batch: RolloutBatch) -> TeacherScores:
         """The teacher's log-probs of ``batch.response_ids`` after ``batch.prompt_ids``. No gradient."""
 
+    def close(self) -> None:
+        """Release what scoring holds (a server teacher's connections, a server it launched)."""
+
     def logits(self, batch: RolloutBatch) -> Tensor:
         """The teacher's logits at each response position, already divided by its temperature, fp32. Shape: (B, R, V)."""
         raise NotImplementedError(
@@ -79,4 +82,26 @@ def tokenizer_mismatch(student, teacher) -> str | None:
     return (
         f"{said}; {len(differ)} of the policy's token ids mean another token to the teacher (e.g. id {i} is "
         f"{mine_by_id[i]!r} to the policy, {by_id.get(i, 'nothing')!r} to the teacher)"
+    )
+
+
+def vocabulary_text(tokenizer, most: int = 4096) -> str:
+    """A text of (at most ``most``, evenly spread) tokens of ``tokenizer``'s vocabulary, special tokens left out: what
+    two tokenizers must read as the same ids when they are the same."""
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    return tokenizer.decode(ids[:: max(1, len(ids) // most)])
+
+
+def tokenization_mismatch(student, text: str, theirs: list[int]) -> str | None:
+    """Why ``theirs`` (a teacher's token ids of ``text``) is not how ``student`` reads it; None when it is."""
+    mine = student(text, add_special_tokens=False).input_ids
+    if mine == theirs:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+    piece = student.decode(mine[at : at + 1]) if at < len(mine) else ""
+    return (
+        f"it reads a text of the policy's vocabulary ({len(text)} characters) as {len(theirs)} token ids, the policy as "
+        f"{len(mine)}; the first that differs is token {at} ({piece!r}: id {mine[at] if at < len(mine) else None} to "
+        f"the policy, {theirs[at] if at < len(theirs) else None} to the teacher)"
     )
