@@ -85,23 +85,27 @@ def tokenizer_mismatch(student, teacher) -> str | None:
     )
 
 
-def vocabulary_text(tokenizer, most: int = 4096) -> str:
-    """A text of (at most ``most``, evenly spread) tokens of ``tokenizer``'s vocabulary, special tokens left out: what
-    two tokenizers must read as the same ids when they are the same."""
+def vocabulary_sample(tokenizer, most: int = 128) -> list[tuple[int, str]]:
+    """(id, text) of up to ``most`` tokens spread evenly over ``tokenizer``'s vocabulary, special tokens left out, each
+    one whose text the tokenizer reads back as that one id."""
     special = set(tokenizer.all_special_ids)
     ids = [i for i in range(len(tokenizer)) if i not in special]
-    return tokenizer.decode(ids[:: max(1, len(ids) // most)])
+    texts = [(i, tokenizer.decode([i])) for i in ids[:: max(1, len(ids) // most)]]
+    return [(i, text) for i, text in texts if tokenizer(text, add_special_tokens=False).input_ids == [i]]
 
 
-def tokenization_mismatch(student, text: str, theirs: list[int]) -> str | None:
-    """Why ``theirs`` (a teacher's token ids of ``text``) is not how ``student`` reads it; None when it is."""
-    mine = student(text, add_special_tokens=False).input_ids
-    if mine == theirs:
-        return None
-    at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-    piece = student.decode(mine[at : at + 1]) if at < len(mine) else ""
+def served_vocabulary_mismatch(sample: list[tuple[int, str]], theirs: list[list[int]]) -> tuple[str | None, int]:
+    """Why a teacher that reads the text of each of the policy's ``sample`` tokens as ``theirs`` (its token ids of
+    it) means another token by some id (None: it does not), and how many texts it read as one token: the ones that
+    say something. A text it reads as several tokens or none (its pre-tokenizer splits or drops it) says nothing about
+    the ids: the teacher scores ids, never text."""
+    single = [(i, text, ids[0]) for (i, text), ids in zip(sample, theirs) if len(ids) == 1]
+    differ = [(i, text, j) for i, text, j in single if i != j]
+    if not differ:
+        return None, len(single)
+    i, text, j = differ[0]
     return (
-        f"it reads a text of the policy's vocabulary ({len(text)} characters) as {len(theirs)} token ids, the policy as "
-        f"{len(mine)}; the first that differs is token {at} ({piece!r}: id {mine[at] if at < len(mine) else None} to "
-        f"the policy, {theirs[at] if at < len(theirs) else None} to the teacher)"
+        f"{len(differ)} of {len(single)} tokens of the policy's vocabulary it reads as another id (e.g. {text!r} is id "
+        f"{i} to the policy, {j} to the teacher)",
+        len(single),
     )

@@ -12,7 +12,6 @@ refuses any temperature but 1. The top k are the k most likely tokens of the sam
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar
 
 import torch
@@ -29,7 +28,7 @@ from components.rollout.vllm.engine import VLLMEngine
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.models import load_tokenizer
 
-from .base import Teacher, TeacherScores, tokenization_mismatch, tokenizer_mismatch, vocabulary_text
+from .base import Teacher, TeacherScores, served_vocabulary_mismatch, tokenizer_mismatch, vocabulary_sample
 from .hf import TINY_TEACHER_PATH
 
 KEY = "model.teacher.init_args"
@@ -63,8 +62,8 @@ class ServerTeacher(Teacher):
                 does; ``True`` = bare flag) and stop it at the end; the checkpoint defaults to the built-in task's teacher.
             launch_python: interpreter that has the engine installed (None: the engine's default).
             tokenizer: the teacher's tokenizer (folder or hub id), compared with the policy's at setup. None: the
-                launched checkpoint's, else the model path the server names when this machine can read it, else the
-                server's ``/tokenize`` of a text of the policy's vocabulary.
+                launched checkpoint's, else the one the server names (``/model_info``, ``/v1/models``) when this machine
+                can load it, else the server's ``/tokenize`` of a sample of the policy's tokens, each on its own.
             top_k: also return the teacher's k most likely tokens at each position (the top-k reverse KL); 0 = none.
             temperature: must be 1: a server returns raw log-probs of given tokens (see the module's docstring).
             timeout_s: seconds to wait for one answer.
@@ -118,27 +117,40 @@ class ServerTeacher(Teacher):
             if launched
             else engine.model_path(url)
         )
-        named = self.tokenizer_path is not None or launched
-        theirs = None
-        if path is not None and (named or os.path.exists(path)):
-            theirs = load_tokenizer(path, f"{KEY}.tokenizer")
+        try:
+            theirs = None if path is None else load_tokenizer(path, f"{KEY}.tokenizer")
+        except (OSError, ValueError):
+            if self.tokenizer_path is not None or launched:  # named in the config: its error is the one to show
+                raise
+            theirs = None  # a path on the server's machine, or a hub id this one cannot reach
         if theirs is not None:
             reason, source = tokenizer_mismatch(student, theirs), path
         else:
-            text = vocabulary_text(student)
-            try:
-                reason, source = tokenization_mismatch(student, text, engine.tokenize(url, text)), f"{url}/tokenize"
-            except ServerError as err:
-                raise ValueError(
-                    f"{KEY}: cannot compare the teacher's tokenizer with the policy's: the server at {url} names no "
-                    f"tokenizer this machine can read ({path!r}) and its /tokenize failed ({err}). Set {KEY}.tokenizer "
-                    "to the teacher's tokenizer (a folder or hub id)"
-                ) from None
+            reason, source = self._served_vocabulary(student, url, path), f"{url}/tokenize"
         if reason is not None:
             raise ValueError(
                 f"{KEY}: the teacher's tokenizer ({source}) differs from the policy's: {reason}. The teacher scores "
                 "the policy's token ids as they are: serve a teacher trained with the policy's tokenizer"
             )
+
+    def _served_vocabulary(self, student, url: str, path: str | None) -> str | None:
+        """The server's ``/tokenize`` of a sample of the policy's tokens, each text on its own."""
+        sample, engine = vocabulary_sample(student), self.connection.engine
+        cannot = (
+            f"{KEY}: cannot compare the teacher's tokenizer with the policy's: the server at {url} names no tokenizer "
+            f"this machine can read ({path!r}) and its /tokenize"
+        )
+        fix = f"Set {KEY}.tokenizer to the teacher's tokenizer (a folder or hub id)"
+        try:
+            theirs = [engine.tokenize(url, text) for _, text in sample]
+        except ServerError as err:
+            raise ValueError(f"{cannot} failed ({err}). {fix}") from None
+        reason, read = served_vocabulary_mismatch(sample, theirs)
+        if reason is None and read < len(sample) / 2:
+            raise ValueError(
+                f"{cannot} reads only {read} of {len(sample)} of the policy's tokens as one token each. {fix}"
+            )
+        return reason
 
     def _connected(self) -> Connection:
         if not self.connection.open:  # used again after close() (e.g. trainer.validate after trainer.fit)
