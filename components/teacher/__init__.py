@@ -2,7 +2,7 @@
 
 from .base import Teacher, TeacherScores, tokenizer_mismatch
 from .hf import TINY_TEACHER_PATH, HFTeacher
-from .server import CompletionsTeacher, ServerTeacher, SGLangTeacher, VLLMTeacher
+from .server import CompletionsTeacher, ServerTeacher, SGLangTeacher, VLLMTeacher  # noqa: F401 (ServerTeacher: their base, no component itself)
 
 __all__ = [
     "Teacher",
@@ -10,7 +10,6 @@ __all__ = [
     "tokenizer_mismatch",
     "HFTeacher",
     "TINY_TEACHER_PATH",
-    "ServerTeacher",
     "SGLangTeacher",
     "VLLMTeacher",
     "CompletionsTeacher",

@@ -205,25 +205,33 @@ class ServerTeacher(Teacher):
 
 
 class SGLangTeacher(ServerTeacher):
-    """A teacher on SGLang servers: ``/generate`` with ``max_new_tokens: 0``, ``return_logprob``,
-    ``logprob_start_len`` and ``top_logprobs_num``. ``launch`` starts ``python -m sglang.launch_server`` (its
-    ``model_path`` defaults to the built-in task's teacher)."""
+    """log p_teacher(y_t | x, y_<t) = log_softmax(z_t)[y_t] and the top k, scored by SGLang servers (on-policy
+    distillation, arXiv:2306.13649).
+
+    ``/generate`` with ``max_new_tokens: 0``, ``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num``.
+    ``launch`` starts ``python -m sglang.launch_server`` (its ``model_path`` defaults to the built-in task's teacher)."""
 
     engine_type = SGLangEngine
 
 
 class VLLMTeacher(ServerTeacher):
-    """A teacher on vLLM servers: prompt log-probs (``prompt_logprobs: k``) on ``/inference/v1/generate``, which a
-    server started with ``--enable-scale-out`` serves (``launch`` adds it, as `VLLMRollout`'s does; its ``model``
-    defaults to the built-in task's teacher). vLLM's ``--max-logprobs`` (20 by default) caps ``top_k``."""
+    """log p_teacher(y_t | x, y_<t) = log_softmax(z_t)[y_t] and the top k, scored by vLLM servers (on-policy
+    distillation, arXiv:2306.13649).
+
+    Prompt log-probs (``prompt_logprobs: k``) on ``/inference/v1/generate``, which a server started with
+    ``--enable-scale-out`` serves (``launch`` adds it, as `VLLMRollout`'s does; its ``model`` defaults to the built-in
+    task's teacher). vLLM's ``--max-logprobs`` (20 by default) caps ``top_k``."""
 
     engine_type = VLLMEngine
 
 
 class CompletionsTeacher(ServerTeacher):
-    """A teacher on any OpenAI-compatible ``/v1/completions`` server that echoes the prompt's log-probs (``echo``,
-    ``logprobs``, ``max_tokens: 0``), e.g. a plain ``vllm serve``; the top k needs token ids in the answer (vLLM's
-    ``return_tokens_as_token_ids``). Started with its own command: ``base_url`` only."""
+    """log p_teacher(y_t | x, y_<t) = log_softmax(z_t)[y_t] and the top k, scored by an OpenAI-compatible
+    ``/v1/completions`` server (on-policy distillation, arXiv:2306.13649).
+
+    The legacy scoring request (``echo``, ``logprobs``, ``max_tokens: 0``), which a plain vLLM OpenAI server answers;
+    the top k needs token ids in the answer (vLLM's ``return_tokens_as_token_ids``). Started with its own command:
+    ``base_url`` only."""
 
     engine_type = CompletionsEngine
 

@@ -81,6 +81,12 @@ def test_an_sglang_teacher_scores_the_students_tokens_as_the_in_process_teacher(
     _assert_equal_scores(served, in_process, batch)
     assert teacher.provides == {"teacher_logprobs", "teacher_topk_ids", "teacher_topk_logprobs"}
     assert teacher.shard_unit is None
+    from types import SimpleNamespace
+
+    from lightning_rl.roster import TEACHER
+
+    urls = ", ".join(s.url for s in loopback)
+    assert TEACHER.note(SimpleNamespace(teacher=teacher)) == f"scored by SGLang at {urls}"  # what --dry_run says
     # one prefill-only request per sample, spread over both servers: the prompt unpadded, the response up to its end,
     # input log-probs from the prompt's last token on, the top k
     calls = [c for s in loopback for c in s.generate_calls]
