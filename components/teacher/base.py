@@ -83,29 +83,3 @@ def tokenizer_mismatch(student, teacher) -> str | None:
         f"{said}; {len(differ)} of the policy's token ids mean another token to the teacher (e.g. id {i} is "
         f"{mine_by_id[i]!r} to the policy, {by_id.get(i, 'nothing')!r} to the teacher)"
     )
-
-
-def vocabulary_sample(tokenizer, most: int = 128) -> list[tuple[int, str]]:
-    """(id, text) of up to ``most`` tokens spread evenly over ``tokenizer``'s vocabulary, special tokens left out, each
-    one whose text the tokenizer reads back as that one id."""
-    special = set(tokenizer.all_special_ids)
-    ids = [i for i in range(len(tokenizer)) if i not in special]
-    texts = [(i, tokenizer.decode([i])) for i in ids[:: max(1, len(ids) // most)]]
-    return [(i, text) for i, text in texts if tokenizer(text, add_special_tokens=False).input_ids == [i]]
-
-
-def served_vocabulary_mismatch(sample: list[tuple[int, str]], theirs: list[list[int]]) -> tuple[str | None, int]:
-    """Why a teacher that reads the text of each of the policy's ``sample`` tokens as ``theirs`` (its token ids of
-    it) means another token by some id (None: it does not), and how many texts it read as one token: the ones that
-    say something. A text it reads as several tokens or none (its pre-tokenizer splits or drops it) says nothing about
-    the ids: the teacher scores ids, never text."""
-    single = [(i, text, ids[0]) for (i, text), ids in zip(sample, theirs) if len(ids) == 1]
-    differ = [(i, text, j) for i, text, j in single if i != j]
-    if not differ:
-        return None, len(single)
-    i, text, j = differ[0]
-    return (
-        f"{len(differ)} of {len(single)} tokens of the policy's vocabulary it reads as another id (e.g. {text!r} is id "
-        f"{i} to the policy, {j} to the teacher)",
-        len(single),
-    )

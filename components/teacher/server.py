@@ -20,16 +20,15 @@ from components.rollout.completions import CompletionsEngine
 from components.rollout.server.connection import Connection
 from components.rollout.server.engine import ScoringEngine
 from components.rollout.server.fanout import wait_for_answers
-from components.rollout.server.http import ServerError
 from components.rollout.server.samples import Scored, image_data
 from components.rollout.server.settings import Servers, WeightPush
 from components.rollout.sglang.engine import SGLangEngine
 from components.rollout.vllm.engine import VLLMEngine
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.models import load_tokenizer
 
-from .base import Teacher, TeacherScores, served_vocabulary_mismatch, tokenizer_mismatch, vocabulary_sample
+from .base import Teacher, TeacherScores
 from .hf import TINY_TEACHER_PATH
+from .vocabulary import check_served_tokenizer
 
 KEY = "model.teacher.init_args"
 
@@ -103,54 +102,13 @@ class ServerTeacher(Teacher):
         if self.connection.open:
             return
         self.connection.connect(type(self).__name__, release_memory=False)
+        engine, url, launch = self.connection.engine, self.connection.urls[0], self.servers.launch
+        served = (launch.get(engine.model_key) or self.connection.default_model) if launch is not None else None
         try:
-            self._check_tokenizer(tokenizer)
+            check_served_tokenizer(tokenizer, engine, url, self.tokenizer_path or served, KEY)
         except BaseException:
             self.close()
             raise
-
-    def _check_tokenizer(self, student) -> None:
-        engine, url = self.connection.engine, self.connection.urls[0]
-        launched = self.servers.launch is not None
-        path = self.tokenizer_path or (
-            self.servers.launch.get(engine.model_key) or self.connection.default_model
-            if launched
-            else engine.model_path(url)
-        )
-        try:
-            theirs = None if path is None else load_tokenizer(path, f"{KEY}.tokenizer")
-        except (OSError, ValueError):
-            if self.tokenizer_path is not None or launched:  # named in the config: its error is the one to show
-                raise
-            theirs = None  # a path on the server's machine, or a hub id this one cannot reach
-        if theirs is not None:
-            reason, source = tokenizer_mismatch(student, theirs), path
-        else:
-            reason, source = self._served_vocabulary(student, url, path), f"{url}/tokenize"
-        if reason is not None:
-            raise ValueError(
-                f"{KEY}: the teacher's tokenizer ({source}) differs from the policy's: {reason}. The teacher scores "
-                "the policy's token ids as they are: serve a teacher trained with the policy's tokenizer"
-            )
-
-    def _served_vocabulary(self, student, url: str, path: str | None) -> str | None:
-        """The server's ``/tokenize`` of a sample of the policy's tokens, each text on its own."""
-        sample, engine = vocabulary_sample(student), self.connection.engine
-        cannot = (
-            f"{KEY}: cannot compare the teacher's tokenizer with the policy's: the server at {url} names no tokenizer "
-            f"this machine can read ({path!r}) and its /tokenize"
-        )
-        fix = f"Set {KEY}.tokenizer to the teacher's tokenizer (a folder or hub id)"
-        try:
-            theirs = [engine.tokenize(url, text) for _, text in sample]
-        except ServerError as err:
-            raise ValueError(f"{cannot} failed ({err}). {fix}") from None
-        reason, read = served_vocabulary_mismatch(sample, theirs)
-        if reason is None and read < len(sample) / 2:
-            raise ValueError(
-                f"{cannot} reads only {read} of {len(sample)} of the policy's tokens as one token each. {fix}"
-            )
-        return reason
 
     def _connected(self) -> Connection:
         if not self.connection.open:  # used again after close() (e.g. trainer.validate after trainer.fit)
