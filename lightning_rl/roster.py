@@ -8,6 +8,7 @@
     val_reward  Reward.setup, when not ``reward`` no      reloaded                          -                 a RewardModel's body  -         -
     teacher     Teacher.setup                     no      reloaded                          -                 the LM, in process    -         teacher_logprobs (+ top-k)
 
+A server teacher (components.teacher.ServerTeacher) holds no model here: its servers score, and it has no FSDP2 unit.
 "Reloaded": checkpoints leave the model's frozen weights out and it is built again from its path; a LoRA model's
 frozen base is reloaded the same way and checked against a fingerprint. Checkpointing (lightning_rl.checkpoint), FSDP2
 sharding (lightning_rl.loop.sharding), the optimizer's parameter groups (DDP, FSDP2 and DeepSpeed alike: one optimizer,
@@ -241,6 +242,9 @@ def _teacher_scorer(m) -> Scorer | None:
 
 
 def _teacher_note(m) -> str | None:
+    urls = getattr(m.teacher, "urls", None)
+    if urls:  # a server teacher: no model in this process
+        return f"scored by {m.teacher.connection.engine.name} at {', '.join(urls)}"
     model, device = getattr(m.teacher, "model", None), getattr(m.teacher, "device_name", None)
     if model is None or device is None:
         return None

@@ -239,3 +239,77 @@ def test_the_distillation_recipe_commands_as_printed(scratch, run):
     (trained,) = (scratch / "runs" / "grpo").glob("version_*")
     assert "path: runs/distill/hf/policy" in (trained / "config.yaml").read_text()
     assert torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(command: str, printed_port: str, port: int, cwd: Path, python: str = sys.executable) -> subprocess.Popen:
+    """A README server command on a free port (the printed one may be taken on a shared machine), its interpreter
+    ``python``."""
+    argv = shlex.split(command.rstrip("&").replace(f"--port {printed_port}", f"--port {port}"))
+    assert argv[0] in ("python", ".venv-vllm/bin/python") and argv[1] == "-m", command
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
+    return subprocess.Popen([python, *argv[1:]], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+
+
+def _stop(server: subprocess.Popen) -> None:
+    import signal
+
+    os.killpg(server.pid, signal.SIGTERM)  # the server and what it started (vLLM's engine core)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+@pytest.mark.slow
+def test_the_sglang_teacher_commands_as_printed(scratch, run):
+    """The loopback server in SGLang's place, serving the shipped teacher, and a distillation fit scored by it."""
+    server_command, fit = bash_block("#### A teacher on a server", index=1)[:2]
+    port = _free_port()
+    server = _start(server_command, "30001", port, scratch)
+    try:
+        _wait_listening(port, server)
+        run(f"{fit} --model.teacher.init_args.base_url=http://127.0.0.1:{port}")
+    finally:
+        _stop(server)
+    (distilled,) = (scratch / "runs" / "distill").glob("version_*")
+    assert "class_path: components.teacher.SGLangTeacher" in (distilled / "config.yaml").read_text()
+    assert torch.load(distilled / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+def test_the_vllm_teacher_commands_as_printed(scratch, run):
+    """A fit that launches vLLM on the shipped teacher, then a plain vLLM server and a fit scored by its
+    /v1/completions."""
+    from components.rollout.vllm.environment import vllm_python
+    from tests.fixtures.vllm_server import healthy, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no real vLLM server: {reason}")
+    (launched,) = bash_block("#### A teacher on a server")
+    run(launched)
+    server_command, fit = bash_block("#### A teacher on a server", index=1)[2:]
+    port = _free_port()
+    server = _start(server_command, "8001", port, scratch, python=vllm_python())
+    try:
+        deadline = time.monotonic() + 600
+        while not healthy(f"http://127.0.0.1:{port}"):
+            assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:]
+            time.sleep(1.0)
+        run(f"{fit} --model.teacher.init_args.base_url=http://127.0.0.1:{port}")
+    finally:
+        _stop(server)
+    runs = sorted((scratch / "runs" / "distill").glob("version_*"))
+    assert [
+        ("VLLMTeacher" in c, "CompletionsTeacher" in c) for c in (r.joinpath("config.yaml").read_text() for r in runs)
+    ] == [(True, False), (False, True)]
+    assert all(torch.load(r / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2 for r in runs)

@@ -56,6 +56,9 @@ class Teacher(ABC):
     def score(self, batch: RolloutBatch) -> TeacherScores:
         """The teacher's log-probs of ``batch.response_ids`` after ``batch.prompt_ids``. No gradient."""
 
+    def close(self) -> None:
+        """Release what scoring holds (a server teacher's connections, a server it launched)."""
+
     def logits(self, batch: RolloutBatch) -> Tensor:
         """The teacher's logits at each response position, already divided by its temperature, fp32. Shape: (B, R, V)."""
         raise NotImplementedError(

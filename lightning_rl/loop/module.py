@@ -94,7 +94,8 @@ class RLModule(LightningModule):
             agent: whole episodes sampled by ``rollout`` (None = one turn): MultiTurnRollout (an `Environment` with tools) or
                 OpenAIAgent (your function, given an OpenAI client on a loopback endpoint).
             teacher: scores the policy's sampled tokens for on-policy distillation (``teacher_logprobs``): HFTeacher, a
-                transformers model with the policy's tokenizer (None = no teacher).
+                transformers model with the policy's tokenizer, or a server that scores given tokens (SGLangTeacher,
+                VLLMTeacher, CompletionsTeacher) (None = no teacher).
             optimizer: the policy's AdamW, LR schedule and gradient clipping.
             loop: epochs, mini-batches, micro-batches and logging.
         """
@@ -346,3 +347,5 @@ class RLModule(LightningModule):
         self.rollout.close()
         if self.agent is not None:
             self.agent.close()
+        if self.teacher is not None:  # a server teacher's connections and the server it launched
+            self.teacher.close()

@@ -19,7 +19,8 @@ HOW_TO_PROVIDE = {
     "returns": "use an estimator that produces value targets (components.advantage.GAE)",
     "rollout_logprobs": "use a rollout that reports sampler log-probs (components.rollout.SGLangRollout, or HFRollout with return_logprobs: true)",
     "is_greedy": "enable the greedy baseline on the rollout (greedy_baseline: true on HFRollout or SGLangRollout)",
-    "teacher_logprobs": "add a teacher: model.teacher with class_path components.teacher.HFTeacher",
+    "teacher_logprobs": "add a teacher: model.teacher with class_path components.teacher.HFTeacher (or a server "
+    "teacher: VLLMTeacher, SGLangTeacher, CompletionsTeacher)",
     "teacher_topk_ids": "add a teacher that returns its top k: model.teacher.init_args.top_k > 0",
     "teacher_topk_logprobs": "add a teacher that returns its top k: model.teacher.init_args.top_k > 0",
     "teacher_logits": "add a teacher in this process, which gives its whole distribution (components.teacher.HFTeacher)",

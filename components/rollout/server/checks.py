@@ -101,8 +101,8 @@ class Checks:
             stale = self._checksums(engine, urls, before, changed) if before is not None else {}
             served = []
             for url in urls:
-                scores, served_version = engine.score(url, probe.prompt, continuation, probe.image_data, adapter)
-                served.append((url, torch.tensor(scores), served_version))
+                scored = engine.score(url, probe.prompt, continuation, probe.image_data, adapter)
+                served.append((url, torch.tensor(scored.logprobs), scored.weight_version))
         except ServerError as err:
             return err
         return self._judge(engine.client.error, served, [expected] * len(urls), stale, version)

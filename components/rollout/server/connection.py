@@ -1,14 +1,15 @@
-"""`Connection`: a rollout's servers: one started if asked to (rank 0), every one checked to generate, a client and a
-request pool, reconnected after ``close``; ``close`` ends what was started."""
+"""`Connection`: a rollout's (or a teacher's) servers: one started if asked to (rank 0), every one checked to answer, a
+client and a request pool, reconnected after ``close``; ``close`` ends what was started."""
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import torch.distributed as dist
 
-from .engine import Engine
+from .engine import ScoringEngine
 from .http import HTTPClient
 from .launch import LaunchedServer
 from .ranks import rank, share
@@ -18,14 +19,24 @@ from .settings import Servers, WeightPush
 class Connection:
     """``urls``: where requests go (a launched server's own address once started); ``engine`` talks to them."""
 
-    def __init__(self, servers: Servers, engine_type: type[Engine], push: WeightPush):
+    def __init__(
+        self,
+        servers: Servers,
+        engine_type: type[ScoringEngine],
+        push: WeightPush,
+        key: str = "model.rollout.init_args",
+        configure: Callable[[ScoringEngine], None] | None = None,
+    ):
+        """``key``: the config key of the settings (messages name it); ``configure``: called with each new engine before
+        its servers are checked."""
         self.settings, self.engine_type, self.push = servers, engine_type, push
+        self.key, self.configure = key, configure
         self.urls = list(servers.urls)
         self.server: LaunchedServer | None = None
         self.client: HTTPClient | None = None
-        self.engine: Engine | None = None
+        self.engine: ScoringEngine | None = None
         self.pool: ThreadPoolExecutor | None = None
-        self.default_model: str | None = None  # the policy's checkpoint: what a launch serves unless it names one
+        self.default_model: str | None = None  # what a launch serves unless it names one (a rollout: the policy)
 
     @property
     def open(self) -> bool:
@@ -47,7 +58,7 @@ class Connection:
                     self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
                 )
             command = self.engine_type.command(launch, s.launch_python)
-            self.server = LaunchedServer(command, self.engine_type.client_type)
+            self.server = LaunchedServer(command, self.engine_type.client_type, owner=self.key.split(".")[1])
             try:
                 self.server.wait_ready(s.launch_timeout_s)
             except BaseException:
@@ -56,8 +67,12 @@ class Connection:
                 raise
         if s.launch is not None:
             self.urls = [share(self.server.url if self.server is not None else None)]
-        self.client = self.engine_type.client_type(s.timeout_s, s.max_retries, s.backoff, death_note=self._death_note)
+        self.client = self.engine_type.client_type(
+            s.timeout_s, s.max_retries, s.backoff, death_note=self._death_note, url_key=f"{self.key}.base_url"
+        )
         self.engine = self.engine_type(self.client, self.push)
+        if self.configure is not None:
+            self.configure(self.engine)
         self.pool = ThreadPoolExecutor(s.max_concurrency, thread_name_prefix=f"{self.engine.name.lower()}-rollout")
         for url in self.urls:
             self.engine.health(url)

@@ -2,6 +2,11 @@
 these calls to its own endpoints and JSON; everything else (fan-out over servers, retries, version stamps, partial
 rollouts, launch and health, bucketed pushes, adapters kept for requests in flight, verification) is the rollout's.
 
+`ScoringEngine` is the part a server that only scores given tokens offers (a teacher's: `components.teacher`):
+start, health, ``score`` and its tokenizer. Scoring is an engine call because the request and answer are each
+engine's own (SGLang's ``/generate`` with input log-probs, vLLM's prompt log-probs, ``/v1/completions`` with
+``echo``), while the connection around it (servers, retries, launch, fan-out) is the same as a rollout's.
+
 Weights reach a server in one of three ways (``WeightPush.weight_sync``): a folder of safetensors the server reads
 (``disk``), or `WeightBuckets` (an iterator of ``(name, tensor)`` buckets) sent as CUDA IPC handles (``tensor``) or
 through a process group (``distributed``). A LoRA policy may send its adapter alone.
@@ -17,20 +22,17 @@ from torch import Tensor
 from .buckets import WeightBuckets
 from .http import HTTPClient
 from .launch import Command
-from .samples import Answer, Request
+from .samples import Answer, Request, Scored
 from .settings import WeightPush
 
 
-class Engine(ABC):
-    """One engine's mapping; ``client`` talks to its servers (retries, the sampling gate, the engine's errors)."""
+class ScoringEngine(ABC):
+    """A server that scores given tokens; ``client`` talks to its servers (retries, the engine's errors)."""
 
     client_type: ClassVar[type[HTTPClient]]
     """The engine's client class (its error class names the engine)."""
     model_key: ClassVar[str]
     """The ``launch`` argument naming the checkpoint to serve (the policy's, when ``launch`` leaves it out)."""
-    fusions: ClassVar[dict[str, str]] = {}
-    """Module names the engine fuses on load, trainer name -> the engine's (``q_proj`` -> ``qkv_proj``): a checksum
-    of the fused tensor stands for each of its parts."""
 
     def __init__(self, client: HTTPClient, push: WeightPush | None = None):
         self.client = client
@@ -40,7 +42,6 @@ class Engine(ABC):
     def name(self) -> str:
         return self.client.error.engine
 
-    # ------------------------------------------------------------------ servers
     @classmethod
     @abstractmethod
     def command(cls, launch: dict, python: str | None) -> Command:
@@ -51,18 +52,53 @@ class Engine(ABC):
     def health(self, url: str) -> None:
         """Return once the server at ``url`` can generate; the engine's error otherwise."""
 
+    @abstractmethod
+    def score(
+        self,
+        url: str,
+        prompt: list[int],
+        continuation: list[int],
+        images: list[str] | None,
+        adapter: str | None,
+        top_k: int = 0,
+    ) -> Scored:
+        """The server's log p(y_t | x, y_<t) of a given ``continuation`` of ``prompt`` (with its ``images``), with
+        ``top_k`` its k most likely tokens at each position, and its weight version. Raw log-probs: log_softmax of
+        the logits, no temperature (what every engine returns for given tokens)."""
+
+    def model_path(self, url: str) -> str | None:
+        """The checkpoint (or its tokenizer) the server at ``url`` says it serves, from OpenAI's ``GET /v1/models``
+        (vLLM adds ``root``, the path it loaded); None when it names none."""
+        answer = self.client.request(url, "/v1/models", method="GET", retries=0)
+        models = answer.get("data") if isinstance(answer, dict) else None
+        if not models:
+            return None
+        return models[0].get("root") or models[0].get("id")
+
+    def tokenize(self, url: str, text: str) -> list[int]:
+        """The server's token ids of ``text``, no special tokens added (``POST /tokenize``: vLLM and SGLang)."""
+        answer = self.client.request(url, "/tokenize", {"prompt": text, "add_special_tokens": False}, retries=0)
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list):
+            raise self.client.fail(url, f": /tokenize answered no tokens: {str(answer)[:300]}")
+        return [int(t) for t in tokens]
+
+    def close(self) -> None:
+        """Tear down what the engine set up (weight-transfer groups); best effort, servers may be gone."""
+
+
+class Engine(ScoringEngine):
+    """One engine's mapping for a rollout: scoring, and sampling and weight pushes."""
+
+    fusions: ClassVar[dict[str, str]] = {}
+    """Module names the engine fuses on load, trainer name -> the engine's (``q_proj`` -> ``qkv_proj``): a checksum
+    of the fused tensor stands for each of its parts."""
+
     # ------------------------------------------------------------------ sampling
     @abstractmethod
     def generate(self, url: str, request: Request, adapter: str | None, keep_aborted: bool) -> list[Answer]:
         """``request.n`` answers, in order. A request the server aborted is sent again (`Retry`) unless
         ``keep_aborted``, which returns it with finish ``abort`` and the tokens sampled so far."""
-
-    @abstractmethod
-    def score(
-        self, url: str, prompt: list[int], continuation: list[int], images: list[str] | None, adapter: str | None
-    ) -> tuple[list[float], str | None]:
-        """The server's log p(y_t | x, y_<t) of a given ``continuation`` of ``prompt`` (with its ``images``), and its
-        weight version."""
 
     # ------------------------------------------------------------------ weights
     @abstractmethod
@@ -104,6 +140,3 @@ class Engine(ABC):
 
     def resume_memory(self, urls: list[str]) -> None:
         raise self.client.error(f"{self.name} rollout: release_memory is not supported by this engine")
-
-    def close(self) -> None:
-        """Tear down what pushes set up (weight-transfer groups); best effort, servers may be gone."""

@@ -39,9 +39,16 @@ class HTTPClient:
     """What every failure raises: the engine's error class, which carries the engine's name."""
 
     def __init__(
-        self, timeout_s: float, max_retries: int, backoff: float, death_note: Callable[[str], str | None] | None = None
+        self,
+        timeout_s: float,
+        max_retries: int,
+        backoff: float,
+        death_note: Callable[[str], str | None] | None = None,
+        url_key: str = "model.rollout.init_args.base_url",
     ):
+        """``url_key``: the setting that names the servers, which a failure's message points to."""
         self.timeout_s = timeout_s
+        self.url_key = url_key
         self.max_retries = max_retries
         self.backoff = backoff
         self.death_note = death_note
@@ -84,7 +91,7 @@ class HTTPClient:
         raise self.fail(
             url,
             f": {method} {path} failed after {attempts} attempt(s); last error: {last}. "
-            + (note or "Is the server running and reachable from here? Check model.rollout.init_args.base_url."),
+            + (note or f"Is the server running and reachable from here? Check {self.url_key}."),
         )
 
     def _once(

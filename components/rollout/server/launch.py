@@ -60,8 +60,9 @@ class Command:
 class LaunchedServer:
     """One server started by the rollout; ``url`` is where it listens."""
 
-    def __init__(self, command: Command, client: type[HTTPClient], log_dir: str | None = None):
-        self.command, self.url, self._client = command, command.url, client
+    def __init__(self, command: Command, client: type[HTTPClient], log_dir: str | None = None, owner: str = "rollout"):
+        """``owner``: what started it (``rollout``, ``teacher``), as messages say."""
+        self.command, self.url, self._client, self.owner = command, command.url, client, owner
         engine = client.error.engine
         port = command.url.rsplit(":", 1)[-1]
         folder = log_dir or tempfile.mkdtemp(prefix=f"lightning_rl_{engine.lower()}_")
@@ -95,7 +96,7 @@ class LaunchedServer:
         if code is None:
             return None
         return (
-            f"The {self._client.error.engine} server launched by the rollout exited with code {code}; "
+            f"The {self._client.error.engine} server launched by the {self.owner} exited with code {code}; "
             f"log {self.log_path}, last lines:\n{self.log_tail()}"
         )
 

@@ -1,5 +1,5 @@
-"""What one generation request asks of an engine (`Request`), what it answers (`Answer`), and the answers of a rollout
-turned into a `RolloutBatch` (`to_batch`).
+"""What one generation request asks of an engine (`Request`), what it answers (`Answer`), a given continuation scored
+(`Scored`), and the answers of a rollout turned into a `RolloutBatch` (`to_batch`).
 
 Every engine is sent the unpadded prompt ids (never re-tokenised text) with an explicit ``max_new_tokens``, and
 answers each sample's token ids with the log-prob of every sampled token under the weights that sampled it.
@@ -39,6 +39,15 @@ class Answer(NamedTuple):
     logprobs: list[float]
     finish: str  # stop | length | abort (interrupted by a weight push: the tokens so far)
     weight_version: str | None  # the server's weight version, when its answers carry one
+
+
+class Scored(NamedTuple):
+    """A given continuation as a server scored it: raw log-probs (log_softmax of the logits, no temperature)."""
+
+    logprobs: list[float]  # log p(y_t | x, y_<t) of each continuation token
+    weight_version: str | None  # the server's weight version, when its answers carry one
+    top_ids: list[list[int]] | None = None  # per continuation position, the k most likely tokens, most likely first
+    top_logprobs: list[list[float]] | None = None  # their log-probs
 
 
 class Sample(NamedTuple):

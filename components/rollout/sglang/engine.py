@@ -2,6 +2,8 @@
 ``sglang/srt/entrypoints/http_server.py`` and ``managers/io_struct.py``).
 
 generate      ``POST /generate`` (`generation`)
+score         ``POST /generate`` with ``max_new_tokens: 0``, ``return_logprob``, ``logprob_start_len`` and
+              ``top_logprobs_num`` (given tokens' input log-probs, raw); ``GET /model_info`` (``tokenizer_path``)
 push          ``/update_weights_from_disk`` (`weights`); ``/update_weights_from_tensor`` in a
               ``/begin_weight_update`` ... ``/end_weight_update`` session (CUDA IPC, `weights`); or a process group
               (``/init_weights_update_group``, ``/update_weights_from_distributed``: `group`) while the servers are
@@ -54,8 +56,12 @@ class SGLangEngine(Engine):
     def generate(self, url: str, request: Request, adapter: str | None, keep_aborted: bool) -> list[Answer]:
         return generation.request(self.client, url, request, adapter, keep_aborted)
 
-    def score(self, url, prompt, continuation, images, adapter):
-        return generation.score(self.client, url, prompt, continuation, images, adapter)
+    def score(self, url, prompt, continuation, images, adapter, top_k=0):
+        return generation.score(self.client, url, prompt, continuation, images, adapter, top_k)
+
+    def model_path(self, url: str) -> str | None:
+        info = self.client.request(url, "/model_info", method="GET", retries=0)
+        return (info.get("tokenizer_path") or info.get("model_path")) if isinstance(info, dict) else None
 
     # ------------------------------------------------------------------ weights
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:

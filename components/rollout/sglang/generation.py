@@ -21,7 +21,7 @@ sampled so far (the server layer continues them: partial rollouts).
 
 from __future__ import annotations
 
-from ..server.samples import Answer, Request, Sample, image_data, to_batch
+from ..server.samples import Answer, Request, Sample, Scored, image_data, to_batch
 from .client import Retry, SGLangClient, SGLangError
 
 __all__ = ["Sample", "image_data", "request", "sampling_params", "to_batch"]
@@ -85,16 +85,31 @@ def _parse(url: str, item: dict) -> Answer:
 
 
 def score(
-    client: SGLangClient, url: str, prompt: list[int], continuation: list[int], images, lora_name: str | None
-) -> tuple[list[float], str | None]:
-    """The server's log p(y_t | x, y_<t) of a given continuation and its weight version: ``max_new_tokens: 0`` and
-    ``logprob_start_len: 0`` score the whole input (``meta_info.input_token_logprobs``)."""
+    client: SGLangClient,
+    url: str,
+    prompt: list[int],
+    continuation: list[int],
+    images,
+    lora_name: str | None,
+    top_k: int = 0,
+) -> Scored:
+    """The server's log p(y_t | x, y_<t) of a given continuation, its top k at each position and its weight version.
+
+    ``max_new_tokens: 0`` runs the prefill alone; ``logprob_start_len: P - 1`` (P: the prompt's length) asks for the
+    input log-probs from the prompt's last token on, which SGLang answers as ``meta_info.input_token_logprobs`` =
+    ``[[None, id_{P-1}, None], [logprob, id_P, None], ...]`` (entry j: token P - 1 + j given those before it; the first
+    has none) and, with ``top_logprobs_num: k``, ``input_top_logprobs`` = ``[None, [[logprob, id, None] x k], ...]``,
+    most likely first (``logits_processor`` and ``scheduler_components/logprob_result_processor.py``, SGLang 0.5.23).
+    Input log-probs are log_softmax of the raw logits: SGLang applies no sampling temperature to them."""
+    start = len(prompt) - 1  # the prompt's cache stays usable: only its last position is scored again
     body = {
         "input_ids": prompt + continuation,
         "sampling_params": {"n": 1, "max_new_tokens": 0, "temperature": 1.0},
         "return_logprob": True,
-        "logprob_start_len": 0,
+        "logprob_start_len": start,
     }
+    if top_k:
+        body["top_logprobs_num"] = top_k
     if images:
         body["image_data"] = images
     if lora_name is not None:
@@ -103,10 +118,25 @@ def score(
     item = (answer[0] if isinstance(answer, list) else answer) or {}
     meta = item.get("meta_info") or {}
     scored = meta.get("input_token_logprobs") or []
-    if len(scored) != len(prompt) + len(continuation):
+    if len(scored) != len(continuation) + 1 or [int(e[1]) for e in scored[1:]] != list(continuation):
         raise SGLangError(
-            f"SGLang server at {url}: the verification probe came back with {len(scored)} input log-probs for "
-            f"{len(prompt) + len(continuation)} tokens"
+            f"SGLang server at {url}: /generate scored {len(scored) - 1} input tokens after the prompt for "
+            f"{len(continuation)} given ones (or other ids): {str(scored)[:200]}"
         )
+    if any(entry[0] is None for entry in scored[1:]):  # JSON null: a non-finite log-prob on the server
+        raise SGLangError(f"SGLang server at {url} returned a null (non-finite) log-prob for a given token")
     served = meta.get("weight_version")
-    return [float(entry[0]) for entry in scored[len(prompt) :]], None if served is None else str(served)
+    version = None if served is None else str(served)
+    logprobs = [float(entry[0]) for entry in scored[1:]]
+    if not top_k:
+        return Scored(logprobs, version)
+    tops = (meta.get("input_top_logprobs") or [])[1:]
+    if len(tops) != len(continuation) or any(not top or len(top) < top_k for top in tops):
+        raise SGLangError(
+            f"SGLang server at {url}: /generate answered no top {top_k} log-probs for some of the "
+            f"{len(continuation)} given tokens (input_top_logprobs: {str(meta.get('input_top_logprobs'))[:200]})"
+        )
+    ranked = [sorted(top, key=lambda e: -float(e[0]))[:top_k] for top in tops]
+    return Scored(
+        logprobs, version, [[int(e[1]) for e in top] for top in ranked], [[float(e[0]) for e in top] for top in ranked]
+    )

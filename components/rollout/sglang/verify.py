@@ -37,8 +37,8 @@ def server_scores(
     client: SGLangClient, url: str, prompt: list[int], continuation: list[int], lora_name: str | None
 ) -> tuple[Tensor, str | None]:
     """The server's log p(y_t | x, y_<t) of a given continuation (shape (PROBE_TOKENS,)) and its weight version."""
-    scores, version = SGLangEngine(client).score(url, prompt, continuation, None, lora_name)
-    return torch.tensor(scores), version
+    scored = SGLangEngine(client).score(url, prompt, continuation, None, lora_name)
+    return torch.tensor(scored.logprobs), scored.weight_version
 
 
 def check(

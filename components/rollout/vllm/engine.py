@@ -2,6 +2,7 @@
 scale-out and dev routes, `launch`).
 
 generate      ``POST /inference/v1/generate`` (`generation`)
+score         the same with ``prompt_logprobs: k`` (given tokens' log-probs, raw, and the top k at each position)
 push          disk: ``/collective_rpc {method: reload_weights, kwargs: {weights_path}}`` (an in-place reload from a
               safetensors folder) and ``/update_weight_version``; distributed: ``/init_weight_transfer_engine`` once,
               then ``/start_weight_update``, ``/update_weights`` per bucket, ``/finish_weight_update {weight_version}``
@@ -63,10 +64,10 @@ class VLLMEngine(Engine):
     def generate(self, url: str, request: Request, adapter: str | None, keep_aborted: bool) -> list[Answer]:
         return generation.generate(self.client, url, request, adapter, keep_aborted)
 
-    def score(self, url, prompt, continuation, images, adapter):
+    def score(self, url, prompt, continuation, images, adapter, top_k=0):
         if images:
             raise VLLMError(f"vLLM server at {url}: prompts with images are not sent to vLLM by this rollout yet")
-        return generation.score(self.client, url, prompt, continuation, adapter)
+        return generation.score(self.client, url, prompt, continuation, adapter, top_k)
 
     # ------------------------------------------------------------------ weights
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:

@@ -21,6 +21,7 @@ def vllm_python(launch_python: str | None = None) -> str:
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
     raise FileNotFoundError(
-        f"VLLMRollout: no vLLM environment at {candidate}: set model.rollout.init_args.launch_python or {VARIABLE} to "
-        f"the python of an environment with vllm installed, or run `make vllm-env` (it creates {MADE})"
+        f"no vLLM environment at {candidate}: set launch_python (of model.rollout.init_args, or model.teacher.init_args "
+        f"for a vLLM teacher) or {VARIABLE} to the python of an environment with vllm installed, or run `make vllm-env` "
+        f"(it creates {MADE})"
     )

@@ -11,15 +11,15 @@ always explicit (left out, vLLM fills the context). Answer: ``choices`` (``index
 A non-finite log-prob comes as -9999.0. ``/pause?mode=abort`` ends the requests in flight with finish ``abort``, the
 tokens so far and their log-probs (the server layer continues them: partial rollouts).
 
-Scoring given tokens: ``sampling_params: {prompt_logprobs: 0, max_tokens: 1}`` answers ``prompt_logprobs``: entry i
-is ``{"<token id>": {"logprob": ...}}``, the log-prob of prompt token i given those before it (entry 0 is null);
-prompt log-probs are raw (untempered) in every mode.
+Scoring given tokens: ``sampling_params: {prompt_logprobs: k, max_tokens: 1}`` answers ``prompt_logprobs``: entry i
+is ``{"<token id>": {"logprob": ..., "rank": ...}}``, the log-prob of prompt token i given those before it and of the
+k most likely tokens there (entry 0 is null); prompt log-probs are raw (untempered) in every mode.
 """
 
 from __future__ import annotations
 
 from ..server.http import Retry
-from ..server.samples import Answer, Request
+from ..server.samples import Answer, Request, Scored
 from .client import VLLMClient, VLLMError
 
 NON_FINITE = -9999.0  # vLLM's stand-in for a -inf or NaN log-prob
@@ -83,21 +83,39 @@ def _parse(url: str, choice: dict) -> Answer:
 
 
 def score(
-    client: VLLMClient, url: str, prompt: list[int], continuation: list[int], adapter: str | None
-) -> tuple[list[float], str | None]:
-    """The server's log p(y_t | x, y_<t) of a given continuation (raw: the probe is greedy) and its weight version."""
-    body = {"token_ids": prompt + continuation, "sampling_params": {"prompt_logprobs": 0, "max_tokens": 1,
+    client: VLLMClient, url: str, prompt: list[int], continuation: list[int], adapter: str | None, top_k: int = 0
+) -> Scored:
+    """The server's log p(y_t | x, y_<t) of a given continuation (raw: vLLM's prompt log-probs take no temperature),
+    with ``top_k`` its k most likely tokens at each position, and its weight version.
+
+    ``prompt_logprobs: k`` gives each prompt position the given token and the k most likely (k + 1 entries when the
+    given one is not among them); vLLM's ``--max-logprobs`` (20 by default) caps k."""
+    body = {"token_ids": prompt + continuation, "sampling_params": {"prompt_logprobs": top_k, "max_tokens": 1,
             "temperature": 0.0, "logprobs": 0}}  # fmt: skip
     if adapter is not None:
         body["model"] = adapter
     answer = client.request(url, "/inference/v1/generate", body)
     scored = (answer or {}).get("prompt_logprobs") or []
     tokens = prompt + continuation
-    if len(scored) != len(tokens):
+    if len(scored) != len(tokens) or any(
+        str(t) not in (scored[i] or {}) for i, t in enumerate(continuation, len(prompt))
+    ):
         raise VLLMError(
-            f"vLLM server at {url}: the verification probe came back with {len(scored)} prompt log-probs for "
-            f"{len(tokens)} tokens"
+            f"vLLM server at {url}: /inference/v1/generate came back with {len(scored)} prompt log-probs for "
+            f"{len(tokens)} tokens (or without the given ones)"
         )
-    logprobs = [float(scored[i][str(tokens[i])]["logprob"]) for i in range(len(prompt), len(tokens))]
+    entries = scored[len(prompt) :]
+    logprobs = [float(entry[str(t)]["logprob"]) for entry, t in zip(entries, continuation)]
+    if any(lp <= NON_FINITE for lp in logprobs):
+        raise VLLMError(f"vLLM server at {url} returned a non-finite log-prob for a given token")
     spans = (answer.get("choices") or [{}])[0].get("weight_versions") or []
-    return logprobs, (str(spans[0]["version"]) if spans else None)
+    version = str(spans[0]["version"]) if spans else None
+    if not top_k:
+        return Scored(logprobs, version)
+    ranked = [sorted(entry.items(), key=lambda kv: -float(kv[1]["logprob"]))[:top_k] for entry in entries]
+    return Scored(
+        logprobs,
+        version,
+        [[int(i) for i, _ in top] for top in ranked],
+        [[float(v["logprob"]) for _, v in top] for top in ranked],
+    )

@@ -1,0 +1,211 @@
+"""`ServerTeacher`: a teacher on inference servers that score given tokens: the student's prompt and sampled response
+go in, the teacher's log-prob of each response token (and with ``top_k`` its k most likely tokens at each position)
+come out. The servers, their retries, fan-out, health and launch are the server rollout's (`components.rollout.server`):
+`SGLangTeacher` (``/generate`` with input log-probs), `VLLMTeacher` (prompt log-probs), `CompletionsTeacher` (any
+OpenAI-compatible ``/v1/completions`` with ``echo`` and ``logprobs``).
+
+Every engine returns the raw log-probs of given tokens, log_softmax(z): SGLang's input log-probs and vLLM's prompt
+log-probs take no temperature. That is `HFTeacher`'s distribution at temperature 1; at another temperature
+log_softmax(z / T) needs the whole distribution's normaliser, which a server does not return, so a server teacher
+refuses any temperature but 1. The top k are the k most likely tokens of the same distribution, most likely first.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from components.rollout.completions import CompletionsEngine
+from components.rollout.server.connection import Connection
+from components.rollout.server.engine import ScoringEngine
+from components.rollout.server.fanout import wait_for_answers
+from components.rollout.server.samples import Scored, image_data
+from components.rollout.server.settings import Servers, WeightPush
+from components.rollout.sglang.engine import SGLangEngine
+from components.rollout.vllm.engine import VLLMEngine
+from lightning_rl.core.batch import RolloutBatch
+
+from .base import Teacher, TeacherScores
+from .hf import TINY_TEACHER_PATH
+from .vocabulary import check_served_tokenizer
+
+KEY = "model.teacher.init_args"
+
+
+class ServerTeacher(Teacher):
+    """log p_teacher(y_t | x, y_<t) of the student's sampled tokens, scored by a server (teacher forcing on the
+    student's response, on-policy distillation, Agarwal et al. 2024, arXiv:2306.13649); the engine is a subclass's."""
+
+    engine_type: ClassVar[type[ScoringEngine]]
+
+    def __init__(
+        self,
+        base_url: str | list[str] | None = None,
+        launch: dict | None = None,
+        launch_python: str | None = None,
+        tokenizer: str | None = None,
+        top_k: int = 0,
+        temperature: float = 1.0,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        max_concurrency: int = 64,
+        launch_timeout_s: float = 900.0,
+        deadline_s: float = 1800.0,
+    ):
+        """
+        Args:
+            base_url: running server(s) serving the teacher (``http://host:port``); rows are spread over them.
+            launch: instead of ``base_url``, start the engine's server with these arguments (as the engine's rollout
+                does; ``True`` = bare flag) and stop it at the end; the checkpoint defaults to the built-in task's teacher.
+            launch_python: interpreter that has the engine installed (None: the engine's default).
+            tokenizer: the teacher's tokenizer (folder or hub id), compared with the policy's at setup. None: the
+                launched checkpoint's, else the one the server names (``/model_info``, ``/v1/models``) when this machine
+                can load it, else the server's ``/tokenize`` of a sample of the policy's tokens, each on its own.
+            top_k: also return the teacher's k most likely tokens at each position (the top-k reverse KL); 0 = none.
+            temperature: must be 1: a server returns raw log-probs of given tokens (see the module's docstring).
+            timeout_s: seconds to wait for one answer.
+            max_retries: extra attempts after a timeout, a dropped connection or a 5xx.
+            backoff: seconds before the first retry, doubled for each further one.
+            max_concurrency: requests in flight at once, over all servers.
+            launch_timeout_s: seconds to wait for a launched server to answer its health check.
+            deadline_s: seconds the scoring of one micro-batch may take before it fails.
+        """
+        who = type(self).__name__
+        if temperature != 1.0:
+            raise ValueError(
+                f"{who}: temperature {temperature}: a server returns raw log-probs of given tokens, log_softmax(z), and "
+                "log_softmax(z / T) needs the normaliser of the whole distribution, which it does not return. Use "
+                "temperature 1, or components.teacher.HFTeacher (in this process) for a tempered teacher"
+            )
+        if top_k < 0:
+            raise ValueError(f"{who}: top_k must be >= 0, got {top_k}")
+        self.servers = Servers(
+            Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
+            max_concurrency, deadline_s,
+        )  # fmt: skip
+        self.servers.check(who)
+        self.top_k, self.temperature, self.tokenizer_path = top_k, temperature, tokenizer
+        self.connection = Connection(self.servers, self.engine_type, WeightPush(), KEY, self._configure)
+        self.connection.default_model = TINY_TEACHER_PATH
+
+    def _configure(self, engine: ScoringEngine) -> None:
+        """Engine settings before its servers are checked (a subclass's)."""
+
+    @property
+    def urls(self) -> list[str]:
+        return self.connection.urls
+
+    def setup(self, tokenizer) -> None:
+        """Connect (start the server if asked to), then refuse a teacher that reads the policy's token ids otherwise."""
+        if self.connection.open:
+            return
+        self.connection.connect(type(self).__name__, release_memory=False)
+        engine, url, launch = self.connection.engine, self.connection.urls[0], self.servers.launch
+        served = (launch.get(engine.model_key) or self.connection.default_model) if launch is not None else None
+        try:
+            check_served_tokenizer(tokenizer, engine, url, self.tokenizer_path or served, KEY)
+        except BaseException:
+            self.close()
+            raise
+
+    def _connected(self) -> Connection:
+        if not self.connection.open:  # used again after close() (e.g. trainer.validate after trainer.fit)
+            self.connection.connect(type(self).__name__, release_memory=False)
+        return self.connection
+
+    @torch.no_grad()
+    def score(self, batch: RolloutBatch) -> TeacherScores:
+        batch.require(self.requires, type(self).__name__)
+        connection = self._connected()
+        lengths = batch.response_mask.sum(-1).tolist()
+        prompts, responses = batch.prompt_ids.cpu(), batch.response_ids.cpu()
+        masks = batch.prompt_mask.cpu().bool()
+        rows = [i for i, n in enumerate(lengths) if n > 0]
+        futures = []
+        for j, i in enumerate(rows):
+            images = image_data(batch.images[i]) if batch.images is not None and batch.images[i] else None
+            url = connection.urls[j % len(connection.urls)]
+            prompt, response = prompts[i][masks[i]].tolist(), responses[i, : int(lengths[i])].tolist()
+            futures.append(
+                connection.pool.submit(connection.engine.score, url, prompt, response, images, None, self.top_k)
+            )
+        try:
+            answers: list[Scored] = wait_for_answers(
+                futures, self.servers.deadline_s, self.servers.progress_every_s, connection.urls,
+                connection.client.error,
+            )  # fmt: skip
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        return self._tensors(batch, rows, answers)
+
+    def _tensors(self, batch: RolloutBatch, rows: list[int], answers: list[Scored]) -> TeacherScores:
+        shape, k = batch.response_ids.shape, self.top_k
+        logprobs = torch.zeros(shape, dtype=torch.float32)  # (B, R); 0 after each response's end
+        ids = torch.zeros(*shape, k, dtype=torch.long)  # (B, R, K)
+        top = torch.zeros(*shape, k, dtype=torch.float32)  # (B, R, K)
+        for i, answer in zip(rows, answers):
+            n = len(answer.logprobs)
+            logprobs[i, :n] = torch.tensor(answer.logprobs, dtype=torch.float32)
+            if k:
+                ids[i, :n] = torch.tensor(answer.top_ids, dtype=torch.long)
+                top[i, :n] = torch.tensor(answer.top_logprobs, dtype=torch.float32)
+        device = batch.response_ids.device
+        if not k:
+            return TeacherScores(logprobs.to(device))
+        return TeacherScores(logprobs.to(device), ids.to(device), top.to(device))
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class SGLangTeacher(ServerTeacher):
+    """log p_teacher(y_t | x, y_<t) = log_softmax(z_t)[y_t] and the top k, scored by SGLang servers (on-policy
+    distillation, arXiv:2306.13649).
+
+    ``/generate`` with ``max_new_tokens: 0``, ``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num``.
+    ``launch`` starts ``python -m sglang.launch_server`` (its ``model_path`` defaults to the built-in task's teacher)."""
+
+    engine_type = SGLangEngine
+
+
+class VLLMTeacher(ServerTeacher):
+    """log p_teacher(y_t | x, y_<t) = log_softmax(z_t)[y_t] and the top k, scored by vLLM servers (on-policy
+    distillation, arXiv:2306.13649).
+
+    Prompt log-probs (``prompt_logprobs: k``) on ``/inference/v1/generate``, which a server started with
+    ``--enable-scale-out`` serves (``launch`` adds it, as `VLLMRollout`'s does; its ``model`` defaults to the built-in
+    task's teacher). vLLM's ``--max-logprobs`` (20 by default) caps ``top_k``."""
+
+    engine_type = VLLMEngine
+
+
+class CompletionsTeacher(ServerTeacher):
+    """log p_teacher(y_t | x, y_<t) = log_softmax(z_t)[y_t] and the top k, scored by an OpenAI-compatible
+    ``/v1/completions`` server (on-policy distillation, arXiv:2306.13649).
+
+    The legacy scoring request (``echo``, ``logprobs``, ``max_tokens: 0``), which a plain vLLM OpenAI server answers;
+    the top k needs token ids in the answer (vLLM's ``return_tokens_as_token_ids``). Started with its own command:
+    ``base_url`` only."""
+
+    engine_type = CompletionsEngine
+
+    def __init__(self, base_url: str | list[str] | None = None, model: str | None = None, **kwargs):
+        """
+        Args:
+            base_url: running server(s) serving the teacher (``http://host:port``); rows are spread over them.
+            model: the served model requests name (None: the first the server lists at ``/v1/models``).
+        """
+        if kwargs.get("launch") is not None:
+            raise ValueError(
+                "CompletionsTeacher: an OpenAI-compatible server is started with its own command; set base_url "
+                "(VLLMTeacher and SGLangTeacher can launch their engine's server)"
+            )
+        super().__init__(base_url=base_url, **kwargs)
+        self.model = model
+
+    def _configure(self, engine: CompletionsEngine) -> None:
+        engine.served_model = self.model
