@@ -53,7 +53,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning_rl.checkpoint import with_atomic_checkpoints  # noqa: E402
 from lightning_rl.cli.console import quiet  # noqa: E402
 from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
-from lightning_rl.cli.suggest import hint  # noqa: E402
+from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
 from lightning_rl.loop.runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
@@ -81,11 +81,15 @@ class RLArgumentParser(LightningArgumentParser):
     and where to find every option, without the 100 lines of usage."""
 
     def error(self, message: str, ex: Exception | None = None):
-        suggestion = hint(message, set(self._option_keys()))
+        if not self.exit_on_error or debugging():  # a nested parser's message: the parser that prints it rewrites it
+            suggestion = hint(message, set(self._option_keys()))
+            return super().error(f"{message} ({suggestion})" if suggestion else message, ex)
+        # a dotted path that does not import: jsonargparse's message lists every type it tried; ours names the path
+        suggestion = unimportable(message)
         if suggestion:
+            message = suggestion
+        elif suggestion := hint(message, set(self._option_keys())):
             message = f"{message} ({suggestion})"
-        if not self.exit_on_error or debugging():
-            return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         message = " ".join(
             line.strip() for line in message.splitlines()
@@ -301,10 +305,11 @@ def _key_of(config, class_path: str, prefix: str = "") -> str | None:
 def _said_in_one_line() -> tuple[type[BaseException], ...]:
     """Errors whose message names the culprit and the fix: the trace would only hide it."""
     from components.rollout.sglang.client import SGLangError
+    from lightning_rl.core.errors import ConfigError
     from lightning_rl.data.checks import DataError
     from lightning_rl.loop.health import NonFiniteTrainingError
 
-    return (SGLangError, DataError, NonFiniteTrainingError, FileNotFoundError)
+    return (SGLangError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
 
 
 def command_line(command: Callable[[], object]) -> None:
