@@ -51,12 +51,18 @@ from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from lightning_rl.checkpoint import with_atomic_checkpoints  # noqa: E402
-from lightning_rl.cli.console import quiet  # noqa: E402
+from lightning_rl.cli.console import quiet, results_table  # noqa: E402
 from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
 from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
-from lightning_rl.loop.runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
+from lightning_rl.loop.runs import (  # noqa: E402
+    check_continued_policy,
+    claim_file,
+    resolve_checkpoint,
+    run_folder,
+    start_run,
+)
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -180,8 +186,20 @@ class RunCLI(LightningCLI):
         # first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
         config = self.config_init[subcommand]
         config["ckpt_path"] = resolve_checkpoint(config.get("ckpt_path"))
+        spec = getattr(self.model, "policy_spec", None)
+        if subcommand == "fit" and not config.get("new_run") and spec is not None:
+            check_continued_policy(config["ckpt_path"], spec.path)  # before anything is written or loaded
         start_run(self.trainer, subcommand, config["ckpt_path"], new_run=bool(config.get("new_run")))
         super()._run_subcommand(subcommand)
+
+    def validate(self, verbose: bool = True, **kwargs) -> list[dict]:
+        """``Trainer.validate``, its results table with rounded numbers (Lightning prints 0.3100000023841858)."""
+        results = self.trainer.validate(verbose=False, **kwargs)
+        if verbose and self.trainer.is_global_zero and results:
+            from rich import get_console
+
+            get_console().print(results_table(results))
+        return results
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
