@@ -1,13 +1,9 @@
 """A verifiers environment, as it would run under any verifiers trainer: 3-digit x 2-digit products with a calculator
 tool (`ToolEnv`) and a Rubric that gives 1 for the exact product. components.rollout.VerifiersAgent trains a policy on
-it through the trainer's endpoint; the Rubric's reward is the training reward (components.reward.ResultScore).
-
-    lightning-rl fit --config configs/openai_agent.yaml \\
-        --model.agent=components.rollout.VerifiersAgent \\
-        --model.agent.init_args.environment=examples.verifiers_calc_env.load_environment ...
-
-(the README's verifiers section has the whole command). The dataset is the environment's own: ``data.train_data:
-verifiers:examples.verifiers_calc_env.load_environment`` reads it (``?{"size": 64}`` passes keyword arguments).
+it through the trainer's endpoint, the Rubric's reward as the training reward (components.reward.ResultScore): the
+README's verifiers section stacks its config on configs/openai_agent.yaml. ``data.train_data:
+verifiers:examples.verifiers_calc_env.load_environment`` reads the environment's own dataset (``?{"seed":1}`` passes
+keyword arguments: other problems, for validation).
 """
 
 from __future__ import annotations

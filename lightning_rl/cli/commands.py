@@ -16,8 +16,10 @@ relative to the node, e.g. in ``model.aggregator.init_args``:
 ``...`` = model). Absolute keys (``${model.rollout...}``) do not resolve under a subcommand with
 jsonargparse 4.53 (it looks them up under ``fit.``).
 
-A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean", and exit
-status 2; a server that does not answer, a bad data row or a missing file is one line and exit status 1.
+A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean" (a dotted path
+that does not import: the closest one that does), and exit status 2; a setting found not to work at set-up
+(lightning_rl.core.errors.ConfigError), a server that does not answer, a bad data row or a missing file is one line
+and exit status 1.
 ``LIGHTNING_RL_DEBUG=1`` shows the trace instead.
 """
 
