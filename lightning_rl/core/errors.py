@@ -1,8 +1,9 @@
 """Errors that teach: a setting that cannot work is one line naming its config key, what is wrong and the fix, with
 "did you mean" where a name is close (a function or class in a dotted path, a data column, a folder of a path).
 
-`ConfigError` is what the command line prints as one line (``error: <message>``, exit status 1); the CLI's parser
-errors (lightning_rl.cli.suggest) use the same `closest_name` and `closest_dotted`.
+`ConfigError` is what the command line prints as one line (``error: <message>``; exit status 2 when it is raised while
+the config is built, 1 at set-up); the CLI's parser errors (lightning_rl.cli.suggest) use the same `closest_name` and
+`import_error`.
 """
 
 from __future__ import annotations
@@ -33,12 +34,6 @@ def closest_name(name: str, names) -> str | None:
 def _initials(name: str) -> str:
     parts = [p for p in name.split("_") if p]
     return "".join(p[0] for p in parts) if len(parts) > 1 else ""
-
-
-def did_you_mean(name: str, names) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``names``, or ""."""
-    fix = closest_name(name, names)
-    return f" (did you mean {fix!r}?)" if fix else ""
 
 
 # ---------------------------------------------------------------------------------------------- dotted paths
