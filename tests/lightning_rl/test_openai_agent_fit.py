@@ -4,6 +4,7 @@ loopback SGLang server (configs/rollout/sglang.yaml)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_the_example_openai_agent_on_the_sglang_server(tmp_path):
 
 @pytest.mark.slow
 def test_a_two_turn_agent_fits_the_presets_token_limit_and_the_run_says_where_it_comes_from(
-    tmp_path, monkeypatch, capfd
+    tmp_path, monkeypatch, caplog
 ):
     """A follow-up question in the conversation (tests/support/two_turn_agent.py): with the preset's former
     max_total_tokens of 40, 38% of its episodes failed (measured: 0.45, 0.34, 0.34, 0.41 in four iterations of 128);
@@ -105,6 +106,7 @@ def test_a_two_turn_agent_fits_the_presets_token_limit_and_the_run_says_where_it
         return log_iteration(self, trainer, batch, *args)
 
     monkeypatch.setattr(Reporter, "iteration", spy)
+    caplog.set_level(logging.INFO)
     _fit(
         tmp_path,
         extra=[
@@ -114,11 +116,7 @@ def test_a_two_turn_agent_fits_the_presets_token_limit_and_the_run_says_where_it
             "--data.val_data=null",
         ],
     )
-    said = [
-        line.removeprefix("INFO: ")  # pytest's log handler adds the level
-        for line in capfd.readouterr().err.splitlines()
-        if "max_total_tokens is not set" in line
-    ]
+    said = [r.getMessage() for r in caplog.records if "max_total_tokens is not set" in r.getMessage()]
     assert said == [
         "model.agent.init_args.max_total_tokens is not set: each episode's tokens fill the policy's context "
         "(max_position_embeddings 64) less its prompt; 57 after the longest prompt (7 tokens). Set it to cap them"
