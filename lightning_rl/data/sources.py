@@ -88,20 +88,24 @@ def check_jsonl(path: str) -> None:
 
 
 def check_columns(rows, mapping: dict[str, str], source: str, key: str = "data.columns") -> None:
-    """Fail in one line (a `DataError`) naming the first column ``source`` does not have, the config key that maps it
+    """Fail in one line (a `DataError`) naming every column ``source`` does not have, the config key that maps it
     (``key.<ours>``), the closest column it has and the fix; the columns it has are listed."""
     have = list(rows.column_names)
-    for ours, theirs in mapping.items():
-        if theirs in have:
-            continue
-        close = closest_name(theirs, have)
-        setting = f"{key}.{ours}" if key == "data.columns" else key
-        fix = (
-            f"map one with data.columns: {{{ours}: {close or '<column>'}}}"
-            if key == "data.columns"
-            else f"set {key} to columns it has"
-        )
-        raise DataError(
-            f"{source} has no column {theirs!r} ({setting}{f'; did you mean {close!r}?' if close else ''}); "
-            f"its columns are {have}: {fix}"
-        )
+    missing = [(ours, theirs, closest_name(theirs, have)) for ours, theirs in mapping.items() if theirs not in have]
+    if not missing:
+        return
+    named = ", ".join(
+        f"{theirs!r} ({key}.{ours}{f'; did you mean {close!r}?' if close else ''})"
+        if key == "data.columns"
+        else f"{theirs!r}{f' (did you mean {close!r}?)' if close else ''}"
+        for ours, theirs, close in missing
+    )
+    fix = (
+        f"map {'it' if len(missing) == 1 else 'them'} with data.columns: "
+        + "{"
+        + ", ".join(f"{ours}: {close or '<column>'}" for ours, _, close in missing)
+        + "}"
+        if key == "data.columns"
+        else f"set {key} to columns it has"
+    )
+    raise DataError(f"{source} has no column {named}; its columns are {have}: {fix}")

@@ -140,7 +140,7 @@ def check_data_columns(module, data) -> None:
             close = closest_name(name, have)
             raise ConfigError(
                 f"{key} ({reward.name}) reads the column {name!r}, which {source} does not have"
-                f"{f' (did you mean {close!r}?)' if close else ''}; its columns are {have}: map one with data.columns: "
+                f"{f' (did you mean {close!r}?)' if close else ''}; its columns are {have}: map it with data.columns: "
                 f"{{{name}: {close or '<column>'}}}"
             )
 

@@ -367,12 +367,12 @@ def test_a_column_missing_from_every_row_is_one_line_with_the_mapping_that_fixes
     code, line = lightning_rl(f"--data.train_data={data}", "--data.val_data=null")
     assert code == 1 and line == (
         f"error: {data} has no column 'prompt' (data.columns.prompt); its columns are ['question', 'answer']: "
-        "map one with data.columns: {prompt: <column>}"
+        "map it with data.columns: {prompt: <column>}"
     )
     code, line = lightning_rl(f"--data.train_data={data}", "--data.val_data=null", "--data.columns={prompt: questoin}")
     assert code == 1 and line == (
         f"error: {data} has no column 'questoin' (data.columns.prompt; did you mean 'question'?); its columns are "
-        "['question', 'answer']: map one with data.columns: {prompt: question}"
+        "['question', 'answer']: map it with data.columns: {prompt: question}"
     )
 
 
@@ -383,7 +383,7 @@ def test_a_column_the_reward_reads_and_no_row_has_is_one_line_before_any_model_l
     code, line = lightning_rl(f"--data.train_data={data}", "--data.val_data=null")
     assert code == 1 and line == (
         f"error: model.reward (ExactMatch) reads the column 'answer', which {data} does not have (did you mean "
-        "'answers'?); its columns are ['prompt', 'answers']: map one with data.columns: {answer: answers}"
+        "'answers'?); its columns are ['prompt', 'answers']: map it with data.columns: {answer: answers}"
     )
 
 
