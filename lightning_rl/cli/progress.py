@@ -12,6 +12,7 @@ from typing import Callable
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import CustomTimeColumn, ProcessingSpeedColumn
+from lightning.pytorch.trainer.states import TrainerFn
 from rich.console import Console
 from rich.progress import ProgressColumn
 from rich.text import Text
@@ -222,7 +223,10 @@ class LineProgress(ProgressBar):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.is_enabled and not trainer.sanity_checking:
-            self._say(f"validation at iteration {trainer.global_step}", shown_metrics(trainer.callback_metrics, "val/"))
+            # `validate` restores the weights but not the loop's step: its iteration is not known here
+            fitting = trainer.state.fn == TrainerFn.FITTING
+            head = f"validation at iteration {trainer.global_step}" if fitting else "validation"
+            self._say(head, shown_metrics(trainer.callback_metrics, "val/"))
 
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
         return shown_metrics(trainer.callback_metrics)

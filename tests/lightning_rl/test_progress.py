@@ -172,3 +172,19 @@ def test_a_long_run_prints_about_a_hundred_lines():
         bar.on_train_batch_start(trainer, module, None, step)
         bar.on_train_batch_end(trainer, module, None, None, step)
     assert len(printed) == 100 and printed[0].startswith("RL iterations 10/1000") and "1000/1000" in printed[-1]
+
+
+def test_a_validate_commands_line_names_no_iteration():
+    """`validate` restores a checkpoint's weights but not the loop's step (0 here): the line does not claim one."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    bar, printed = LineProgress(), []
+    bar._say = lambda head, metrics: printed.append((head, metrics))
+    for fn in (TrainerFn.VALIDATING, TrainerFn.FITTING):
+        trainer = SimpleNamespace(
+            global_step=0, sanity_checking=False, state=SimpleNamespace(fn=fn), callback_metrics={"val/reward": 0.5}
+        )
+        bar.on_validation_end(trainer, None)
+    assert printed == [("validation", {"val reward": "0.500"}), ("validation at iteration 0", {"val reward": "0.500"})]
