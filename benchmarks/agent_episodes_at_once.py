@@ -36,8 +36,11 @@ def one_round(n_prompts: int, group_size: int, timeout_s: float) -> dict:
     tokenizer = family_tokenizer("chatml")
     sampler = ScriptedChat(tokenizer, "chatml", group_size=group_size)
     sampler.setup(tokenizer)
-    agent = OpenAIAgent(
-        "tests.components.test_openai_tito.tool_agent", tool_calls=HermesToolCalls(), timeout_s=timeout_s
+    agent = OpenAIAgent(  # no policy here: no context to derive max_total_tokens from
+        "tests.components.test_openai_tito.tool_agent",
+        tool_calls=HermesToolCalls(),
+        timeout_s=timeout_s,
+        max_total_tokens=1024,
     )
     agent.setup(tokenizer, sampler)
     rows = [{"prompt": f"{i}+2?"} for i in range(n_prompts)]

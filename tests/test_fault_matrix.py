@@ -484,7 +484,9 @@ def test_unservable_agent_requests():
     tokenizer = family_tokenizer("chatml")
     sampler = ScriptedChat(tokenizer, "chatml", group_size=1)
     sampler.setup(tokenizer)
-    agent = OpenAIAgent("tests.support.endpoint.unservable_agent", tool_calls=HermesToolCalls(), timeout_s=60)
+    agent = OpenAIAgent(
+        "tests.support.endpoint.unservable_agent", tool_calls=HermesToolCalls(), timeout_s=60, max_total_tokens=1024
+    )
     agent.setup(tokenizer, sampler)
     try:
         batch, metrics = agent.generate(sampler, prompts([tokenizer.encode("1+2?")], None, [{"prompt": "1+2?"}]), None)

@@ -189,3 +189,40 @@ def test_the_klcov_preset_trains_off_policy_so_its_penalty_acts(tiny_model_path,
         penalty = float(cli.trainer.callback_metrics["policy/cov_penalty"])
         assert (penalty > 0) if beta else (penalty == 0), (beta, penalty)
     assert any(not torch.equal(trained[1.0][k], trained[0.0][k]) for k in trained[1.0])
+
+
+def _longest_prompt_and_budget(preset: Path) -> tuple[str, int, int, str]:
+    """(the policy path, the longest prompt of the preset's own data, the most tokens one response may take, the
+    setting that bounds it), the preset composed as `lightning-rl fit` composes it."""
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
+
+    if preset.stem == "sft":
+        from lightning_rl.recipes.sft import main as sft
+
+        cli = sft(["--config", DEFAULT_TRAINER_CONFIG, "--config", str(preset), "--trainer.logger=false"], run=False)
+        budget, key = cli.model.hparams.max_completion_length, "model.max_completion_length"
+    else:
+        cli = main(["--config", DEFAULT_TRAINER_CONFIG, "--config", str(preset), "--trainer.logger=false"], run=False)
+        agent = cli.model.agent
+        budget, key = cli.model.rollout.params.max_new_tokens, "model.rollout.init_args.max_new_tokens"
+        if agent is not None and agent.max_total_tokens is not None:  # unset: each row fits by construction
+            budget, key = max(budget, agent.max_total_tokens), "model.agent.init_args.max_total_tokens"
+    cli.datamodule.setup("fit")
+    return cli.model.policy_spec.path, cli.datamodule.longest_prompt, budget, key
+
+
+@pytest.mark.parametrize("preset", [*PRESETS, CONFIGS / "sft.yaml"], ids=[*(p.stem for p in PRESETS), "sft"])
+def test_every_presets_token_limits_fit_its_policys_context(preset, monkeypatch):
+    """The longest prompt of a preset's data plus the most tokens one response may take (per call; an agent's whole
+    row where it sets max_total_tokens) fits the positions of the shipped policy it names."""
+    from transformers import AutoConfig
+
+    from lightning_rl.core.models import context_length
+
+    monkeypatch.chdir(CONFIGS.parent)  # the presets name the shipped models relative to the repository
+    monkeypatch.setattr("sys.argv", ["lightning-rl"])
+    path, longest, budget, key = _longest_prompt_and_budget(preset)
+    positions = context_length(AutoConfig.from_pretrained(path))
+    assert longest + budget <= positions, (
+        f"{preset.name}: {longest} prompt tokens + {key} {budget} > {positions} positions"
+    )

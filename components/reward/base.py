@@ -54,6 +54,11 @@ class Reward(ABC):
     def setup(self, tokenizer) -> None:
         """Called once the tokenizer exists."""
 
+    def data_columns(self) -> frozenset[str]:
+        """The dataset columns this reward reads (e.g. ExactMatch's ``answer_key``): checked against the data before
+        any model loads."""
+        return frozenset()
+
     @abstractmethod
     def __call__(self, batch: RolloutBatch) -> Tensor:
         """Shape: (B,) float."""

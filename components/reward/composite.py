@@ -47,6 +47,9 @@ class Composite(Reward):
         self.rewards, self.weights, self.names = list(rewards), [float(w) for w in weights], names
         self.requires = frozenset().union(*(r.requires for r in self.rewards))
 
+    def data_columns(self) -> frozenset[str]:
+        return frozenset().union(*(r.data_columns() for r in self.rewards))
+
     @property
     def name(self) -> str:
         return "Composite(" + ", ".join(f"{w:g}*{r.name}" for r, w in zip(self.rewards, self.weights)) + ")"

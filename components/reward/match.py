@@ -30,6 +30,9 @@ class ExactMatch(Reward):
         self.pattern = re.compile(extract) if extract else None
         self.correct, self.wrong = correct, wrong
 
+    def data_columns(self) -> frozenset[str]:
+        return frozenset({self.answer_key})
+
     def _answer(self, completion: str) -> str | None:
         if self.pattern is None:
             return completion.strip()

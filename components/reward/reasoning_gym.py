@@ -122,6 +122,9 @@ class ReasoningGymScore(Reward):
                 )
             return None
 
+    def data_columns(self) -> frozenset[str]:
+        return frozenset({self.entry_key})
+
     def __call__(self, batch: RolloutBatch) -> Tensor:
         scores, errors = [], 0
         for completion, record in zip(

@@ -128,6 +128,9 @@ class Shaped(ScoreNormalizer, Reward):
     def setup(self, tokenizer) -> None:
         self.reward.setup(tokenizer)
 
+    def data_columns(self) -> frozenset[str]:
+        return self.reward.data_columns()
+
     @torch.no_grad()
     def forward(self, batch: RolloutBatch) -> Tensor:
         return self.score(batch).total

@@ -47,6 +47,9 @@ class MathVerify(Reward):
             )
         return parsed
 
+    def data_columns(self) -> frozenset[str]:
+        return frozenset({self.answer_key})
+
     def __call__(self, batch: RolloutBatch) -> Tensor:
         from math_verify import parse, verify
 

@@ -23,8 +23,9 @@ class Agent(ABC):
     ``group_ids`` by prompt and per-row ``columns`` with ``completions`` (what a reward judges) and ``transcripts``.
     """
 
-    max_total_tokens: int
-    """The most response tokens of one training row (the context-length check reads it)."""
+    max_total_tokens: int | None
+    """The most response tokens of one training row (the context-length check reads it); None = the policy's context
+    less the row's prompt (the run says so once)."""
 
     @abstractmethod
     def setup(self, tokenizer, sampler: Rollout) -> None:

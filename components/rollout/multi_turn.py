@@ -7,7 +7,7 @@
               whole context (one sample per context; SGLang's prefix cache reuses what it has seen)
 
 until the environment says ``done``, ``max_turns`` turns were taken, or the transcript would pass
-``max_total_tokens`` (then it is cut and flagged ``truncated``). Each row of the batch is one whole
+``max_total_tokens`` (None: the policy's context less the prompt; then it is cut and flagged ``truncated``). Each row of the batch is one whole
 transcript: ``response_ids`` holds the model's turns and the observations as they were sampled and
 appended (previous turns are never re-tokenised, so the trainer scores exactly the sampled ids),
 ``action_mask`` marks the model's tokens and ``env_rewards`` the environment's per-turn rewards
@@ -26,7 +26,7 @@ With ``chat_template: true`` an observation is rendered as the chat template's `
 Each turn samples with the sampler's settings (`SamplingParams`) as configured or as given, passed per call and
 never set on the sampler: the environment's stop tokens are added to ``stop_token_ids``, ``max_new_tokens`` is
 capped at the room the roomiest open episode has left (so prompt + ``max_total_tokens`` bounds every position the
-policy sees), and after the first turn it draws one sample per context (``group_size`` 1). Every data-parallel rank takes as
+policy sees) and at the positions the policy has after the longest context (``max_position_embeddings``), and after the first turn it draws one sample per context (``group_size`` 1). Every data-parallel rank takes as
 many turns as the busiest one (a sharded policy's forward is a collective): a rank whose episodes have all
 ended samples a stand-in turn beside the others and discards it.
 """
@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from components.env import Environment, Turn, tool_concurrency
 from components.env.base import checked_step
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.models import context_length
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.core.sampling import SamplingParams
 
@@ -64,7 +65,7 @@ class MultiTurnRollout(Agent):
         self,
         env: Environment,
         max_turns: int = 4,
-        max_total_tokens: int = 256,
+        max_total_tokens: int | None = None,
         chat_template: bool = False,
         observation_role: str = "tool",
         max_concurrent_tools: int | None = None,
@@ -73,13 +74,14 @@ class MultiTurnRollout(Agent):
         Args:
             env: the environment (e.g. components.env.ToolEnvironment); one episode per sampled response.
             max_turns: most model turns per episode; an episode still open after them ends, flagged truncated.
-            max_total_tokens: most response tokens per episode, the model's and the observations' together.
+            max_total_tokens: most response tokens per episode, the model's and the observations' together (None = the
+                policy's context, max_position_embeddings, less the episode's prompt: the most that fits).
             chat_template: render observations as chat turns of the tokenizer's template (else their text is tokenised as is).
             observation_role: the chat role of an observation, with ``chat_template`` (``tool`` or ``user``).
             max_concurrent_tools: the environment's steps (tool calls) of one turn that run at once, across episodes
                 (None = components.env.tool_concurrency(): 8 per core, 16 to 128; 1 = one after another).
         """
-        if max_turns < 1 or max_total_tokens < 1:
+        if max_turns < 1 or (max_total_tokens is not None and max_total_tokens < 1):
             raise ValueError(
                 f"MultiTurnRollout: max_turns ({max_turns}) and max_total_tokens ({max_total_tokens}) must be >= 1"
             )
@@ -133,6 +135,21 @@ class MultiTurnRollout(Agent):
         params = params or sampler.params
         n, prompt_ids = len(prompts), prompts.prompt_ids
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompts.prompt_mask.cpu())]
+        positions = context_length(getattr(policy, "config", None))
+        if self.max_total_tokens is None and positions is None:
+            raise ValueError(
+                "model.agent (MultiTurnRollout): max_total_tokens is null (the policy's context less the prompt) but the "
+                "policy's config gives no max_position_embeddings: set model.agent.init_args.max_total_tokens"
+            )
+        limit = (
+            (lambda prompt: self.max_total_tokens)
+            if self.max_total_tokens is not None
+            else (lambda p: positions - len(p))
+        )
+        # no turn runs past a context's positions: a row of a batched sampler call sees as many new positions as any
+        fits = (
+            (lambda longest: positions - longest) if positions is not None else (lambda longest: params.max_new_tokens)
+        )
         stops = tuple(dict.fromkeys([*params.stop_token_ids, *self.stop_ids]))
         run = object()
         self._running.add(run)  # cancel() ends the episodes of the calls in this set (from the first turn on)
@@ -144,7 +161,12 @@ class MultiTurnRollout(Agent):
                     prompts,
                     policy,
                     replace(
-                        params, stop_token_ids=stops, max_new_tokens=min(params.max_new_tokens, self.max_total_tokens)
+                        params,
+                        stop_token_ids=stops,
+                        max_new_tokens=max(
+                            1,
+                            min(params.max_new_tokens, max(map(limit, contexts)), fits(max(map(len, contexts)))),
+                        ),
                     ),
                 )
             g = turn.batch_size // n
@@ -152,7 +174,7 @@ class MultiTurnRollout(Agent):
             episodes = [Episode(contexts[i // g], self.env.reset(dict(rows[i // g]))) for i in range(turn.batch_size)]
             active, index = list(range(turn.batch_size)), 0
             while True:
-                self._absorb(turn, [episodes[i] for i in active], index, run)
+                self._absorb(turn, [episodes[i] for i in active], index, limit, run)
                 active = [i for i in active if not episodes[i].done]
                 if not int(all_reduce_sum(torch.tensor(float(len(active)), device=prompt_ids.device))):  # on every rank
                     break
@@ -161,8 +183,12 @@ class MultiTurnRollout(Agent):
                 context_ids, context_mask = left_pad(
                     [episodes[i].prompt + episodes[i].ids for i in sampled], sampler.pad_token_id, prompt_ids.device
                 )
-                # no turn runs past the roomiest episode's budget: a context never passes prompt + max_total_tokens positions
-                room = max(1, max(self.max_total_tokens - len(episodes[i].ids) for i in sampled))
+                # no turn runs past the roomiest episode's budget (a context never passes prompt + its limit) nor past
+                # the policy's positions for the longest context
+                longest = max(len(episodes[i].prompt) + len(episodes[i].ids) for i in sampled)
+                room = max(
+                    1, min(max(limit(episodes[i].prompt) - len(episodes[i].ids) for i in sampled), fits(longest))
+                )
                 turn_params = replace(
                     params, stop_token_ids=stops, group_size=1, max_new_tokens=min(params.max_new_tokens, room)
                 )
@@ -183,9 +209,10 @@ class MultiTurnRollout(Agent):
         )
         return batch, episode_metrics(episodes)
 
-    def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int, run: object = None) -> None:
+    def _absorb(self, turn: RolloutBatch, episodes: list[Episode], index: int, limit, run: object = None) -> None:
         """Append each row's sampled turn to its episode, let the environment act, append its observation (once the
-        ``generate`` call ``run`` is cancelled: end each episode at this turn, without the environment)."""
+        ``generate`` call ``run`` is cancelled: end each episode at this turn, without the environment). ``limit``:
+        an episode's prompt -> the most response tokens it may hold."""
         lengths = turn.response_mask.sum(-1).tolist()
         ids_rows = turn.response_ids.tolist()
         logprob_rows = turn.rollout_logprobs.tolist() if turn.rollout_logprobs is not None else None
@@ -194,7 +221,7 @@ class MultiTurnRollout(Agent):
         stepping = []  # (episode, its turn) for the environment
         for row, episode in enumerate(episodes):
             ids = ids_rows[row][: lengths[row]]
-            room = self.max_total_tokens - len(episode.ids)
+            room = limit(episode.prompt) - len(episode.ids)
             cut = len(ids) > room
             ids = ids[:room]
             finish = "length" if cut or bool(turn.truncated[row]) else "stop"
@@ -221,7 +248,7 @@ class MultiTurnRollout(Agent):
                 episode.end(truncated=True, max_turns=True)
             else:
                 observation = self._observation_ids(step.observation, turn_.ids)
-                if len(episode.ids) + len(observation) + 1 > self.max_total_tokens:  # no room for it and one more token
+                if len(episode.ids) + len(observation) + 1 > limit(episode.prompt):  # no room for it and one more token
                     episode.end(truncated=True)
                 else:
                     episode.add(observation, 0, None)

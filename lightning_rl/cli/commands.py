@@ -16,8 +16,10 @@ relative to the node, e.g. in ``model.aggregator.init_args``:
 ``...`` = model). Absolute keys (``${model.rollout...}``) do not resolve under a subcommand with
 jsonargparse 4.53 (it looks them up under ``fit.``).
 
-A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean", and exit
-status 2; a server that does not answer, a bad data row or a missing file is one line and exit status 1.
+A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean" (a dotted path
+that does not import: the closest one that does), and exit status 2; a setting found not to work at set-up
+(lightning_rl.core.errors.ConfigError), a server that does not answer, a bad data row or a missing file is one line
+and exit status 1.
 ``LIGHTNING_RL_DEBUG=1`` shows the trace instead.
 """
 
@@ -51,12 +53,18 @@ from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from lightning_rl.checkpoint import with_atomic_checkpoints  # noqa: E402
-from lightning_rl.cli.console import quiet  # noqa: E402
+from lightning_rl.cli.console import quiet, results_table  # noqa: E402
 from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
-from lightning_rl.cli.suggest import hint  # noqa: E402
+from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
-from lightning_rl.loop.runs import claim_file, resolve_checkpoint, run_folder, start_run  # noqa: E402
+from lightning_rl.loop.runs import (  # noqa: E402
+    check_continued_policy,
+    claim_file,
+    resolve_checkpoint,
+    run_folder,
+    start_run,
+)
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
@@ -81,11 +89,15 @@ class RLArgumentParser(LightningArgumentParser):
     and where to find every option, without the 100 lines of usage."""
 
     def error(self, message: str, ex: Exception | None = None):
-        suggestion = hint(message, set(self._option_keys()))
+        if not self.exit_on_error or debugging():  # a nested parser's message: the parser that prints it rewrites it
+            suggestion = hint(message, set(self._option_keys()))
+            return super().error(f"{message} ({suggestion})" if suggestion else message, ex)
+        # a dotted path that does not import: jsonargparse's message lists every type it tried; ours names the path
+        suggestion = unimportable(message)
         if suggestion:
+            message = suggestion
+        elif suggestion := hint(message, set(self._option_keys())):
             message = f"{message} ({suggestion})"
-        if not self.exit_on_error or debugging():
-            return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         message = " ".join(
             line.strip() for line in message.splitlines()
@@ -176,8 +188,20 @@ class RunCLI(LightningCLI):
         # first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
         config = self.config_init[subcommand]
         config["ckpt_path"] = resolve_checkpoint(config.get("ckpt_path"))
+        spec = getattr(self.model, "policy_spec", None)
+        if subcommand == "fit" and not config.get("new_run") and spec is not None:
+            check_continued_policy(config["ckpt_path"], spec.path)  # before anything is written or loaded
         start_run(self.trainer, subcommand, config["ckpt_path"], new_run=bool(config.get("new_run")))
         super()._run_subcommand(subcommand)
+
+    def validate(self, verbose: bool = True, **kwargs) -> list[dict]:
+        """``Trainer.validate``, its results table with rounded numbers (Lightning prints 0.3100000023841858)."""
+        results = self.trainer.validate(verbose=False, **kwargs)
+        if verbose and self.trainer.is_global_zero and results:
+            from rich import get_console
+
+            get_console().print(results_table(results))
+        return results
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the prompts are tokenised with the policy's tokenizer
@@ -301,10 +325,11 @@ def _key_of(config, class_path: str, prefix: str = "") -> str | None:
 def _said_in_one_line() -> tuple[type[BaseException], ...]:
     """Errors whose message names the culprit and the fix: the trace would only hide it."""
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
+    from lightning_rl.core.errors import ConfigError
     from lightning_rl.data.checks import DataError
     from lightning_rl.loop.health import NonFiniteTrainingError
 
-    return (ServerError, DataError, NonFiniteTrainingError, FileNotFoundError)
+    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
 
 
 def command_line(command: Callable[[], object]) -> None:

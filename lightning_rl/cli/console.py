@@ -1,5 +1,6 @@
-"""What the console shows: the progress bar, the samples table, our warnings and errors; not the lines a researcher
-cannot act on. ``quiet()`` is called once by the CLI (``lightning-rl``, ``python cli.py``) before anything is built."""
+"""What the console shows: the progress bar, the samples table, the validate results, our warnings and errors; not the
+lines a researcher cannot act on. ``quiet()`` is called once by the CLI (``lightning-rl``, ``python cli.py``) before
+anything is built."""
 
 from __future__ import annotations
 
@@ -68,3 +69,26 @@ def quiet() -> None:
     if hasattr(hf_logging, "set_tqdm_hook"):  # transformers >= 5; 4.x shows neither bar
         previous = hf_logging.set_tqdm_hook(None)
         hf_logging.set_tqdm_hook(previous if getattr(previous, "lightning_rl", False) else _bar_without_noise(previous))
+
+
+def rounded(value: float) -> str:
+    """A metric as a person reads it: at most 4 decimals without trailing zeros (0.3100000023841858 -> 0.31, a float32
+    read back as a double), in scientific notation below 0.001 or from a million."""
+    if value == 0 or 1e-3 <= abs(value) < 1e6:
+        return f"{value:.4f}".rstrip("0").rstrip(".")
+    return f"{value:.3e}"
+
+
+def results_table(results: list[dict], stage: str = "validate"):
+    """The table ``Trainer.validate(verbose=True)`` prints, one column per dataloader, with every number `rounded`."""
+    from rich.table import Table
+
+    names = sorted({name.split("/dataloader_idx_")[0] for result in results for name in result})
+    table = Table(f"{stage} metric".capitalize(), *(f"DataLoader {i}" for i in range(len(results))))
+    for name in names:
+        cells = []
+        for result in results:
+            value = next((v for k, v in result.items() if k.split("/dataloader_idx_")[0] == name), None)
+            cells.append(" " if value is None else rounded(float(value)))
+        table.add_row(name, *cells)
+    return table

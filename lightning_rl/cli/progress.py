@@ -1,8 +1,10 @@
-"""The console's progress bar: RL iterations (not epochs of an endless prompt stream), their wall clock, and what a
-researcher watches."""
+"""The console's progress: RL iterations (not epochs of an endless prompt stream), their wall clock, and what a
+researcher watches. On a terminal a redrawn bar (`RLProgressBar`); in a log file or a pipe, plain lines
+(`LineProgress`): rich draws a bar only on a terminal, and a log file got the last frame, wrapped over seven lines."""
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import timedelta
 from typing import Callable
@@ -10,6 +12,8 @@ from typing import Callable
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import CustomTimeColumn, ProcessingSpeedColumn
+from lightning.pytorch.trainer.states import TrainerFn
+from rich.console import Console
 from rich.progress import ProgressColumn
 from rich.text import Text
 
@@ -24,6 +28,15 @@ SHOWN = {  # metric -> (label, format): the training signal first, then health, 
     "train/loss": ("loss", "{:.3f}"),  # supervised fine-tuning (lightning_rl.recipes.sft)
     "val/accuracy": ("val accuracy", "{:.3f}"),
 }
+
+
+def shown_metrics(metrics: dict, prefix: str = "") -> dict[str, str]:
+    """The metrics of ``SHOWN`` that ``metrics`` holds (only those starting with ``prefix``), label -> text with units."""
+    return {
+        label: fmt.format(float(metrics[key]))
+        for key, (label, fmt) in SHOWN.items()
+        if key in metrics and key.startswith(prefix)
+    }
 
 
 class IterationClock:
@@ -150,10 +163,83 @@ class RLProgressBar(RichProgressBar):
         self.refresh()
 
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
-        metrics = trainer.callback_metrics
-        return {label: fmt.format(float(metrics[key])) for key, (label, fmt) in SHOWN.items() if key in metrics}
+        return shown_metrics(trainer.callback_metrics)
+
+
+class LineProgress(ProgressBar):
+    """Progress as plain lines, for a console that is not a terminal (a log file, a pipe): one per iteration, or one
+    every ``ceil(max_steps / lines)`` iterations in a long run (and the last), each with the iteration count, the clock
+    and the metrics of ``SHOWN``; and one after each validation with its metrics. Nothing is redrawn or wrapped."""
+
+    def __init__(self, unit: str = "RL iterations", lines: int = 100):
+        """
+        Args:
+            unit: what is counted (the start of each line).
+            lines: about how many iteration lines a run prints at most.
+        """
+        super().__init__()
+        self.unit, self.lines = unit, lines
+        self.clock = IterationClock()
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def is_disabled(self) -> bool:
+        return not self._enabled
+
+    @property
+    def total_train_batches(self) -> int | float:
+        max_steps = self.trainer.max_steps
+        return max_steps if max_steps and max_steps > 0 else super().total_train_batches
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.clock.start()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.clock.begin_iteration()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.clock.end_iteration()
+        step, total = trainer.global_step, self.total_train_batches
+        every = max(1, math.ceil(total / self.lines)) if math.isfinite(total) else 1
+        if self.is_enabled and (step % every == 0 or step >= total):
+            shown_total = int(total) if math.isfinite(total) else "?"
+            timing = (
+                f"{_clock_text(self.clock.elapsed)} elapsed, {_clock_text(self.clock.remaining(total - step))} left"
+            )
+            self._say(
+                f"{self.unit} {step}/{shown_total} • {timing} • {self.clock.rate()}",
+                self.get_metrics(trainer, pl_module),
+            )
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.is_enabled and not trainer.sanity_checking:
+            # `validate` restores the weights but not the loop's step: its iteration is not known here
+            fitting = trainer.state.fn == TrainerFn.FITTING
+            head = f"validation at iteration {trainer.global_step}" if fitting else "validation"
+            self._say(head, shown_metrics(trainer.callback_metrics, "val/"))
+
+    def get_metrics(self, trainer, pl_module) -> dict[str, str]:
+        return shown_metrics(trainer.callback_metrics)
+
+    @staticmethod
+    def _say(head: str, metrics: dict[str, str]) -> None:
+        print(" • ".join([head, *(f"{label} {text}" for label, text in metrics.items())]), flush=True)
 
 
 def missing_progress_bar(callbacks: list, enabled: bool = True, unit: str = "RL iterations") -> list:
-    """``[RLProgressBar(unit)]`` to add to a Trainer's ``callbacks``; none when the bar is off or they bring their own."""
-    return [] if not enabled or any(isinstance(c, ProgressBar) for c in callbacks) else [RLProgressBar(unit)]
+    """The progress callback to add to a Trainer's ``callbacks``: ``[RLProgressBar(unit)]`` on a terminal, else
+    ``[LineProgress(unit)]`` (rich's own test: ``TTY_COMPATIBLE=1`` or ``FORCE_COLOR`` count as a terminal); none when
+    the bar is off or they bring their own."""
+    if not enabled or any(isinstance(c, ProgressBar) for c in callbacks):
+        return []
+    return [RLProgressBar(unit) if Console().is_terminal else LineProgress(unit)]

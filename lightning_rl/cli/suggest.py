@@ -1,4 +1,5 @@
-""" "Did you mean" for a mistyped option or config key, on the command line or in a YAML file.
+""" "Did you mean" for a mistyped option or config key, on the command line or in a YAML file, and one line for a
+dotted path that does not import (a class_path, a reward function).
 
 A name is compared with its siblings (the options under the same parent), by the last name: ``learning_rate``
 is closer to ``lr`` (its initials) than to ``min_lr_ratio``, whatever the full dotted strings look like.
@@ -6,30 +7,15 @@ is closer to ``lr`` (its initials) than to ``min_lr_ratio``, whatever the full d
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import re
 
+from lightning_rl.core.errors import closest_name, import_error, resolves
+
 # LightningCLI's own flags for Lightning's optimizer / scheduler, which optimize nothing here: where their settings live
 ROUTED = {"optimizer": "model.optimizer", "lr_scheduler": "model.optimizer.schedule"}
 CLASS_KEYS = ("class_path", "init_args", "dict_kwargs")
-
-
-def closest_name(name: str, names: list[str]) -> str | None:
-    """The name in ``names`` a person most likely meant by ``name``: initials (learning_rate -> lr, lr -> learning_rate)
-    first, then spelling (difflib, ratio >= 0.6)."""
-    names = sorted(set(names) - {name})
-    for other in names:
-        if _initials(name) == other or _initials(other) == name:
-            return other
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def _initials(name: str) -> str:
-    parts = [p for p in name.split("_") if p]
-    return "".join(p[0] for p in parts) if len(parts) > 1 else ""
 
 
 def closest_key(key: str, known: set[str]) -> str | None:
@@ -86,3 +72,26 @@ def _init_parameters(class_path: str) -> list[str]:
         return [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
     except (ImportError, AttributeError, TypeError, ValueError):
         return []
+
+
+def unimportable(message: str) -> str | None:
+    """One line for a jsonargparse error about a dotted path that does not import (a ``class_path``, a function such as
+    FunctionReward's ``fn``): its config key, the path, the name that does not resolve, the closest path that does and
+    the fix; None for any other error. jsonargparse's own message nests every Union member it tried."""
+    candidates = [
+        *re.findall(r"Expected a path but ([\w.]+) either", message),
+        *re.findall(r"class_path '([\w.]+)'", message),
+        *re.findall(r"Got value: ([\w.]+)", message),
+    ]
+    failing = [c for c in candidates if "." in c and not resolves(c)]
+    if not failing or not re.search(r"has no attribute|No module named", message):
+        return None
+    path = failing[-1]  # the innermost: an environment's class_path inside an agent's
+    keys = re.findall(r'Parser key "([\w.]+)"', message)
+    key = ".init_args.".join(keys) if keys else "class_path"
+    expects = (
+        "the dotted path of a function, importable from the folder you run in"
+        if "expects a function" in message
+        else "a class: `lightning-rl components` lists ours; yours import from the folder you run in"
+    )
+    return str(import_error(path, key, expects))

@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from lightning_rl.core.errors import closest_path
 from lightning_rl.core.lora import LoraSpec, apply_lora
 
 TINY_MODEL_PATH = str(Path(__file__).parents[1] / "assets" / "tiny-arith")
@@ -39,7 +40,8 @@ class ModelSpec:
 
 
 def check_model_path(path: str, what: str) -> None:
-    """Fail early, naming the config key, when a local model directory does not exist."""
+    """Fail early, naming the config key, when ``path`` is a local model folder that does not exist (anything that
+    cannot be a hub id ``namespace/name`` is one), with the closest folder that does."""
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
         if not os.path.exists(os.path.join(expanded, "config.json")):
@@ -47,10 +49,38 @@ def check_model_path(path: str, what: str) -> None:
                 f"{what}: '{path}' is a directory but has no config.json; point it at a save_pretrained() directory"
             )
         return
-    if path.startswith((".", "/", "~")) or os.path.exists(expanded):
+    if _local_path(path):
         raise FileNotFoundError(
-            f"{what}: model path '{path}' does not exist; set it to a local save_pretrained() directory or a hub id"
+            f"{what}: model path '{path}' does not exist{_path_hint(path)}; set it to a local save_pretrained() directory "
+            "or a hub id (namespace/name)"
         )
+
+
+def _local_path(path: str) -> bool:
+    """Whether ``path`` can only mean a local path: it starts like one, exists, is no valid hub id, or its first folder
+    is here."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if path.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(path)):
+        return True
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return True
+    return "/" in path and os.path.isdir(path.split("/")[0])
+
+
+def _path_hint(path: str) -> str:
+    """`` (did you mean ...?)`` with the closest existing folder; or, for a path relative to the folder holding this
+    package (a shipped model named by a preset), where it is."""
+    fix = closest_path(path)
+    if fix is not None and os.path.isdir(os.path.expanduser(fix)):
+        return f" (did you mean '{fix}'?)"
+    root = Path(__file__).resolve().parents[2]  # the folder holding lightning_rl: a clone's root
+    if not os.path.isabs(os.path.expanduser(path)) and (root / path).is_dir():
+        return f" in {os.getcwd()}; it is in {root}: run from there, or give {root / path}"
+    return ""
 
 
 def load_pretrained(loader, path: str, what: str, **kwargs):
@@ -87,6 +117,16 @@ def disable_dropout(model: nn.Module) -> nn.Module:
 def freeze(model: nn.Module) -> nn.Module:
     model.requires_grad_(False)
     return model.eval()
+
+
+def context_length(config) -> int | None:
+    """The positions a model was built for: its config's ``max_position_embeddings`` (a vision-language model's is
+    its text model's); None when the config does not say."""
+    for part in (config, getattr(config, "text_config", None)):
+        positions = getattr(part, "max_position_embeddings", None)
+        if isinstance(positions, int) and positions > 0:
+            return positions
+    return None
 
 
 def is_vision_language(config) -> bool:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_rl.core.batch import Prompts
 from lightning_rl.core.models import load_tokenizer
 from lightning_rl.core.vision import load_processor
-from lightning_rl.data.checks import check_prompts, count_unknown_tokens
+from lightning_rl.data.checks import DataError, check_prompts, count_unknown_tokens
 from lightning_rl.data.images import ImageColumn, encode_source
 from lightning_rl.data.sources import check_columns, load_rows
 
@@ -60,7 +60,7 @@ class PromptStream(IterableDataset):
     ):
         n_per_rank = len(rows) // world_size
         if n_per_rank < batch_size:
-            raise ValueError(
+            raise DataError(
                 f"data.batch_size={batch_size} prompts per rank but only {len(rows)} training prompts for {world_size} rank(s); "
                 "lower data.batch_size or add data"
             )
@@ -322,7 +322,7 @@ class PromptDataModule(LightningDataModule):
         hp, tokenizer = self.hparams, self._tokenizer()
         rows = load_rows(source, hp.split)
         columns = list(hp.ptx_columns or ["text"])
-        check_columns(rows, {c: c for c in columns}, source)
+        check_columns(rows, {c: c for c in columns}, source, "data.ptx_columns")
 
         def tokenize(batch):
             texts = ["".join(str(batch[c][i]) for c in columns) for i in range(len(batch[columns[0]]))]

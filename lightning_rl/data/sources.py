@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from lightning_rl.core.errors import closest_name
+from lightning_rl.data.checks import DataError
 from lightning_rl.data.reasoning_gym import PREFIX as REASONING_GYM
 from lightning_rl.data.reasoning_gym import reasoning_gym_rows
 from lightning_rl.data.tasks import BUILTIN_TASKS
@@ -85,12 +87,25 @@ def check_jsonl(path: str) -> None:
         raise ValueError(f"data file {path!r} is empty: a .jsonl file needs one JSON object per line, e.g. {example}")
 
 
-def check_columns(rows, mapping: dict[str, str], source: str) -> None:
-    """Fail naming every missing column, the config key that maps it and the columns ``source`` has."""
-    missing = [
-        f"column {theirs!r} (data.columns.{ours})"
-        for ours, theirs in mapping.items()
-        if theirs not in rows.column_names
-    ]
-    if missing:
-        raise KeyError(f"{', '.join(missing)} not found in {source!r}; available columns: {rows.column_names}")
+def check_columns(rows, mapping: dict[str, str], source: str, key: str = "data.columns") -> None:
+    """Fail in one line (a `DataError`) naming every column ``source`` does not have, the config key that maps it
+    (``key.<ours>``), the closest column it has and the fix; the columns it has are listed."""
+    have = list(rows.column_names)
+    missing = [(ours, theirs, closest_name(theirs, have)) for ours, theirs in mapping.items() if theirs not in have]
+    if not missing:
+        return
+    named = ", ".join(
+        f"{theirs!r} ({key}.{ours}{f'; did you mean {close!r}?' if close else ''})"
+        if key == "data.columns"
+        else f"{theirs!r}{f' (did you mean {close!r}?)' if close else ''}"
+        for ours, theirs, close in missing
+    )
+    fix = (
+        f"map {'it' if len(missing) == 1 else 'them'} with data.columns: "
+        + "{"
+        + ", ".join(f"{ours}: {close or '<column>'}" for ours, _, close in missing)
+        + "}"
+        if key == "data.columns"
+        else f"set {key} to columns it has"
+    )
+    raise DataError(f"{source} has no column {named}; its columns are {have}: {fix}")

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 from jsonargparse import lazy_instance
 from lightning import LightningModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
 from components.advantage import AdvantageEstimator, GroupNormalized
@@ -35,7 +36,7 @@ from components.teacher import Teacher
 from lightning_rl import checkpoint
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
-from lightning_rl.core.models import ModelSpec, load_tokenizer
+from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
 from lightning_rl.distributed import hf_zero3_config
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
 from lightning_rl.loop.collect import Collector
@@ -45,7 +46,12 @@ from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.optimize import PolicyUpdate
 from lightning_rl.loop.reporting import Reporter
-from lightning_rl.loop.requirements import ContextLengthCheck, check_requirements
+from lightning_rl.loop.requirements import (
+    ContextLengthCheck,
+    check_data_columns,
+    check_requirements,
+    derived_token_limit,
+)
 from lightning_rl.loop.runs import RunFolders
 from lightning_rl.loop.score import TrainerForward
 from lightning_rl.loop.sharding import shard_models
@@ -101,6 +107,9 @@ class RLModule(LightningModule):
         """
         super().__init__()
         self.automatic_optimization = False
+        check_model_path(policy.path, "model.policy.path")  # a mistyped path fails here, before any model loads
+        if reference is not None:
+            check_model_path(reference.path, "model.reference.path")
         self.policy_spec, self.reference_spec = policy, reference
         self.rollout, self.reward, self.advantage = rollout, reward, advantage
         self.surrogate, self.aggregator, self.kl, self.critic = surrogate, aggregator, kl, critic
@@ -142,6 +151,10 @@ class RLModule(LightningModule):
         self.rollout.setup(self.tokenizer)
         if self.agent is not None:
             self.agent.setup(self.tokenizer, self.rollout)
+            longest = getattr(getattr(self._trainer, "datamodule", None), "longest_prompt", None)
+            said = derived_token_limit(self.agent, self.policy.config, longest)
+            if said:
+                rank_zero_info(said)
         if self._device_mesh is not None:  # ModelParallelStrategy: FSDP2 over its mesh
             shard_models(self, self._trainer.strategy if self._trainer is not None else None)
         loop, kl = self.loop, self.kl
@@ -330,6 +343,11 @@ class RLModule(LightningModule):
             ContextLengthCheck(),
             ValidateBeforeAndAfter(),
         ]
+
+    def setup(self, stage: str) -> None:
+        """Before any model loads (Lightning sets the data up first): the dataset columns the rewards read, checked
+        against the data (lightning_rl.loop.requirements)."""
+        check_data_columns(self, getattr(self._trainer, "datamodule", None))
 
     def on_fit_start(self) -> None:
         """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.loop.ahead): the rounds sampled ahead. They start

@@ -78,7 +78,7 @@ class PolicyUpdate:
             self._said_degenerate = True
             warnings.warn(
                 f"iteration {iteration}: every advantage is zero (all groups degenerate) and nothing else in the loss has a "
-                "gradient; skipping the update. Said once: health/skipped_degenerate is 1 at each iteration skipped so"
+                "gradient; skipping the update. Said once: health/skipped_degenerate is 1 at every iteration skipped this way"
             )
         return False
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from lightning import Callback
 
+from lightning_rl.core.errors import ConfigError, closest_name
+from lightning_rl.core.models import context_length
+
 # always produced by the module itself
 MODULE_FIELDS = frozenset({"scores", "sample_mask", "token_rewards", "advantages", "old_logprobs", "ref_logprobs"})
 
@@ -113,7 +116,7 @@ def check_context_length(
 ) -> None:
     """Warn when the longest prompt plus a full response is longer than the positions the policy was built for.
     ``key`` names the setting that bounds a response (an agent's: ``model.agent.init_args.max_total_tokens``)."""
-    limit = getattr(policy_config, "max_position_embeddings", None)
+    limit = context_length(policy_config)
     if limit is None or longest_prompt is None or max_new_tokens is None or longest_prompt + max_new_tokens <= limit:
         return
     warnings.warn(
@@ -121,6 +124,51 @@ def check_context_length(
         f"{key} ({max_new_tokens}) = {longest_prompt + max_new_tokens} exceeds the policy's "
         f"max_position_embeddings ({limit}): long responses would run past the positions the model knows (errors or "
         f"garbage). Lower data.max_prompt_length (with data.overlong_prompt: truncate or drop) or {key.rsplit('.', 1)[-1]} so they fit."
+    )
+
+
+def check_data_columns(module, data) -> None:
+    """Fail before any model loads when a reward reads a dataset column (``data_columns()``) that a data source it
+    scores does not have: the training reward against ``data.train_data``, the validation reward against each
+    ``data.val_data``."""
+    hp = getattr(data, "hparams", None)
+    if hp is None:
+        return
+    scored = []  # (key, reward, source, columns)
+    if getattr(data, "train_rows", None) is not None:
+        scored.append(("model.reward", module.reward, hp.train_data, data.train_rows.column_names))
+    if getattr(data, "val_rows", None):
+        key = "model.val_reward" if module.val_reward is not module.reward else "model.reward"
+        sources = list(hp.val_data.values()) if isinstance(hp.val_data, dict) else [hp.val_data]
+        scored += [(key, module.val_reward, s, rows.column_names) for s, rows in zip(sources, data.val_rows)]
+    for key, reward, source, have in scored:
+        have = [c for c in have if c != "input_ids"]
+        for name in sorted(reward.data_columns() - set(have)):
+            close = closest_name(name, have)
+            raise ConfigError(
+                f"{key} ({reward.name}) reads the column {name!r}, which {source} does not have"
+                f"{f' (did you mean {close!r}?)' if close else ''}; its columns are {have}: map it with data.columns: "
+                f"{{{name}: {close or '<column>'}}}"
+            )
+
+
+def derived_token_limit(agent, policy_config, longest_prompt: int | None) -> str | None:
+    """The line a run prints once when ``agent`` was given no ``max_total_tokens``: each episode's row then holds up to the
+    policy's context less its prompt. None when it was given; a `ConfigError` when the policy's config gives no context."""
+    if agent is None or getattr(agent, "max_total_tokens", 0) is not None:
+        return None
+    positions = context_length(policy_config)
+    if positions is None:
+        raise ConfigError(
+            f"model.agent ({type(agent).__name__}): max_total_tokens is not set and the policy's config gives no "
+            "max_position_embeddings to derive it from: set model.agent.init_args.max_total_tokens"
+        )
+    after = (
+        f"; {positions - longest_prompt} after the longest prompt ({longest_prompt} tokens)" if longest_prompt else ""
+    )
+    return (
+        f"model.agent.init_args.max_total_tokens is not set: each episode's tokens fill the policy's context "
+        f"(max_position_embeddings {positions}) less its prompt{after}. Set it to cap them"
     )
 
 
@@ -139,7 +187,7 @@ class ContextLengthCheck(Callback):
             getattr(data, "longest_prompt", None),
             getattr(data, "hparams", {}).get("max_prompt_length"),
             *(
-                (agent.max_total_tokens, "model.agent.init_args.max_total_tokens")
+                (agent.max_total_tokens, "model.agent.init_args.max_total_tokens")  # None: fits by construction
                 if agent is not None
                 else (pl_module.rollout.params.max_new_tokens,)
             ),

@@ -17,6 +17,9 @@
 - ``fit --ckpt_path`` of a checkpoint inside a run folder (``latest`` is resolved first) continues that run: same
   folder, steps continuing, a new event file beside the first. ``--new_run`` starts a new version instead.
 - ``validate`` on such a checkpoint writes its points into that run, at the checkpoint's iteration.
+- A ``fit --ckpt_path`` that names another ``model.policy.path`` than the checkpoint was trained from is refused
+  before anything loads (`check_continued_policy`): the policy's path also gives the run its tokenizer and, without
+  ``model.reference``, its KL reference, so the run would silently change both. ``--new_run`` starts a new run.
 - A logger without versioned folders (W&B, MLflow) gets the same treatment for its checkpoint folder named
   ``checkpoints``: ``<parent>/version_N/checkpoints`` and ``<parent>/latest``. Without a logger (``--trainer.logger
   false``) the checkpoint folder is left as given and no run folder is made.
@@ -27,10 +30,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_rl.core.errors import ConfigError
 
 LATEST = "latest"
 LINKED = ("checkpoints", "config.yaml")  # what ``latest/`` links to in the newest run's folder (never its events)
@@ -47,6 +53,43 @@ def resolve_checkpoint(ckpt_path: str | None) -> str | None:
     if ckpt_path is None or "://" in str(ckpt_path) or not os.path.exists(ckpt_path):
         return ckpt_path
     return os.path.realpath(ckpt_path)
+
+
+def recorded_policy_path(ckpt_path: str) -> str | None:
+    """The ``model.policy.path`` a checkpoint was trained from (its ``hf_export`` entry), read without loading its
+    weights (memory-mapped); None when it does not say (a DeepSpeed folder, a checkpoint of another module)."""
+    from lightning_rl.checkpoint import SAFE_GLOBALS
+
+    path = Path(ckpt_path)
+    file = path if path.is_file() else path / "meta.pt"  # a file, or an FSDP2Strategy folder's metadata
+    if not file.is_file():
+        return None
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # not one of ours: loading it says why
+        return None
+    return ((checkpoint.get("hf_export") or {}).get("policy") or {}).get("path")
+
+
+def check_continued_policy(ckpt_path: str | None, policy_path: str) -> None:
+    """Refuse (`ConfigError`) to continue the run of ``ckpt_path`` with ``policy_path`` when the checkpoint was trained
+    from another ``model.policy.path`` (the same folder written two ways is the same)."""
+    recorded = recorded_policy_path(ckpt_path) if ckpt_path is not None and "://" not in str(ckpt_path) else None
+    if recorded is None or _same_model_path(recorded, policy_path):
+        return
+    raise ConfigError(
+        f"--ckpt_path {shown_path(Path(ckpt_path))} was trained from model.policy.path {recorded!r}, and this run gives "
+        f"{policy_path!r}: the policy's path also gives the run its tokenizer and (without model.reference) its KL "
+        f"reference. Give --model.policy.path {recorded}, or --new_run to start a new run from these weights"
+    )
+
+
+def _same_model_path(a: str, b: str) -> bool:
+    a, b = os.path.expanduser(a), os.path.expanduser(b)
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.normpath(a) == os.path.normpath(b)
 
 
 def run_of_checkpoint(ckpt_path: str | None) -> Path | None:

@@ -25,7 +25,7 @@ from lightning_rl import checkpoint
 from lightning_rl.core.batch import Prompts
 from lightning_rl.core.inputs import sequence_inputs
 from lightning_rl.core.logprobs import sampled_logprobs
-from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
+from lightning_rl.core.models import ModelSpec, check_model_path, load_causal_lm, load_tokenizer
 from lightning_rl.data.checks import DataError
 from lightning_rl.recipes import adamw_with_warmup
 
@@ -60,6 +60,7 @@ class SupervisedFineTuning(LightningModule):
                 most tokens generated for ``val/accuracy``.
         """
         super().__init__()
+        check_model_path(policy.path, "model.policy.path")  # a mistyped path fails here, before any model loads
         self.save_hyperparameters()
         self.policy_spec = policy
         self.policy = None

@@ -59,7 +59,9 @@ def _episode(tok, turn_1: str, turn_2: str):
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     sampled = [enc(turn_1) + [tok.eos_token_id], enc(turn_2) + [tok.eos_token_id]]  # what the model sampled
     sampler = Scripted([[sampled[0]], [sampled[1]]], tok.eos_token_id)
-    agent = MultiTurnRollout(Calc(), chat_template=True)
+    agent = MultiTurnRollout(
+        Calc(), chat_template=True, max_total_tokens=256
+    )  # no policy: no context to derive it from
     agent.setup(tok, sampler)
     batch, _ = agent.generate(sampler, prompts([prompt]), None)
     ours = prompt + batch.response_ids[0].tolist()

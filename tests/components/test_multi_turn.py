@@ -92,6 +92,30 @@ def test_max_turns_and_max_total_tokens_truncate_and_flag(tokenizer):
     assert metrics["agent/max_turns_frac"] == 0
 
 
+def test_without_max_total_tokens_an_episode_fills_the_policys_context_after_its_prompt(tokenizer):
+    """max_total_tokens unset: each episode holds up to the policy's positions less its own prompt, and no sampler
+    call asks for a position past them (the longest context bounds a batched call)."""
+    from types import SimpleNamespace
+
+    eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    policy = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=12))
+    short, long = enc("1+1="), enc("11+11=")  # 4 and 6 prompt tokens: 8 and 6 response tokens fit
+    ids = torch.tensor([[0, 0] + short, long])
+    mask = torch.tensor([[0, 0] + [1] * 4, [1] * 6])
+    # turn 1: 2 tokens each, observation 3; turn 2 asks for the room of the longest context: 12 - (6 + 5) = 1
+    sampler = Scripted([[enc("12"), enc("34")], [enc("5678"), enc("9")]], eos)
+    agent = make_agent(Echo(turns=10), tokenizer, sampler, max_turns=5, max_total_tokens=None)
+    batch, _ = agent.generate(sampler, prompts(ids, mask, [{}, {}]), policy)
+    assert sampler.budgets == [6, 1]  # 12 - 6 (the longer prompt), then 12 - 11
+    lengths = batch.response_mask.sum(-1).tolist()
+    assert lengths == [6, 6] and batch.truncated.tolist() == [True, True]
+    assert all(p + r <= 12 for p, r in zip([4, 6], lengths))  # prompt + response within the positions
+    with pytest.raises(ValueError, match="policy's config gives no max_position_embeddings: set model.agent"):
+        make_agent(Echo(), tokenizer, sampler, max_total_tokens=None).generate(
+            sampler, prompts(ids, mask, [{}, {}]), None
+        )
+
+
 def test_cancel_ends_the_episodes_of_a_generate_under_way(tokenizer):
     """An asynchronous run's teardown cancels the round sampling ahead: the step under way is released (the environment is
     closed), and every episode ends at its next turn, flagged truncated, without the environment."""

@@ -219,11 +219,17 @@ def test_setup_names_what_is_missing(tokenizer):
     sampler = HFRollout(group_size=2, return_logprobs=False)
     with pytest.raises(ValueError, match="return_logprobs: true"):
         OpenAIAgent(f"{__name__}.lazy_agent").setup(tokenizer, sampler)
-    sampler = HFRollout(group_size=2, return_logprobs=True)
-    with pytest.raises(ValueError, match="is not a function"):
-        OpenAIAgent(f"{__name__}.no_such_agent").setup(tokenizer, sampler)
-    with pytest.raises(ImportError, match="cannot import 'no_such_module'"):
-        OpenAIAgent("no_such_module.agent").setup(tokenizer, sampler)
+
+
+def test_a_function_that_does_not_import_fails_at_construction_with_the_closest_name():
+    from lightning_rl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"has no 'lazy_agnt' \(did you mean {__name__}.lazy_agent\?\)"):
+        OpenAIAgent(f"{__name__}.lazy_agnt")
+    with pytest.raises(ConfigError, match="cannot import no_such_module.agent: no module 'no_such_module'; give"):
+        OpenAIAgent("no_such_module.agent")
+    with pytest.raises(ConfigError, match=r"examples.openai_calc_agent.CALCULATOR is a dict, not a function"):
+        OpenAIAgent("examples.openai_calc_agent.CALCULATOR")
 
 
 def test_a_client_that_resets_its_idle_connection_prints_no_trace(capfd):
@@ -450,3 +456,20 @@ def test_each_episode_has_a_connection_pool_of_its_own_closed_with_it(policy, mo
     finally:
         agent.close()
     assert len(made) == 4 and len({id(c) for c in made}) == 4 and all(c.is_closed for c in made)
+
+
+def test_without_max_total_tokens_a_row_holds_the_policys_context_less_its_prompt(tokenizer):
+    from components.rollout.endpoint.conversation import ContextFull, Conversation
+
+    conversation = Conversation(None, tokenizer, None, context=12)
+    pending = conversation.text([5, 6, 7, 8])  # a 4-token prompt: 8 positions left
+    assert conversation.room(pending) == 8
+    conversation.commit(pending, [9, 9, 9], None, [0, 0, 0], None, False)
+    with pytest.raises(
+        ContextFull,
+        match=r"holds 3 \+ 5 new tokens, and the policy's context \(max_position_embeddings 12\) less the row's prompt "
+        r"\(4\) leaves 8: no room for another turn",
+    ):
+        conversation.text([5, 6, 7, 8, 9, 9, 9, 1, 1, 1, 1, 1])  # 3 + 5 + 1 to sample > 8
+    with pytest.raises(ValueError, match="the policy's context is unknown: give max_total_tokens"):
+        Conversation(None, tokenizer, None, context=None)

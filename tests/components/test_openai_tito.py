@@ -82,6 +82,7 @@ def three_turn_agent(client, row):
 
 
 def _agent(function: str, tokenizer, sampler, family: str, **kwargs) -> OpenAIAgent:
+    kwargs.setdefault("max_total_tokens", 1024)  # most run without a policy: no context to derive it from
     agent = OpenAIAgent(f"{__name__}.{function}", tool_calls=PARSERS[family](), timeout_s=60, **kwargs)
     sampler.setup(tokenizer)
     agent.setup(tokenizer, sampler)
@@ -260,7 +261,7 @@ def test_an_episodes_deadline_ends_its_sampler_call_in_flight():
 
     tokenizer = family_tokenizer("chatml")
     sampler = EndlessSampler(tokenizer, "chatml", group_size=2, seconds=60)
-    agent = OpenAIAgent(f"{__name__}.tool_agent", tool_calls=HermesToolCalls(), timeout_s=1.0)
+    agent = OpenAIAgent(f"{__name__}.tool_agent", tool_calls=HermesToolCalls(), timeout_s=1.0, max_total_tokens=1024)
     sampler.setup(tokenizer)
     agent.setup(tokenizer, sampler)
     start = time.monotonic()
@@ -280,7 +281,7 @@ def test_sigterm_ends_a_round_sampling_at_once_and_is_not_trained():
 
     tokenizer = family_tokenizer("chatml")
     sampler = EndlessSampler(tokenizer, "chatml", group_size=2, seconds=60)
-    agent = OpenAIAgent(f"{__name__}.tool_agent", tool_calls=HermesToolCalls(), timeout_s=300)
+    agent = OpenAIAgent(f"{__name__}.tool_agent", tool_calls=HermesToolCalls(), timeout_s=300, max_total_tokens=1024)
     sampler.setup(tokenizer)
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))  # e.g. Lightning's

@@ -63,7 +63,10 @@ def multi_turn_env():
 
 
 def _run(environment: str, tokenizer, sampler, rows):
-    agent = VerifiersAgent(f"{__name__}.{environment}", tool_calls=HermesToolCalls(), timeout_s=60)
+    # no policy here: no context to derive max_total_tokens from
+    agent = VerifiersAgent(
+        f"{__name__}.{environment}", tool_calls=HermesToolCalls(), timeout_s=60, max_total_tokens=1024
+    )
     sampler.setup(tokenizer)
     agent.setup(tokenizer, sampler)
     ids = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-from lightning_rl.cli.progress import RLProgressBar
+from lightning_rl.cli.progress import LineProgress, RLProgressBar, missing_progress_bar
 
 from .cli_runs import cli_args, scalars
 
@@ -63,7 +63,8 @@ def _phase_seconds(root, first_step: int) -> float:
 
 
 @pytest.mark.slow
-def test_bar_counts_and_times_iterations_for_dynamic_sampling_and_resume(tmp_path, tiny_model_path):
+def test_bar_counts_and_times_iterations_for_dynamic_sampling_and_resume(tmp_path, tiny_model_path, monkeypatch):
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # the terminal's bar
     bar, task, trainer, wall = _fit(tmp_path, tiny_model_path, 2)
     assert isinstance(bar, RLProgressBar) and task.description.endswith("RL iterations")
     done, total, elapsed, rate = _shown(bar, task)
@@ -122,3 +123,68 @@ def test_zero_var_groups_is_logged_only_where_groups_exist(tmp_path, tiny_model_
         assert ("sampling/zero_var_groups" in metrics) is logged, config
         seconds = sum(float(metrics[f"time/{phase}_s"]) for phase in PHASES if f"time/{phase}_s" in metrics)
         assert float(metrics["throughput/samples_per_s"]) * seconds == pytest.approx(samples, rel=1e-4), config
+
+
+def test_a_terminal_gets_the_bar_and_a_log_file_plain_lines(monkeypatch):
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    assert [type(c) for c in missing_progress_bar([])] == [RLProgressBar]
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")
+    assert [type(c) for c in missing_progress_bar([])] == [LineProgress]
+    assert missing_progress_bar([], enabled=False) == [] and missing_progress_bar([LineProgress()]) == []
+
+
+def test_in_a_log_file_each_iteration_is_one_line_and_nothing_wraps(tmp_path, tiny_model_path, capsys, monkeypatch):
+    """Rich draws its bar only on a terminal: in a log file the last frame was printed once, its metrics wrapped over
+    seven lines. Now: a line per iteration (count, clock, metrics with units) and one per validation."""
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")
+    args = cli_args(tmp_path, tiny_model_path, 3, "--trainer.enable_progress_bar=true", "--data.val_size=4")
+    capsys.readouterr()
+    main(["fit", *args])
+    out = capsys.readouterr().out.splitlines()
+    iterations = [line for line in out if line.startswith("RL iterations ")]
+    assert [line.split(" • ")[0] for line in iterations] == [f"RL iterations {i}/3" for i in (1, 2, 3)]
+    for line in iterations:  # one whole line each: count, clock, rate, then the watched metrics with their units
+        assert re.fullmatch(
+            r"RL iterations \d/3 • \d:\d\d:\d\d elapsed, \d:\d\d:\d\d left • [\d.]+ (it/s|s/it) • reward [\d.]+ • .*"
+            r"length [\d.]+ tok • speed [\d.,]+ samples/s",
+            line,
+        ), line
+    validations = [line for line in out if line.startswith("validation at iteration")]
+    assert [v.split(" • ")[0] for v in validations] == [f"validation at iteration {i}" for i in (0, 2, 3)]
+    assert all(re.fullmatch(r"validation at iteration \d • val reward [\d.]+", v) for v in validations)
+    assert not [line for line in out if line.startswith(" ") and ("nats" in line or "samples/s" in line)]  # no wrap
+
+
+def test_a_long_run_prints_about_a_hundred_lines():
+    from types import SimpleNamespace
+
+    bar = LineProgress(lines=100)
+    printed = []
+    bar._say = lambda head, metrics: printed.append(head)
+    trainer = SimpleNamespace(max_steps=1000, global_step=0, callback_metrics={}, sanity_checking=False)
+    module = SimpleNamespace()
+    bar._trainer = trainer
+    bar.on_train_start(trainer, module)
+    for step in range(1, 1001):
+        trainer.global_step = step
+        bar.on_train_batch_start(trainer, module, None, step)
+        bar.on_train_batch_end(trainer, module, None, None, step)
+    assert len(printed) == 100 and printed[0].startswith("RL iterations 10/1000") and "1000/1000" in printed[-1]
+
+
+def test_a_validate_commands_line_names_no_iteration():
+    """`validate` restores a checkpoint's weights but not the loop's step (0 here): the line does not claim one."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    bar, printed = LineProgress(), []
+    bar._say = lambda head, metrics: printed.append((head, metrics))
+    for fn in (TrainerFn.VALIDATING, TrainerFn.FITTING):
+        trainer = SimpleNamespace(
+            global_step=0, sanity_checking=False, state=SimpleNamespace(fn=fn), callback_metrics={"val/reward": 0.5}
+        )
+        bar.on_validation_end(trainer, None)
+    assert printed == [("validation", {"val reward": "0.500"}), ("validation at iteration 0", {"val reward": "0.500"})]

@@ -57,7 +57,14 @@ def test_pairs_from_jsonl_with_a_column_mapping(tmp_path, tiny_model_path):
         ids = batch["input_ids"][i]
         assert int(ids[n - 1]) == tok.eos_token_id and bool((ids[n:] == tok.pad_token_id).all())
         assert tok.decode(ids[n - 2 : n - 1]) == ("1" if i < 3 else "0")
-    with pytest.raises(KeyError, match="data.columns.chosen"):
+    from lightning_rl.data.checks import DataError
+
+    with pytest.raises(
+        DataError,
+        match=r"has no column 'prompt' \(data.columns.prompt\), 'chosen' \(data.columns.chosen\), 'rejected' "
+        r"\(data.columns.rejected\); its columns are \['question', 'good', 'bad'\]: map them with data.columns: "
+        r"\{prompt: <column>, chosen: <column>, rejected: <column>\}",
+    ):
         PairDataModule(train_data=data, val_data=None, tokenizer=tiny_model_path).setup("fit")
 
 

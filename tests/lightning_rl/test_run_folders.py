@@ -134,6 +134,32 @@ def test_resuming_a_runs_checkpoint_through_latest_continues_that_run(tmp_path, 
 
 
 @pytest.mark.slow
+def test_continuing_a_run_with_another_policy_path_is_refused_naming_both(tmp_path, tiny_model_path, tiny_model_path_b):
+    """The policy's path gives a run its tokenizer and (without model.reference) its KL reference: a resume that names
+    another is refused before anything is written or loaded; the same folder written another way continues the run;
+    --new_run starts a new run from the weights."""
+    from lightning_rl.core.errors import ConfigError
+
+    run_cli("fit", _args(tmp_path, tiny_model_path, 2))
+    runs = tmp_path / "exp_a"
+    resume = f"--ckpt_path={runs}/latest/checkpoints/last.ckpt"
+    with pytest.raises(ConfigError) as refused:
+        run_cli("fit", _args(tmp_path, tiny_model_path_b, 4, resume))
+    assert str(refused.value) == (
+        f"--ckpt_path {runs}/version_0/checkpoints/last.ckpt was trained from model.policy.path {tiny_model_path!r}, "
+        f"and this run gives {tiny_model_path_b!r}: the policy's path also gives the run its tokenizer and (without "
+        f"model.reference) its KL reference. Give --model.policy.path {tiny_model_path}, or --new_run to start a new "
+        "run from these weights"
+    )
+    assert not (runs / "version_0" / "resume_config.yaml").exists()
+    assert len(list((runs / "version_0").glob("events.out.tfevents.*"))) == 1  # nothing recorded
+    run_cli("fit", _args(tmp_path, f"{tiny_model_path}/", 3, resume))  # the same folder
+    assert _step(runs / "version_0" / "checkpoints" / "last.ckpt") == 3
+    run_cli("fit", _args(tmp_path, tiny_model_path_b, 4, resume, "--new_run"))
+    assert _step(runs / "version_1" / "checkpoints" / "last.ckpt") == 4
+
+
+@pytest.mark.slow
 def test_validate_never_overwrites_the_runs_config_and_leaves_nothing_without_a_logger(tmp_path, tiny_model_path):
     args = cli_args(
         tmp_path, tiny_model_path, 2, f"--trainer.callbacks.dirpath={tmp_path}/run/checkpoints", "--data.val_size=4"
@@ -176,7 +202,7 @@ def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_mode
         run_cli("validate", [*args, f"--ckpt_path={tmp_path}/run/latest/checkpoints/last.ckpt"])
     assert not [w for w in caught if "dirpath has changed" in str(w.message)]  # the run's own folder is no news
     printed = capsys.readouterr().out  # `validate` prints and returns what it measured, though Lightning did not log it
-    assert re.search(r"val/reward\s+│\s+\d\.\d+", printed) and re.search(r"val/response_length\s+│\s+\d", printed)
+    assert re.search(r"val/reward\s+│\s+\d(\.\d+)?\s", printed) and re.search(r"val/response_length\s+│\s+\d", printed)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["latest", "version_0"]  # no run of its own
     assert [step for step, _ in scalars(tmp_path)["val/reward"]] == [0, 2, 3, 3]  # beside the fit, at its step
 

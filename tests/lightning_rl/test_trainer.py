@@ -44,6 +44,9 @@ def _settings(trainer) -> dict:
 
 def test_the_python_trainer_is_the_one_the_cli_builds(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(
+        "TTY_COMPATIBLE", "1"
+    )  # a terminal's bar (in a log file: lightning_rl.cli.progress.LineProgress)
     cli = main(
         ["--config", DEFAULT_TRAINER_CONFIG, "--config", str(REPO / "configs" / "grpo.yaml")], run=False
     )  # a run named grpo

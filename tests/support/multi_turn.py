@@ -77,6 +77,7 @@ class Blocking(Echo):
 
 
 def make_agent(env, tokenizer, sampler, **kwargs) -> MultiTurnRollout:
+    kwargs.setdefault("max_total_tokens", 256)  # most of these run without a policy: no context to derive it from
     agent = MultiTurnRollout(env, **kwargs)
     agent.setup(tokenizer, sampler)
     return agent

@@ -43,6 +43,8 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.errors import ConfigError, import_object
+from lightning_rl.core.models import context_length
 from lightning_rl.core.sampling import SamplingParams
 
 from ..agent import Agent
@@ -67,7 +69,7 @@ class OpenAIAgent(Agent):
         self,
         function: str,
         timeout_s: float = 300.0,
-        max_total_tokens: int = 1024,
+        max_total_tokens: int | None = None,
         chat_template: str | None = None,
         tool_calls: ToolCallParser | None = None,
         reasoning_tags: list[str] | None = None,
@@ -82,7 +84,8 @@ class OpenAIAgent(Agent):
             function: dotted path of ``agent(client, row) -> result`` (sync, given an ``openai.OpenAI``; or async,
                 given an ``openai.AsyncOpenAI``).
             timeout_s: an episode still running after this many seconds ends as a failure (its client is shut out).
-            max_total_tokens: most response tokens of one training row (the sampled turns and the messages added between them).
+            max_total_tokens: most response tokens of one training row (the sampled turns and the messages added between
+                them); None = the policy's context (max_position_embeddings) less the row's prompt, the most that fits.
             chat_template: a Jinja chat template, or a file holding one, for /v1/chat/completions (None = the tokenizer's).
             tool_calls: how the model writes tool calls (components.rollout.endpoint.HermesToolCalls, JsonToolCalls,
                 TagToolCalls; None = no tool calls are parsed).
@@ -97,9 +100,9 @@ class OpenAIAgent(Agent):
             limits: the endpoint's request size, timeouts, connections and requests in flight (None = the defaults of
                 components.rollout.endpoint.EndpointLimits).
         """
-        if timeout_s <= 0 or max_total_tokens < 1 or batch_wait_s < 0:
+        if timeout_s <= 0 or (max_total_tokens is not None and max_total_tokens < 1) or batch_wait_s < 0:
             raise ValueError(
-                f"OpenAIAgent: need timeout_s > 0, max_total_tokens >= 1 and batch_wait_s >= 0; got {timeout_s}, {max_total_tokens}, {batch_wait_s}"
+                f"OpenAIAgent: need timeout_s > 0, max_total_tokens >= 1 (or null) and batch_wait_s >= 0; got {timeout_s}, {max_total_tokens}, {batch_wait_s}"
             )
         if max_calls_per_episode < 1 or max_rows_per_episode < 1:
             raise ValueError(
@@ -113,7 +116,9 @@ class OpenAIAgent(Agent):
         self.model_name, self.batch_wait_s = model_name, batch_wait_s
         self.max_calls_per_episode, self.max_rows_per_episode = max_calls_per_episode, max_rows_per_episode
         self.limits = limits or EndpointLimits()
-        self.tokenizer, self.template, self.endpoint, self.function = None, None, None, None
+        self.tokenizer, self.template, self.endpoint = None, None, None
+        require_agent_packages(type(self).__name__)
+        self.function = load_function(function)  # a mistyped path fails here, before any model loads
         self.stop_ids: list[int] = []
         self._rounds: set[Round] = set()
         self._warned: set[str] = set()
@@ -121,24 +126,15 @@ class OpenAIAgent(Agent):
         self._previous_sigterm = None
 
     def setup(self, tokenizer, sampler: Rollout) -> None:
-        try:
-            for module in ("openai", "httpx2", "starlette", "uvicorn"):
-                importlib.import_module(module)
-        except ImportError as err:
-            raise ImportError(
-                f"model.agent (OpenAIAgent) gives the agent an OpenAI client on an endpoint it serves, which needs "
-                f"{err.name}: pip install 'lightning-rl[agents]'"
-            ) from None
         if sampler.params.greedy_baseline:
-            raise ValueError(
-                "model.agent (OpenAIAgent) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
+            raise ConfigError(
+                f"model.agent ({type(self).__name__}) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
             )
         if "rollout_logprobs" not in sampler.provides:
-            raise ValueError(
-                "model.agent (OpenAIAgent) records the sampler's log-prob of every token it serves: use a rollout that "
+            raise ConfigError(
+                f"model.agent ({type(self).__name__}) records the sampler's log-prob of every token it serves: use a rollout that "
                 "reports them (SGLangRollout, or HFRollout with return_logprobs: true)"
             )
-        self.function = _load_function(self.function_path)
         self.tokenizer = tokenizer
         source = self.template_source
         if source is not None and Path(source).is_file():
@@ -175,7 +171,7 @@ class OpenAIAgent(Agent):
         data_prompts = [
             ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())
         ]
-        context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+        context = context_length(getattr(policy, "config", None))
         episodes = [
             EpisodeRun(
                 uuid.uuid4().hex,
@@ -338,19 +334,23 @@ class OpenAIAgent(Agent):
             self._loop = None
 
 
-def _load_function(path: str) -> Callable:
-    module_name, _, name = path.rpartition(".")
+def require_agent_packages(agent: str) -> None:
+    """Fail naming the extra to install when a package the endpoint needs is missing."""
     try:
-        function = getattr(importlib.import_module(module_name), name) if module_name else None
+        for module in ("openai", "httpx2", "starlette", "uvicorn"):
+            importlib.import_module(module)
     except ImportError as err:
         raise ImportError(
-            f"model.agent.init_args.function: cannot import {module_name!r} ({err}); give a dotted path module.function "
-            "importable from the directory you run in"
+            f"model.agent ({agent}) gives the agent an OpenAI client on an endpoint it serves, which needs "
+            f"{err.name}: pip install 'lightning-rl[agents]'"
         ) from None
-    except AttributeError:
-        function = None
+
+
+def load_function(path: str, key: str = "model.agent.init_args.function") -> Callable:
+    """The agent function at dotted ``path``; a `ConfigError` naming ``key`` and the closest importable path when there
+    is none (at construction, before any model loads)."""
+    expects = "the dotted path of agent(client, row), importable from the folder you run in"
+    function = import_object(path, key, expects)
     if not callable(function):
-        raise ValueError(
-            f"model.agent.init_args.function: {path!r} is not a function; give the dotted path of agent(client, row)"
-        )
+        raise ConfigError(f"{key}: {path} is a {type(function).__name__}, not a function; give {expects}")
     return function

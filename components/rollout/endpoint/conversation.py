@@ -57,13 +57,19 @@ class Conversation:
         self,
         template: ChatTemplate | None,
         tokenizer,
-        max_total_tokens: int,
+        max_total_tokens: int | None,
         max_rows: int = 16,
         context: int | None = None,
         longest: int | None = None,
     ):
-        """``context``: the policy's positions (None = unknown: prompts are not bounded here); ``longest``: the most
-        bytes one token stands for (chat.longest_token_bytes; None = computed)."""
+        """``max_total_tokens``: the most response tokens of a row (None = the policy's context less the row's prompt);
+        ``context``: the policy's positions (None = unknown: prompts are not bounded here, and ``max_total_tokens``
+        must be given); ``longest``: the most bytes one token stands for (chat.longest_token_bytes; None = computed)."""
+        if max_total_tokens is None and context is None:
+            raise ValueError(
+                "Conversation: max_total_tokens is None (the policy's context less the prompt) but the policy's context "
+                "is unknown: give max_total_tokens"
+            )
         self.template, self.tokenizer, self.max_total_tokens, self.max_rows = (
             template,
             tokenizer,
@@ -104,14 +110,28 @@ class Conversation:
 
         return (None if context is None else context - 1), too_long
 
+    def limit(self, row: Row) -> int:
+        """The most response tokens ``row`` may hold: ``max_total_tokens``, or the policy's context less its prompt."""
+        if self.max_total_tokens is not None:
+            return self.max_total_tokens
+        return self.context - len(row.episode.prompt)
+
+    def _limit_text(self, row: Row) -> str:
+        if self.max_total_tokens is not None:
+            return f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}"
+        return (
+            f"the policy's context (max_position_embeddings {self.context}) less the row's prompt "
+            f"({len(row.episode.prompt)}) leaves {self.limit(row)}"
+        )
+
     def _added_budget(self, row: Row) -> tuple[int, type]:
-        """What a call adds to ``row``: its room under ``max_total_tokens`` (one token left to sample)."""
-        room = self.max_total_tokens - len(row.episode.ids) - 1
+        """What a call adds to ``row``: its room under `limit` (one token left to sample)."""
+        room = self.limit(row) - len(row.episode.ids) - 1
 
         def too_long(at_least: int) -> ContextFull:
             return ContextFull(
                 f"this conversation's training row holds {len(row.episode.ids)} tokens and the call adds at least "
-                f"{at_least}, and model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn"
+                f"{at_least}, and {self._limit_text(row)}: no room for another turn"
             )
 
         return room, too_long
@@ -137,11 +157,11 @@ class Conversation:
         return None if row is None or id(row) in self._busy else row
 
     def _pending(self, row: Row, added: list[int], covers: list) -> Pending:
-        if len(row.episode.ids) + len(added) + 1 > self.max_total_tokens:
+        if len(row.episode.ids) + len(added) + 1 > self.limit(row):
             row.episode.truncated = True
             raise ContextFull(
                 f"this conversation's training row holds {len(row.episode.ids)} + {len(added)} new tokens, and "
-                f"model.agent.init_args.max_total_tokens is {self.max_total_tokens}: no room for another turn"
+                f"{self._limit_text(row)}: no room for another turn"
             )
         self._busy.add(id(row))
         return Pending(row, added, row.context + added, covers, False)
@@ -167,7 +187,7 @@ class Conversation:
 
     def room(self, pending: Pending) -> int:
         """The most tokens the call may sample."""
-        return max(1, self.max_total_tokens - len(pending.row.episode.ids) - len(pending.added))
+        return max(1, self.limit(pending.row) - len(pending.row.episode.ids) - len(pending.added))
 
     def commit(
         self,

@@ -14,26 +14,25 @@ and few-shot turns, with its ``answer`` and ``info`` columns (any data source th
 
 from __future__ import annotations
 
-import importlib
 import json
 import signal
 from typing import Any
+
+from lightning_rl.core.errors import ConfigError, import_object
 
 from .agent import OpenAIAgent
 from .server import EndpointLimits
 from .tool_calls import ToolCallParser
 
+ENVIRONMENT_EXPECTED = (
+    "the dotted path of a function that returns a verifiers Environment (e.g. my_env.load_environment)"
+)
 
-def load_environment(path: str, env_args: dict | None = None):
-    """The environment built by the function (or the object) at dotted ``path``, called with ``env_args``."""
-    module_name, _, name = path.rpartition(".")
-    try:
-        target = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ImportError(
-            f"verifiers environment {path!r}: cannot import it ({err}); give the dotted path of a function that "
-            "returns a verifiers Environment (e.g. my_env.load_environment)"
-        ) from None
+
+def load_environment(path: str, env_args: dict | None = None, key: str = "model.agent.init_args.environment"):
+    """The environment built by the function (or the object) at dotted ``path``, called with ``env_args``; ``key``
+    names the setting in errors."""
+    target = import_object(path, key, ENVIRONMENT_EXPECTED)
     # a verifiers Environment replaces the process's SIGINT / SIGTERM handlers with ones that exit at once: the
     # trainer's (Lightning finishes the iteration and saves last.ckpt on SIGTERM) are put back
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -44,7 +43,9 @@ def load_environment(path: str, env_args: dict | None = None):
             if handler is not None and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
     if not hasattr(env, "run_rollout"):
-        raise TypeError(f"verifiers environment {path!r} gave a {type(env).__name__}, not a verifiers Environment")
+        raise ConfigError(
+            f"{key}: {path} gave a {type(env).__name__}, not a verifiers Environment; give {ENVIRONMENT_EXPECTED}"
+        )
     return env
 
 
@@ -56,7 +57,7 @@ class VerifiersAgent(OpenAIAgent):
         environment: str,
         env_args: dict[str, Any] | None = None,
         timeout_s: float = 300.0,
-        max_total_tokens: int = 1024,
+        max_total_tokens: int | None = None,
         chat_template: str | None = None,
         tool_calls: ToolCallParser | None = None,
         reasoning_tags: list[str] | None = None,
@@ -93,16 +94,25 @@ class VerifiersAgent(OpenAIAgent):
             limits,
         )
         self.environment, self.env_args, self.env = environment, dict(env_args or {}), None
-
-    def setup(self, tokenizer, sampler) -> None:
         try:
             import verifiers  # noqa: F401
         except ImportError:
             raise ImportError(
                 "model.agent (VerifiersAgent) runs verifiers environments: pip install 'lightning-rl[agents]'"
             ) from None
-        self.env = load_environment(self.environment, self.env_args)
+        # a mistyped path fails here, before any model loads; the environment is built at setup
+        import_object(environment, "model.agent.init_args.environment", ENVIRONMENT_EXPECTED)
+
+    def setup(self, tokenizer, sampler) -> None:
+        if self.template_source is None and not getattr(tokenizer, "chat_template", None):
+            # every model call of a verifiers environment is a chat completion: without a template each would be refused
+            raise ConfigError(
+                f"model.agent (VerifiersAgent): the tokenizer of model.policy.path ({tokenizer.name_or_path}) has no chat "
+                "template, and a verifiers environment calls the model only through /v1/chat/completions: set "
+                "model.agent.init_args.chat_template (a Jinja template, or a file holding one), or use a chat model"
+            )
         super().setup(tokenizer, sampler)
+        self.env = load_environment(self.environment, self.env_args)
         env = self.env
 
         async def episode(client, row: dict) -> dict:
@@ -152,7 +162,7 @@ def verifiers_rows(source: str, split: str) -> list[dict]:
     """``verifiers:<module.fn>[?json env_args]``: the environment's dataset (train) or eval dataset (test) as rows
     with the prompt's last user text (what the samples table shows), the answer and the whole input."""
     path, _, args = source[len("verifiers:") :].partition("?")
-    env = load_environment(path, json.loads(args) if args else None)
+    env = load_environment(path, json.loads(args) if args else None, f"data source {source}")
     dataset = (
         env.get_dataset()
         if split == "train"
