@@ -268,7 +268,7 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
     monkeypatch.setattr(logprobs_module, "response_logits", keep)
     module = SimpleNamespace(
         policy=policy, loop=SimpleNamespace(logprob_chunk_rows=None, max_tokens_per_micro_batch=None),
-        surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(),
+        surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(), teacher_logits=None,
     )  # fmt: skip
     metrics = WeightedMeans()
     torch.manual_seed(0)

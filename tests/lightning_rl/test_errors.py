@@ -31,7 +31,7 @@ def no_model_loads(monkeypatch):
     def refused(*args, **kwargs):
         raise AssertionError("a model was loaded before the error")
 
-    monkeypatch.setattr("lightning_rl.loop.module.load_causal_lm", refused)
+    monkeypatch.setattr("lightning_rl.roster.load_causal_lm", refused)
 
 
 @pytest.fixture

@@ -175,6 +175,7 @@ def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, ti
         *WITH_KL,
         "--data.val_data=null",
         f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}",
+        "--new_run",  # the same run on another base is refused earlier, by the run's recorded policy path
     )
     with pytest.raises(
         ValueError, match="model.policy: the checkpoint holds LoRA adapters trained on a different base model than"
