@@ -9,7 +9,43 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# at most 2 threads (the tiny models gain nothing from more), split among pytest-xdist's workers: no worker waits on
+# another's threads for a core
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
+
+
+def pytest_configure(config):
+    from tests.support import tiers
+
+    tiers.install()
+
+
+SERVING_FIXTURES = {"server"}
+"""Fixtures that start a server: the tests that ask for one are marked ``server`` (tests/support/tiers.py)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SERVING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("server")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    from tests.support.tiers import watching
+
+    with watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    from tests.support.tiers import watching
+
+    with watching(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,107 @@
+"""The tiers of the suite: `make test-fast` runs the unit tests (``-m "not slow and not server"``), `make test` all.
+
+A test says by its markers what it needs, and the guard here checks that against what the test did, so a new test that
+trains or serves without saying so fails in every tier instead of quietly slowing the fast one:
+
+- ``slow``: a run end to end: a ``Trainer.fit`` that takes a training step in the test's process (one that stops at a
+  user mistake before its first step is a unit test of that error), a Python module (``python -m ...``: the CLI, a
+  distributed launch, a launched server) or the repository's ``cli.py`` in another process, or ``torch.multiprocessing``
+  ranks;
+- ``server``: something listening on a port in the test's process (the loopback SGLang server, the agents' endpoint).
+
+The guard only watches: every call goes through unchanged, and the test fails after its setup or its call, naming the
+marker it lacks (a session or module fixture that trains counts for the first test that asks for it)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+from contextlib import contextmanager
+
+import pytest
+
+_allowed: frozenset[str] = frozenset()
+_seen: list[str] | None = None  # what the running test did that its markers do not allow (None: no test runs)
+
+
+def _note(marker: str, what: str) -> None:
+    seen = _seen
+    if seen is not None and marker not in _allowed and what not in seen:
+        seen.append(what)
+
+
+def _watch(owner, name: str, marker: str, what) -> None:
+    """Wrap ``owner.name``: each call first asks ``what(*args, **kwargs)`` for a description (None: nothing to note)."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def watched(*args, **kwargs):
+        described = what(*args, **kwargs)
+        if described:
+            _note(marker, f"{described}: mark it @pytest.mark.{marker}")
+        return original(*args, **kwargs)
+
+    setattr(owner, name, watched)
+
+
+def _watch_fit(trainer_class) -> None:
+    original = trainer_class.fit
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if self.global_step > 0:
+                _note("slow", "Trainer.fit took a training step: mark it @pytest.mark.slow")
+
+    trainer_class.fit = fit
+
+
+def _python_program(self, args=(), *rest, **kwargs) -> str | None:
+    """``python -m module`` or ``python .../cli.py`` (what a launched CLI, rank or server runs), else None."""
+    words = [os.fspath(w) for w in args] if isinstance(args, (list, tuple)) else str(args).split()
+    names = [os.path.basename(w) for w in words]
+    if not any(n.startswith("python") for n in names):
+        return None
+    if "-m" in words[:-1]:
+        return f"runs `python -m {words[words.index('-m') + 1]}` in another process"
+    if "cli.py" in names:
+        return "runs cli.py in another process"
+    return None
+
+
+def _on_a_port(sock: socket.socket, *args) -> str | None:
+    # not a Unix socket (multiprocessing shares tensors' file descriptors through one)
+    return "listens on a port" if sock.family in (socket.AF_INET, socket.AF_INET6) else None
+
+
+def install() -> None:
+    """Put the watches in place (once per process: pytest_configure)."""
+    import torch.multiprocessing
+    from lightning.pytorch import Trainer
+
+    _watch_fit(Trainer)
+    _watch(subprocess.Popen, "__init__", "slow", _python_program)
+    _watch(torch.multiprocessing, "spawn", "slow", lambda *a, **k: "torch.multiprocessing.spawn")
+    _watch(torch.multiprocessing, "start_processes", "slow", lambda *a, **k: "torch.multiprocessing.start_processes")
+    _watch(socket.socket, "listen", "server", _on_a_port)
+
+
+@contextmanager
+def watching(item: pytest.Item):
+    """Around one phase of ``item``: fail it if it did what its markers do not allow."""
+    global _allowed, _seen
+    _allowed = frozenset(marker.name for marker in item.iter_markers())
+    _seen = []
+    try:
+        yield
+    finally:
+        seen, _seen = _seen, None
+    if seen:
+        pytest.fail(
+            f"{item.nodeid} {'; '.join(seen)} (the markers keep it out of `make test-fast`: tests/support/tiers.py)",
+            pytrace=False,
+        )
