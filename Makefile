@@ -19,11 +19,19 @@ install: $(STAMP)
 run: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
 
+# the tests run on WORKERS processes (pytest-xdist; auto: one per core, 0: in this process; the tests sharing a module
+# fixture on one of them: tests/conftest.py); `make test-fast` is the inner loop: no end-to-end run, no server
+WORKERS ?= auto
+PYTEST := $(PY) -m pytest -n $(WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PYTEST)
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow and not server"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install run test lint
+.PHONY: install run test test-fast lint

@@ -30,6 +30,17 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if SERVING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker("server")
+        # under `pytest -n N --dist loadgroup` the tests that share a module's fixture (a run, two servers) go to one
+        # worker, which builds it once; every other test goes to whichever worker is free
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures and any(
+            defs[-1].scope in ("package", "module", "class") for defs in fixtures.name2fixturedefs.values()
+        ):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # the files with end-to-end runs first (each file's tests keep their order): the workers then end together on
+    # short tests, not one of them on a minute-long run while the other waits
+    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("server")}
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -19,9 +19,11 @@ import os
 import socket
 import subprocess
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+PACKAGE_HELPERS = [Path(__file__).resolve().parents[2] / folder for folder in ("components", "lightning_rl")]
 _allowed: frozenset[str] = frozenset()
 _seen: list[str] | None = None  # what the running test did that its markers do not allow (None: no test runs)
 
@@ -61,16 +63,16 @@ def _watch_fit(trainer_class) -> None:
 
 
 def _python_program(self, args=(), *rest, **kwargs) -> str | None:
-    """``python -m module`` or ``python .../cli.py`` (what a launched CLI, rank or server runs), else None."""
+    """``python -m module`` or ``python script.py`` (a launched CLI, rank, server, benchmark or script), else None: code
+    given with ``-c`` and the package's own helper programs (a tool's worker, the sandbox's launcher) are not runs."""
     words = [os.fspath(w) for w in args] if isinstance(args, (list, tuple)) else str(args).split()
-    names = [os.path.basename(w) for w in words]
-    if not any(n.startswith("python") for n in names):
+    if not any(os.path.basename(w).startswith("python") for w in words):
         return None
+    words = words[: words.index("-c")] if "-c" in words else words  # what follows is the code and its arguments
     if "-m" in words[:-1]:
         return f"runs `python -m {words[words.index('-m') + 1]}` in another process"
-    if "cli.py" in names:
-        return "runs cli.py in another process"
-    return None
+    scripts = [w for w in words if w.endswith(".py") and not any(Path(w).is_relative_to(h) for h in PACKAGE_HELPERS)]
+    return f"runs `python {scripts[0]}` in another process" if scripts else None
 
 
 def _on_a_port(sock: socket.socket, *args) -> str | None:
