@@ -9,8 +9,7 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# at most 2 threads (the tiny models gain nothing from more), split among pytest-xdist's workers: no worker waits on
-# another's threads for a core
+# at most 2 threads, shared out among pytest-xdist's workers (more threads than cores only wait on each other)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 
@@ -21,26 +20,11 @@ def pytest_configure(config):
     tiers.install()
 
 
-SERVING_FIXTURES = {"server"}
-"""Fixtures that start a server: the tests that ask for one are marked ``server`` (tests/support/tiers.py)."""
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if SERVING_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker("server")
-        # under `pytest -n N --dist loadgroup` the tests that share a module's fixture (a run, two servers) go to one
-        # worker, which builds it once; every other test goes to whichever worker is free
-        fixtures = getattr(item, "_fixtureinfo", None)
-        if fixtures and any(
-            defs[-1].scope in ("package", "module", "class") for defs in fixtures.name2fixturedefs.values()
-        ):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    # the files with end-to-end runs first (each file's tests keep their order): the workers then end together on
-    # short tests, not one of them on a minute-long run while the other waits
-    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("server")}
-    items.sort(key=lambda item: item.path not in heavy)
+def pytest_collection_modifyitems(config, items):
+    from tests.support.tiers import arrange
+
+    arrange(config, items)
 
 
 @pytest.hookimpl(wrapper=True)

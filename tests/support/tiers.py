@@ -92,6 +92,27 @@ def install() -> None:
     _watch(socket.socket, "listen", "server", _on_a_port)
 
 
+SERVING_FIXTURES = {"server"}
+"""Fixtures that start a server: the tests that ask for one are marked ``server``."""
+
+
+def arrange(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that ask for a serving fixture; under pytest-xdist (``--dist loadgroup``) put the tests that
+    share a module's fixture (a run, two servers) in one group, so one worker builds it once while every other test
+    goes to whichever worker is free; and order the files with end-to-end runs first (each file's tests keep their
+    order), so the workers end together on short tests rather than one of them on a minute-long run."""
+    grouping = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        if SERVING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("server")
+        fixtures = getattr(item, "_fixtureinfo", None)
+        scopes = {defs[-1].scope for defs in fixtures.name2fixturedefs.values()} if fixtures else set()
+        if grouping and scopes & {"package", "module", "class"} and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    heavy = {item.path for item in items if item.get_closest_marker("slow") or item.get_closest_marker("server")}
+    items.sort(key=lambda item: item.path not in heavy)
+
+
 @contextmanager
 def watching(item: pytest.Item):
     """Around one phase of ``item``: fail it if it did what its markers do not allow."""
