@@ -37,11 +37,19 @@ vllm-env: $(VLLM_STAMP)
 run: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
 
+# the tests run on WORKERS processes (pytest-xdist; auto: one per core, 0: in this process; the tests sharing a module
+# fixture on one of them: tests/support/tiers.py); `make test-fast` is the inner loop: no end-to-end run, no server
+WORKERS ?= auto
+PYTEST := $(PY) -m pytest -n $(WORKERS) --dist loadgroup
+
 test: $(STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest
+	$(PYTEST)
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow and not server"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install vllm-env run test lint
+.PHONY: install vllm-env run test test-fast lint

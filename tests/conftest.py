@@ -9,7 +9,38 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# at most 2 threads, shared out among pytest-xdist's workers (more threads than cores only wait on each other)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
+
+
+def pytest_configure(config):
+    from tests.support import tiers
+
+    tiers.install()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
+def pytest_collection_modifyitems(config, items):
+    from tests.support.tiers import arrange
+
+    arrange(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    from tests.support.tiers import watching
+
+    with watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    from tests.support.tiers import watching
+
+    with watching(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

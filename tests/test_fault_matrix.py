@@ -129,22 +129,26 @@ def fit(tmp_path: Path, model: BoringModel, max_steps: int = 3) -> dict:
     return torch.load(tmp_path / "last.ckpt", weights_only=True)
 
 
+@pytest.mark.slow
 def test_fit_end(tmp_path):
     assert fit(tmp_path, FaultyModel())["global_step"] == 3  # every_n_train_steps=5 never fired
 
 
+@pytest.mark.slow
 def test_component_exception(tmp_path):
     with pytest.raises(ValueError, match="component failed"):
         fit(tmp_path, FaultyModel("error"))
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
 
 
+@pytest.mark.slow
 def test_ctrl_c(tmp_path):
     with pytest.raises(SystemExit):
         fit(tmp_path, FaultyModel("interrupt"))
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 2
 
 
+@pytest.mark.slow
 def test_sigterm(tmp_path):
     with pytest.raises(SystemExit):  # Lightning's SIGTERMException, raised once the iteration is over
         fit(tmp_path, FaultyModel("sigterm"), max_steps=5)
@@ -334,6 +338,7 @@ def test_sglang_failed_push():
         pass
 
 
+@pytest.mark.server
 def test_stale_server_weights(tiny_model_path, tokenizer):
     from components.rollout import SGLangRollout
     from lightning_rl.core.models import ModelSpec, load_causal_lm

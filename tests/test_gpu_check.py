@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks.gpu_check import Check
 from tests.helpers import pythonpath
 
@@ -40,6 +42,7 @@ def test_a_part_over_its_budget_is_stopped_with_what_it_finished(tmp_path):
     assert "BENCH_RESULT" in (tmp_path / "gpu_check.log").read_text()
 
 
+@pytest.mark.slow
 def test_parts_the_budget_cannot_cover_are_skipped_and_the_table_still_printed(tmp_path):
     done = subprocess.run(
         [sys.executable, "benchmarks/gpu_check.py", "--cpu-dry-run", "--parts", "b,c", "--budget", "25", "--out", str(tmp_path)],

@@ -122,6 +122,7 @@ def _override(preset: Path, tmp_path: Path, model_path: str, hardware: dict | No
 
 
 @pytest.mark.slow
+@pytest.mark.server  # the OpenAI-agent preset serves its episodes on the agents' endpoint
 @pytest.mark.parametrize("hardware", ACCELERATORS)
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_trains_two_iterations(preset, hardware, tiny_model_path, tmp_path, request):

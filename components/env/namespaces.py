@@ -259,6 +259,7 @@ def main() -> int:
         except BaseException as err:
             report(status_fd, f"error: {err}")
             os._exit(1)
+    os.close(ready_w)  # the holder's alone: one that fails before it is ready reads as end of file, not a wait forever
     try:
         if os.read(ready_r, 1) == b"1":
             uid, gid = os.geteuid(), os.getegid()

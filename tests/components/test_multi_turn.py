@@ -234,6 +234,7 @@ def test_trainer_logprobs_equal_the_hf_samplers_over_three_turns(tiny_model_path
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_trainer_logprobs_equal_the_sglang_servers_over_three_turns(tiny_model_path, tokenizer):
     from tests.fixtures.sglang_server import FakeSGLangServer
 

@@ -17,6 +17,8 @@ from components.rollout.endpoint import TagToolCalls
 from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
 from tests.helpers import prompts
 
+pytestmark = pytest.mark.server  # the agents' endpoint listens on a port
+
 TINY_CALC = str(Path(__file__).resolve().parents[2] / "lightning_rl/assets/tiny-calc")
 URLS: list[str] = []
 

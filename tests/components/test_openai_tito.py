@@ -16,6 +16,8 @@ from tests.fixtures.chat_templates import family_tokenizer
 from tests.helpers import prompts
 from tests.support.openai import TOOL_RESULT, ScriptedChat
 
+pytestmark = pytest.mark.server  # the agents' endpoint listens on a port
+
 CALC = {
     "type": "function",
     "function": {

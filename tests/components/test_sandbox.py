@@ -73,6 +73,7 @@ def test_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeyp
     check_no_file_outside_the_scratch_folder_is_read_or_written(tmp_path, monkeypatch)
 
 
+@pytest.mark.server
 def test_no_network(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
@@ -201,6 +202,7 @@ def test_an_interpreter_under_tmp_is_mounted_inside_the_scratch_folder(tmp_path,
     assert PythonTool()(code).splitlines() == ["from the interpreter's folder", "Read-only file system", "ok"]
 
 
+@pytest.mark.server
 def test_the_network_is_opt_in():
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]

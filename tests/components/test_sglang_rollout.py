@@ -246,6 +246,7 @@ def test_greedy_validation_and_greedy_baseline(server, policy, prompts, make_rol
         assert batch.response_ids[4 * prompt + 3, :width].tolist() == greedy.response_ids[prompt, :width].tolist()
 
 
+@pytest.mark.server
 def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(
     tiny_model_path, policy, prompts, make_rollout
 ):
@@ -260,6 +261,7 @@ def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(
         b.stop()
 
 
+@pytest.mark.server
 def test_a_server_that_missed_a_weight_update_fails_loudly(tiny_model_path, policy, prompts, make_rollout):
     a, b = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     try:

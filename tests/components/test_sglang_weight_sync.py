@@ -293,6 +293,7 @@ def test_a_push_during_generation_never_samples_from_a_partly_updated_server(
     rollout.close()
 
 
+@pytest.mark.server
 def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model_path, policy, prompts, make_rollout):
     from tests.fixtures.sglang_server import FakeSGLangServer
 

@@ -16,6 +16,8 @@ from tests.fixtures.chat_templates import family_tokenizer  # noqa: E402
 from tests.helpers import prompts  # noqa: E402
 from tests.support.openai import ScriptedChat  # noqa: E402
 
+pytestmark = pytest.mark.server  # the agents' endpoint listens on a port
+
 ROWS = [{"question": "What is 1+2?", "answer": "3"}, {"question": "What is 2+2?", "answer": "4"}]
 
 

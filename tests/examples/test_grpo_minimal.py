@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 from lightning import Trainer
 
@@ -28,6 +29,7 @@ def _example():
     return module
 
 
+@pytest.mark.slow
 def test_the_minimal_script_trains_what_rlmodule_trains():
     iterations, batch_size, seed = 3, 4, 11
     logs: list[str] = []

@@ -90,6 +90,7 @@ def test_agent_calc_ppo_fragment_trains_a_critic_over_the_models_tokens(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_agent_calc_on_the_sglang_server(tmp_path):
     from tests.fixtures.sglang_server import FakeSGLangServer
 

@@ -146,6 +146,7 @@ def test_resume_with_a_round_in_flight_loses_and_repeats_no_prompt(tmp_path, tin
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_a_server_that_dies_with_a_round_in_flight_fails_the_iteration_clearly(tmp_path, tiny_model_path):
     from components.rollout.sglang.client import SGLangError
     from tests.fixtures.sglang_server import FakeSGLangServer
@@ -172,6 +173,7 @@ def test_a_server_that_dies_with_a_round_in_flight_fails_the_iteration_clearly(t
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
     from tests.fixtures.sglang_server import FakeSGLangServer
 
@@ -201,6 +203,7 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_agent_episodes_are_sampled_ahead_on_the_server(tmp_path):
     """Multi-turn episodes on the background thread: each turn may come from another version; the bound holds."""
     from tests.fixtures.sglang_server import FakeSGLangServer

@@ -43,6 +43,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_cross_rank_reductions_equal_single_process_statistics(tmp_path):
     """Global whitening, the aggregators' global normalisers and the metrics, on 2 gloo ranks, vs the whole batch."""
     from components.aggregator import (

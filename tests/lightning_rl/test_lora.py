@@ -47,6 +47,7 @@ def lora_grpo(tmp_path_factory, tiny_model_path):
     return cli.model, root, built
 
 
+@pytest.mark.slow
 def test_reference_is_the_base_model_with_adapters_off_and_no_second_model_is_built(lora_grpo, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
@@ -66,6 +67,7 @@ def test_reference_is_the_base_model_with_adapters_off_and_no_second_model_is_bu
     assert all(p.requires_grad == (".lora_" in n) for n, p in module.policy.named_parameters())  # switched back on
 
 
+@pytest.mark.slow
 def test_only_adapter_parameters_train_or_have_optimizer_state(lora_grpo, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
@@ -103,6 +105,7 @@ def test_bad_lora_targets_are_one_clear_error(tiny_model_path, targets, message)
         load_causal_lm(ModelSpec(path=tiny_model_path, lora=LoraSpec(rank=2, target_modules=targets)))
 
 
+@pytest.mark.slow
 def test_merged_and_adapter_only_exports_reload_with_the_lora_models_logprobs(lora_grpo, tiny_model_path, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -131,6 +134,7 @@ def test_merged_and_adapter_only_exports_reload_with_the_lora_models_logprobs(lo
         torch.testing.assert_close(policy_logprobs(adapted, batch)[0], expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(
     lora_grpo, tiny_model_path, tmp_path, monkeypatch
 ):
@@ -164,6 +168,7 @@ def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(
         )
 
 
+@pytest.mark.slow
 def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, tiny_model_path_b, tmp_path):
     _, root, _ = lora_grpo
     args = cli_args(
@@ -200,6 +205,7 @@ def test_adapter_checkpoint_on_a_different_base_is_one_clear_error(lora_grpo, ti
         ),
     ],
 )
+@pytest.mark.slow
 def test_resuming_adapters_with_another_lora_spec_names_the_key(lora_grpo, tiny_model_path, tmp_path, change, message):
     """Instead of torch's dozens of size mismatches (another rank), missing keys (other targets), or silently another
     scale (another alpha): one error naming the setting, with the checkpoint's value."""
@@ -219,6 +225,7 @@ def test_resuming_adapters_with_another_lora_spec_names_the_key(lora_grpo, tiny_
         run_cli("fit", args)
 
 
+@pytest.mark.slow
 def test_resuming_a_full_fine_tune_with_lora_names_the_key(tmp_path, tiny_model_path):
     full = tmp_path / "full"
     run_cli("fit", cli_args(full, tiny_model_path, 1, *DENSE_REWARD, "--data.val_data=null"))

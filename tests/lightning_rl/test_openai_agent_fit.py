@@ -35,6 +35,7 @@ def _fit(tmp_path, *configs: str, extra: list[str] = ()):
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_the_example_openai_agent_trains_three_iterations_with_its_tool(tmp_path, monkeypatch):
     from lightning_rl.loop.reporting import Reporter
 
@@ -66,6 +67,7 @@ def test_the_example_openai_agent_trains_three_iterations_with_its_tool(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_the_example_openai_agent_on_the_sglang_server(tmp_path):
     from tests.fixtures.sglang_server import FakeSGLangServer
 

@@ -75,7 +75,8 @@ def check_process_count_is_bounded():
 def check_without_namespaces_the_tool_refuses_unless_opted_out():
     """A trainer in a user namespace that may create none (user.max_user_namespaces = 0, as a locked-down container)."""
     script = (
-        "import warnings\nfrom components.env import PythonTool\ntry: PythonTool()\nexcept RuntimeError as err: print(err)\n"
+        "import time, warnings\nfrom components.env import PythonTool\nstart = time.monotonic()\n"
+        "try: PythonTool()\nexcept RuntimeError as err: print(err)\nprint(time.monotonic() - start)\n"
         "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n    tool = PythonTool(isolation='none')\n"
         "print(caught[0].message)\nprint(tool('print(6 * 7)'))"
     )
@@ -97,7 +98,9 @@ def check_without_namespaces_the_tool_refuses_unless_opted_out():
         timeout=60,
         cwd=Path(__file__).parents[2],
     )
-    refusal, warning, answer = run.stdout.strip().splitlines()
+    refusal, refused_after_s, warning, answer = run.stdout.strip().splitlines()
+    # the probe runs an empty program with timeout_s=30: a failed unshare is known at once, not at that timeout
+    assert float(refused_after_s) < 30.0, f"the refusal waited for the probe's timeout ({refused_after_s} s)"
     assert refusal.startswith(
         "PythonTool cannot isolate the model's code on this machine: error: [Errno 28] unshare(CLONE_NEWUSER)"
     )
