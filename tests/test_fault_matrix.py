@@ -460,6 +460,7 @@ def test_image_token_order():
     assert check_prompt_ids_match_transformers_own_processor() == [6, 2]
 
 
+@pytest.mark.server
 def test_endpoint_probes():
     from components.rollout.endpoint.server import Endpoint, EndpointLimits
     from tests.support.endpoint import head, raw
@@ -479,6 +480,7 @@ def test_endpoint_probes():
         endpoint.close()
 
 
+@pytest.mark.server
 def test_unservable_agent_requests():
     from components.rollout import OpenAIAgent
     from components.rollout.endpoint import HermesToolCalls
@@ -526,12 +528,14 @@ def _pushed_twice(tiny_model_path, tokenizer, fault: dict, **rollout_kwargs):
         server.stop()
 
 
+@pytest.mark.server
 def test_stale_tensor_named(tiny_model_path, tokenizer):
     stale = "model.layers.0.post_attention_layernorm.weight"
     with pytest.raises(SGLangError, match=rf"kept their checksum on the server: {stale}"):
         _pushed_twice(tiny_model_path, tokenizer, {"keep_stale": {stale}})  # the default verify_tolerance 0.1
 
 
+@pytest.mark.server
 def test_version_not_applied(tiny_model_path, tokenizer):
     with pytest.raises(SGLangError, match=r"answers with weight_version '1' after the push of version 2"):
         _pushed_twice(tiny_model_path, tokenizer, {"keep_version": True})

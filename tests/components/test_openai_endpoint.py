@@ -34,6 +34,7 @@ def _echo(route: str, request: dict) -> Future:
     return future
 
 
+@pytest.mark.server
 def test_a_300_mib_unauthenticated_body_is_refused_on_its_head_and_never_read():
     endpoint = _endpoint()
     endpoint.open("e", _echo)
@@ -60,6 +61,7 @@ def test_a_300_mib_unauthenticated_body_is_refused_on_its_head_and_never_read():
         endpoint.close()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("length", ["-1", "abc"])
 def test_a_malformed_content_length_is_answered_400_and_closed(length, capfd):
     endpoint = _endpoint()
@@ -73,6 +75,7 @@ def test_a_malformed_content_length_is_answered_400_and_closed(length, capfd):
     assert "Traceback" not in capfd.readouterr().err  # abc printed one into the trainer's log
 
 
+@pytest.mark.server
 def test_idle_connections_cost_no_thread_and_are_closed_at_idle_timeout_s():
     endpoint = _endpoint(idle_timeout_s=1.0)
     threads = threading.active_count()
@@ -97,6 +100,7 @@ def test_idle_connections_cost_no_thread_and_are_closed_at_idle_timeout_s():
         endpoint.close()
 
 
+@pytest.mark.server
 def test_a_body_past_max_request_mb_or_that_never_ends_is_refused():
     endpoint = _endpoint(max_request_mb=1.0, body_timeout_s=0.5)
     endpoint.open("e", _echo)
@@ -117,6 +121,7 @@ def test_a_body_past_max_request_mb_or_that_never_ends_is_refused():
         endpoint.close()
 
 
+@pytest.mark.server
 def test_over_max_requests_in_flight_the_client_sends_again_and_never_twice_what_was_served():
     endpoint = _endpoint(max_requests_in_flight=2)
     held: list[Future] = []
@@ -160,6 +165,7 @@ def test_over_max_requests_in_flight_the_client_sends_again_and_never_twice_what
     assert sorted(r["prompt"] for r in seen) == ["0", "1", "2", "3"]  # each served once
 
 
+@pytest.mark.server
 def test_over_max_connections_uvicorn_answers_503_and_the_client_sends_again():
     endpoint = _endpoint(max_connections=2, idle_timeout_s=1.0)
     endpoint.open("e", _echo)
@@ -181,6 +187,7 @@ def test_over_max_connections_uvicorn_answers_503_and_the_client_sends_again():
         endpoint.close()
 
 
+@pytest.mark.server
 def test_the_client_sends_again_only_429_and_503():
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 

@@ -74,6 +74,7 @@ def _assert_equal_scores(served, expected, batch) -> None:
     assert float(expected.teacher_logprobs[mask].min()) < -5
 
 
+@pytest.mark.server
 def test_an_sglang_teacher_scores_the_students_tokens_as_the_in_process_teacher(loopback, student, batch, in_process):
     teacher = SGLangTeacher(base_url=[s.url for s in loopback], top_k=K)
     teacher.setup(student)
@@ -141,6 +142,7 @@ def swapped_teacher(tmp_path):
     server.stop()
 
 
+@pytest.mark.server
 def test_a_teacher_whose_tokenizer_differs_is_refused_at_setup_with_the_reason(swapped_teacher, student):
     server, vocab = swapped_teacher
     teacher = SGLangTeacher(base_url=server.url)
@@ -157,6 +159,7 @@ def test_a_teacher_whose_tokenizer_differs_is_refused_at_setup_with_the_reason(s
     named.close()
 
 
+@pytest.mark.server
 def test_a_server_whose_path_is_not_here_is_compared_through_its_tokenize(
     swapped_teacher, loopback, student, monkeypatch
 ):
@@ -196,6 +199,7 @@ def test_a_teacher_server_that_is_not_there_is_one_error_naming_its_url(student)
     assert message.endswith("Check model.teacher.init_args.base_url.")
 
 
+@pytest.mark.slow
 def test_a_teacher_server_that_dies_fails_the_scoring_with_one_error_naming_its_url(student, batch):
     from tests.fixtures.sglang_server import ServerProcess
 

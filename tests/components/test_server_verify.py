@@ -140,6 +140,7 @@ def vlm_server(tiny_vlm_path):
     srv.stop()
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("checksums", [True, False])
 def test_a_stale_vision_tower_tensor_is_caught(vlm_server, tiny_vlm_path, checksums):
     """#35 item 5: with train_vision a stale merger weight was never seen, even at verify_tolerance 1e-6, because the

@@ -134,6 +134,7 @@ def test_a_terminal_gets_the_bar_and_a_log_file_plain_lines(monkeypatch):
     assert missing_progress_bar([], enabled=False) == [] and missing_progress_bar([LineProgress()]) == []
 
 
+@pytest.mark.slow
 def test_in_a_log_file_each_iteration_is_one_line_and_nothing_wraps(tmp_path, tiny_model_path, capsys, monkeypatch):
     """Rich draws its bar only on a terminal: in a log file the last frame was printed once, its metrics wrapped over
     seven lines. Now: a line per iteration (count, clock, metrics with units) and one per validation."""
