@@ -10,7 +10,8 @@ from tests.support.engines import MODEL, REPO, LoopbackSGLang, RealVLLM
 
 from .cli_runs import cli_args, run_cli, scalars
 
-pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.xdist_group("vllm")]  # the vLLM server is one per run: one worker
+# the vLLM server is one per run: one worker
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.xdist_group("vllm")]
 
 
 @pytest.fixture(scope="module")
