@@ -9,7 +9,7 @@
 Each phase is an object built from the components and settings it needs (lightning_rl.loop.collect, score,
 estimate, optimize, reporting, validation); this module holds the models and Lightning's hooks and runs the phases
 in order. One ``training_step`` is one iteration, and ``trainer.global_step`` counts iterations (see
-``_count_iteration``), so ``max_steps``, checkpoint cadence and logging steps mean RL iterations.
+``lightning_rl.lightning_compat.count_iteration``), so ``max_steps``, checkpoint cadence and logging steps mean RL iterations.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
 from lightning_rl.distributed import hf_zero3_config
+from lightning_rl.lightning_compat import count_iteration
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
 from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.estimate import estimate
@@ -263,7 +264,7 @@ class RLModule(LightningModule):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self.update.update_kl(batch)
-        self._count_iteration(steps)
+        count_iteration(self.trainer, steps)  # global_step counts RL iterations (lightning_rl.lightning_compat)
         self.reporter.iteration(self.trainer, batch, metrics, timer, self.optimizers().param_groups[0]["lr"], self.log)
         if self.collector.ahead is not None:
             self.collector.ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
@@ -277,19 +278,6 @@ class RLModule(LightningModule):
                 "model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx"
             )
         return data["ptx"]["ids"].to(self.device), data["ptx"]["mask"].to(self.device)
-
-    def _count_iteration(self, optimizer_steps: int) -> None:
-        """Make ``trainer.global_step`` advance by one per RL iteration.
-
-        Lightning counts every ``optimizer.step()``; an iteration takes ppo_epochs x mini-batches of
-        them (and none when skipped), which would make ``max_steps`` and ``every_n_train_steps``
-        jump. The progress counters are saved in checkpoints, so resuming stays consistent.
-        """
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        surplus = optimizer_steps - 1
-        for tracker in (progress.total, progress.current):
-            tracker.ready -= surplus
-            tracker.completed -= surplus
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:

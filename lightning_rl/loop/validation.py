@@ -23,6 +23,7 @@ from components.reward import Reward
 from components.reward.shaping import raw_scores
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
+from lightning_rl.lightning_compat import run_validation, validation_results
 from lightning_rl.loop.collect import Collector
 
 
@@ -101,8 +102,7 @@ class Validator:
     def epoch_end(self, trainer) -> None:
         # `trainer.validate` returns (and prints) one dict per set of what Lightning logged itself: keep those dicts, to
         # add the scalars logged with logger=False to them in `end`, after Lightning has sent its own to the loggers
-        loop = trainer.validate_loop
-        self.results = list(getattr(loop, "_logged_outputs", [])) if trainer.state.fn == "validate" else []
+        self.results = validation_results(trainer) if trainer.state.fn == "validate" else []
 
     def end(self, trainer, step: int, names: list[str] | None) -> None:
         """The validation scalars (reduced over batches and ranks) to the loggers at ``step``, the step of the weights
@@ -140,6 +140,4 @@ class ValidateBeforeAndAfter(Callback):
     def _validate(trainer) -> None:
         if trainer.limit_val_batches == 0:
             return
-        trainer.validating = True  # as Lightning's training loop runs its periodic validation
-        trainer.fit_loop.epoch_loop.val_loop.run()
-        trainer.training = True
+        run_validation(trainer)
