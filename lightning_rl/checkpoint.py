@@ -35,10 +35,10 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from torch import Tensor, nn
 
+from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.core.lora import check_base, is_lora
 from lightning_rl.core.ops import all_reduce_sum
-from lightning_rl.loop.health import NonFiniteTrainingError
-from lightning_rl.loop.rng import IterationRNG, gather_rng_states, restore_rng_states
+from lightning_rl.rng import IterationRNG, gather_rng_states, restore_rng_states
 from lightning_rl.roster import ROSTER, policy_export_info  # noqa: F401 (the supervised recipe's policy entry)
 
 

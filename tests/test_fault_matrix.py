@@ -82,10 +82,11 @@ from components.rollout import HFRollout
 from components.rollout.sglang.client import SGLangError, wait_for_answers
 from lightning_rl.checkpoint import FiniteCheckpoints
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.data.sources import check_jsonl
 from lightning_rl.loop.fault import ResumableCheckpoints
-from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
+from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.module import RLModule
 from lightning_rl.loop.requirements import check_context_length
 from tests.helpers import batch_from_scores

@@ -325,9 +325,8 @@ def _key_of(config, class_path: str, prefix: str = "") -> str | None:
 def _said_in_one_line() -> tuple[type[BaseException], ...]:
     """Errors whose message names the culprit and the fix: the trace would only hide it."""
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
-    from lightning_rl.core.errors import ConfigError
+    from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError
     from lightning_rl.data.checks import DataError
-    from lightning_rl.loop.health import NonFiniteTrainingError
 
     return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
 

@@ -18,11 +18,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.core.ops import all_reduce_sum
-
-
-class NonFiniteTrainingError(RuntimeError):
-    pass
 
 
 class TrainingHealth:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lightning_rl.checkpoint import FiniteCheckpoints
-from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
+from lightning_rl.core.errors import NonFiniteTrainingError
+from lightning_rl.loop.health import TrainingHealth
 
 from .cli_runs import cli_args, run_cli, scalars
 
