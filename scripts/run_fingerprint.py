@@ -57,7 +57,7 @@ def fingerprint(config: str, iterations: int, seed: int, extra: list[str]) -> di
     from lightning.pytorch.loggers.logger import Logger
 
     import lightning_rl
-    from lightning_rl.cli import main
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
 
     torch.set_num_threads(1)
     root = Path(lightning_rl.__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def fingerprint(config: str, iterations: int, seed: int, extra: list[str]) -> di
 
     with tempfile.TemporaryDirectory() as tmp:
         # run=False builds no subcommand, so fit's default trainer settings come first by hand, as `fit` stacks them
-        args = ["--config", str(root / "lightning_rl" / "cli" / "default_trainer.yaml"), "--config", str(config_path)]
+        args = ["--config", DEFAULT_TRAINER_CONFIG, "--config", str(config_path)]
         args += extra
         args += [
             f"--seed_everything={seed}",

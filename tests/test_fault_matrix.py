@@ -80,15 +80,15 @@ from components.advantage import GroupNormalized
 from components.reward import FunctionReward, PooledReward, as_scores
 from components.rollout import HFRollout
 from components.rollout.sglang.client import SGLangError, wait_for_answers
-from lightning_rl.checkpoint import FiniteCheckpoints
+from lightning_rl.callbacks import FiniteCheckpoints
+from lightning_rl.callbacks.context_length import check_context_length
+from lightning_rl.callbacks.fault import ResumableCheckpoints
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.data.sources import check_jsonl
-from lightning_rl.loop.fault import ResumableCheckpoints
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.module import RLModule
-from lightning_rl.loop.requirements import check_context_length
 from tests.helpers import batch_from_scores
 from tests.lightning_rl.rewards import hangs_on_x
 

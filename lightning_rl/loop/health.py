@@ -7,7 +7,7 @@
   samples scored alike, so group-relative advantages are zero) for ``loop.degenerate_patience``
   iterations in a row, or the policy's mean token entropy under ``loop.min_entropy``, is warned about
   once, with what to try.
-- `lightning_rl.checkpoint.FiniteCheckpoints` refuses to write a checkpoint whose weights hold NaN/inf, so the previous
+- `lightning_rl.callbacks.FiniteCheckpoints` refuses to write a checkpoint whose weights hold NaN/inf, so the previous
   ``last.ckpt`` survives a diverged run.
 """
 

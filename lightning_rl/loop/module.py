@@ -34,6 +34,14 @@ from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 from components.teacher import Teacher
 from lightning_rl import checkpoint
+from lightning_rl.callbacks import (
+    ContextLengthCheck,
+    FiniteCheckpoints,
+    ResumableCheckpoints,
+    RunFolders,
+    TeardownOnException,
+    ValidateBeforeAndAfter,
+)
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
@@ -42,21 +50,18 @@ from lightning_rl.lightning_compat import count_iteration
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
 from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.estimate import estimate
-from lightning_rl.loop.fault import ResumableCheckpoints, TeardownOnException
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.optimize import PolicyUpdate
 from lightning_rl.loop.reporting import Reporter
 from lightning_rl.loop.requirements import (
-    ContextLengthCheck,
     check_data_columns,
     check_requirements,
     derived_token_limit,
 )
-from lightning_rl.loop.runs import RunFolders
 from lightning_rl.loop.score import TrainerForward
 from lightning_rl.loop.sharding import shard_models
-from lightning_rl.loop.validation import ValidateBeforeAndAfter, Validator
+from lightning_rl.loop.validation import Validator
 from lightning_rl.roster import ROSTER, scorers, trained
 
 
@@ -319,14 +324,13 @@ class RLModule(LightningModule):
         )  # `validate` logs at the step of the weights it loaded
 
     def configure_callbacks(self) -> list:
-        """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.loop.fault); no checkpoint of
-        non-finite weights (lightning_rl.checkpoint); prompt + response lengths against the policy's positions
-        (lightning_rl.loop.requirements); each fit in its own run folder with a ``latest`` link (lightning_rl.loop.runs);
-        validation before and after training (lightning_rl.loop.validation)."""
+        """lightning_rl.callbacks: each fit in its own run folder with a ``latest`` link; last.ckpt at the final / last
+        completed iteration, no checkpoint of non-finite weights and teardown on failure; prompt + response lengths
+        against the policy's positions; validation before and after training."""
         return [
             RunFolders(),
             ResumableCheckpoints(),
-            checkpoint.FiniteCheckpoints(),
+            FiniteCheckpoints(),
             TeardownOnException(),
             ContextLengthCheck(),
             ValidateBeforeAndAfter(),

@@ -16,14 +16,13 @@ from dataclasses import replace
 from typing import Callable
 
 import torch
-from lightning import Callback
 from torch import Tensor, nn
 
 from components.reward import Reward
 from components.reward.shaping import raw_scores
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
-from lightning_rl.lightning_compat import run_validation, validation_results
+from lightning_rl.lightning_compat import validation_results
 from lightning_rl.loop.collect import Collector
 
 
@@ -115,29 +114,3 @@ class Validator:
         for index, results in enumerate(self.results):  # `validate` only: its return value
             prefix = f"val/{names[index]}/" if names else "val/"
             results.update({k: v for k, v in scalars.items() if k.startswith(prefix)})
-
-
-class ValidateBeforeAndAfter(Callback):
-    """Validation before the first iteration and after the last, so every run has a before / after point
-    (``trainer.val_check_interval`` adds the points in between). A resumed run skips the "before" (its first
-    run logged it), and the "after" is skipped when the last iteration was just validated."""
-
-    def __init__(self) -> None:
-        self.validated_at: int | None = None
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        self.validated_at = trainer.global_step
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.global_step == 0:
-            self._validate(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.validated_at != trainer.global_step:
-            self._validate(trainer)
-
-    @staticmethod
-    def _validate(trainer) -> None:
-        if trainer.limit_val_batches == 0:
-            return
-        run_validation(trainer)

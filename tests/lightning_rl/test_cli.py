@@ -237,9 +237,7 @@ def test_dry_run_prints_the_batch_arithmetic_and_trains_nothing(
         f"logs         {tmp_path}/dapo/version_<next> ({tmp_path}/dapo/latest/checkpoints will link to its checkpoints)"
         in out
     )
-    assert (
-        f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out
-    )  # where lightning_rl.loop.runs will put them
+    assert f"checkpoints  {tmp_path}/dapo/version_<next>/checkpoints" in out  # where lightning_rl.runs will put them
     assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("events.*"))
     assert not [w for w in recwarn if "args parameter" in str(w.message)]  # Lightning's warning of args given twice
 

@@ -245,7 +245,7 @@ def test_unreadable_jsonl_names_the_file_line_and_fix(tmp_path, tiny_model_path,
 def test_truncated_prompts_are_counted_and_context_overflow_is_warned(tmp_path, tiny_model_path):
     from transformers import AutoConfig
 
-    from lightning_rl.loop.requirements import check_context_length
+    from lightning_rl.callbacks.context_length import check_context_length
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "1+1="}\n{"prompt": "' + "9" * 40 + '="}\n{"prompt": "' + "8" * 50 + '="}\n')

@@ -1,5 +1,5 @@
 """Stopping ``fit`` never loses completed iterations: last.ckpt holds the final iteration at the end of a run, and
-the last completed one after an exception in a component, a Ctrl-C or a SIGTERM (lightning_rl.loop.fault), also when an
+the last completed one after an exception in a component, a Ctrl-C or a SIGTERM (lightning_rl.callbacks.fault), also when an
 asynchronous agent run is stuck in a tool call."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightning_rl.checkpoint import FiniteCheckpoints
+from lightning_rl.callbacks import FiniteCheckpoints
 from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.loop.health import TrainingHealth
 

@@ -145,7 +145,7 @@ def test_an_exported_adapter_loads_alone_with_auto_peft_from_any_folder(
 
     from peft import AutoPeftModelForCausalLM
 
-    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.export import export_checkpoint
 
     module, root, _ = lora_grpo
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
@@ -246,7 +246,7 @@ def test_resuming_a_full_fine_tune_with_lora_names_the_key(tmp_path, tiny_model_
 
 def _export_on(root, base: str, tmp_path):
     """Export after pointing the checkpoint's recorded base at another model (as if the path now held other weights)."""
-    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.export import export_checkpoint
 
     checkpoint = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     checkpoint["hf_export"]["policy"]["path"] = base
@@ -275,7 +275,7 @@ def test_lora_resume_is_exact_and_checkpoints_hold_adapters_only(tmp_path, tiny_
 
 @pytest.mark.slow
 def test_ppo_rlhf_with_lora_policy_and_critic_shares_one_frozen_base(tmp_path, tiny_model_path):
-    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.export import export_checkpoint
     from lightning_rl.recipes.reward_model import save_tiny_reward_model
 
     reward_model = save_tiny_reward_model(tmp_path / "rm", seed=7)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lightning_rl.callbacks.progress import LineProgress, RLProgressBar, missing_progress_bar
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-from lightning_rl.cli.progress import LineProgress, RLProgressBar, missing_progress_bar
 
 from .cli_runs import cli_args, scalars
 
@@ -84,7 +84,7 @@ def test_bar_counts_and_times_iterations_for_dynamic_sampling_and_resume(tmp_pat
 
 
 def test_the_clock_times_iterations_not_the_count_jumps():
-    from lightning_rl.cli.progress import IterationClock
+    from lightning_rl.callbacks.progress import IterationClock
 
     now = [100.0]
     clock = IterationClock(now=lambda: now[0])

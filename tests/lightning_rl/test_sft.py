@@ -97,7 +97,7 @@ def test_the_sft_recipe_learns_the_builtin_task_and_exports_a_policy(tmp_path, m
     """configs/sft.yaml, 20 steps on the shipped tiny policy (which learnt from a careless teacher): the held-out greedy
     accuracy climbs from its start to most answers right, the loss falls, the run has its version folder, and the
     export is a causal LM that gives the same greedy answers."""
-    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.export import export_checkpoint
     from tests.lightning_rl.cli_runs import scalars
 
     monkeypatch.chdir(tmp_path)

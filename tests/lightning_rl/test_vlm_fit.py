@@ -70,7 +70,7 @@ def test_ppo_with_a_critic_and_a_reference_on_a_vlm(tiny_vlm_path, tmp_path):
 
 @pytest.mark.slow
 def test_lora_on_a_vlm_trains_and_exports(tiny_vlm_path, tmp_path):
-    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.export import export_checkpoint
 
     cli = run_cli(
         "fit", cli_args(tmp_path, tiny_vlm_path, 2, "--model.policy.lora.rank=4", "--data.val_size=4", config=PRESET)

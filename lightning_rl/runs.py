@@ -31,7 +31,6 @@ import os
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -99,7 +98,7 @@ def run_of_checkpoint(ckpt_path: str | None) -> Path | None:
     checkpoint = Path(os.path.realpath(ckpt_path))
     return (
         checkpoint.parent.parent
-        if checkpoint.parent.name == "checkpoints" and _is_version(checkpoint.parent.parent)
+        if checkpoint.parent.name == "checkpoints" and is_version(checkpoint.parent.parent)
         else None
     )
 
@@ -120,7 +119,7 @@ def claim_version(root: Path) -> Path:
 
 def _next_version(root: Path) -> int:
     """One past the highest ``version_N`` under ``root`` (0 for none), as TensorBoard's logger numbers its folders."""
-    versions = [int(p.name.removeprefix("version_")) for p in root.glob("version_*") if _is_version(p)]
+    versions = [int(p.name.removeprefix("version_")) for p in root.glob("version_*") if is_version(p)]
     return max(versions, default=-1) + 1
 
 
@@ -159,48 +158,14 @@ def start_run(trainer, stage: str, ckpt_path: str | None, new_run: bool = False)
             logger._version = int(claim_version(Path(logger.save_dir) / logger.name).name.removeprefix("version_"))
     if trainer.loggers and not versioned(trainer.loggers[0]) and stage == "fit":
         resumed = None if new_run else run_of_checkpoint(ckpt_path)
-        for checkpoint in _checkpoints(trainer):
+        for checkpoint in checkpoint_callbacks(trainer):
             folder = Path(checkpoint.dirpath) if checkpoint.dirpath is not None else None
-            if folder is None or folder.name != "checkpoints" or _is_version(folder.parent):
+            if folder is None or folder.name != "checkpoints" or is_version(folder.parent):
                 continue
             if resumed is not None and resumed.parent == Path(os.path.realpath(folder.parent)):
                 checkpoint.dirpath = str(folder.parent / resumed.name / "checkpoints")
             elif trainer.global_rank == 0:
                 checkpoint.dirpath = str(claim_version(folder.parent) / "checkpoints")
-
-
-class RunFolders(Callback):
-    """Checkpoints into the run's folder; a ``latest`` folder of links beside the versions (see the module's doc)."""
-
-    def __init__(self) -> None:
-        self._run: Path | None = None
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage != "fit" or trainer.logger is None:
-            return  # no run tracking asked for: the checkpoint folder is the user's, as given
-        logger = trainer.logger
-        if versioned(logger):
-            run = Path(trainer.log_dir)  # runs/grpo/version_N, rank 0's (broadcast)
-            for checkpoint in _checkpoints(trainer):
-                if follows_run(checkpoint.dirpath, logger):
-                    checkpoint.dirpath = str(run / "checkpoints")
-        else:  # a logger without versioned folders (W&B, MLflow): the checkpoint folder gets the versions
-            run = None
-            for checkpoint in _checkpoints(trainer):
-                if checkpoint.dirpath is None or Path(checkpoint.dirpath).name != "checkpoints":
-                    continue
-                folder = Path(checkpoint.dirpath)
-                chosen = None
-                if trainer.is_global_zero:  # start_run claimed it already under the CLI; in Python, claimed here
-                    chosen = str(folder if _is_version(folder.parent) else claim_version(folder.parent) / "checkpoints")
-                checkpoint.dirpath = trainer.strategy.broadcast(chosen)
-                run = Path(checkpoint.dirpath).parent
-        self._run = run
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        # not at setup: a --ckpt_path through latest/ (Trainer.fit in Python) is read after setup, and must still find it
-        if self._run is not None and trainer.is_global_zero:
-            link_latest(self._run)
 
 
 def run_folder(trainer) -> Path | None:
@@ -211,8 +176,8 @@ def run_folder(trainer) -> Path | None:
         return None
     if versioned(logger):
         return Path(logger.log_dir)
-    for checkpoint in _checkpoints(trainer):
-        if checkpoint.dirpath is not None and _is_version(Path(checkpoint.dirpath).parent):
+    for checkpoint in checkpoint_callbacks(trainer):
+        if checkpoint.dirpath is not None and is_version(Path(checkpoint.dirpath).parent):
             return Path(checkpoint.dirpath).parent
     return None
 
@@ -249,11 +214,11 @@ def link_latest(run: Path) -> None:
         os.replace(tmp, latest / name)
 
 
-def _checkpoints(trainer) -> list[ModelCheckpoint]:
+def checkpoint_callbacks(trainer) -> list[ModelCheckpoint]:
     return [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
 
 
-def _is_version(folder: Path) -> bool:
+def is_version(folder: Path) -> bool:
     return folder.name.startswith("version_") and folder.name.removeprefix("version_").isdigit()
 
 

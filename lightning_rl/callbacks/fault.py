@@ -1,4 +1,7 @@
-"""`ResumableCheckpoints`: ``last.ckpt`` always holds the last completed RL iteration when ``fit`` stops.
+"""What a failure leaves behind: `ResumableCheckpoints` (below), `FiniteCheckpoints` (no checkpoint of NaN/inf weights:
+the previous one stays), `TeardownOnException`.
+
+`ResumableCheckpoints`: ``last.ckpt`` always holds the last completed RL iteration when ``fit`` stops.
 
 Lightning's ModelCheckpoint writes ``last.ckpt`` only when its cadence fires: a run of 60 iterations
 saving every 50 ends with ``last.ckpt`` at iteration 50, and a Ctrl-C, a SIGTERM from the scheduler or
@@ -20,11 +23,17 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any
 
+import torch
 from lightning import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_rl.checkpoint import non_finite_entries
+from lightning_rl.core.errors import NonFiniteTrainingError
+from lightning_rl.core.ops import all_reduce_sum
 
 
 def last_checkpoint_callbacks(trainer) -> list[ModelCheckpoint]:
@@ -121,3 +130,18 @@ class TeardownOnException(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         pl_module.teardown("fit")
+
+
+class FiniteCheckpoints(Callback):
+    """Fail a save, before any file is touched, when the weights hold NaN/inf (the previous checkpoint stays)."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        bad = non_finite_entries(checkpoint.get("state_dict", {}))
+        if float(
+            all_reduce_sum(torch.tensor(float(len(bad)), device=pl_module.device))
+        ):  # every rank fails together (shards differ)
+            raise NonFiniteTrainingError(
+                f"refusing to save a checkpoint at step {trainer.global_step}: {len(bad)} weight tensor(s) hold NaN/inf "
+                f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the previous checkpoint is kept. Lower "
+                "model.optimizer.lr or rescale the reward, and resume from the previous checkpoint."
+            )

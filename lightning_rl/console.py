@@ -15,7 +15,7 @@ QUIET = (
     ".*ModelCheckpoint with manual optimization.*",  # we want the post-update weights in checkpoints
     ".*does not have many workers.*",  # prompts are tokenised up front; loading them is not a bottleneck
     ".*isinstance\\(treespec, LeafSpec\\).*",  # a deprecation inside Lightning itself
-    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.loop.runs): a resumed or validated run's differs
+    ".*The dirpath has changed from.*",  # each run checkpoints into its own folder (lightning_rl.runs): a resumed or validated run's differs
     ".*`is_gradient_checkpointing` is deprecated.*",
     ".*Total length of `list` across ranks is zero.*",  # data.val_data: null is how a run turns validation off  # transformers 5 to peft (LoRA runs, export): nothing for our user to change
 )

@@ -13,9 +13,9 @@ from typing import Literal
 from lightning import Callback
 
 from lightning_rl.checkpoint import export_info
-from lightning_rl.cli.export import export_state
 from lightning_rl.core.models import DTYPES
 from lightning_rl.distributed import trainable_state_dict
+from lightning_rl.export import export_state
 
 
 class HFExport(Callback):
