@@ -13,7 +13,7 @@ A server teacher (components.teacher.ServerTeacher) holds no model here: its ser
 frozen base is reloaded the same way and checked against a fingerprint. Checkpointing (lightning_rl.checkpoint), FSDP2
 sharding (lightning_rl.loop.sharding), the optimizer's parameter groups (DDP, FSDP2 and DeepSpeed alike: one optimizer,
 one group per trained slot), ``--dry_run`` (lightning_rl.cli.dry_run), ``lightning-rl export`` (lightning_rl.export)
-and the trainer forward (lightning_rl.loop.score) iterate over ``ROSTER``: another model is one more `Slot` and its
+and the trainer forward (lightning_rl.loop.forward) iterate over ``ROSTER``: another model is one more `Slot` and its
 component. Slots are built, sharded and scored in roster order.
 """
 

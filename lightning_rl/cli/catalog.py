@@ -14,7 +14,7 @@ KINDS = {
     "kl": ("components.kl", "KLRegularizer"),
     "critic": ("components.critic", "ValueCritic"),
     "teacher": ("components.teacher", "Teacher"),
-    "sampling": ("components.sampling", "DynamicSampling"),
+    "sampling": ("components.dynamic_sampling", "DynamicSampling"),
     "loss_terms": ("components.loss_terms", "LossTerm"),
     "ptx": ("components.ptx", "PretrainMix"),
     "agent": ("components.rollout", "Agent"),

@@ -6,7 +6,7 @@
     4 optimize  ppo_epochs x mini-batches x micro-batches of surrogate + KL + loss terms (+ critic)
     5 sync      rollout.sync_weights(policy); adaptive KL step; log
 
-Each phase is an object built from the components and settings it needs (lightning_rl.loop.collect, score,
+Each phase is an object built from the components and settings it needs (lightning_rl.loop.collect, forward,
 estimate, optimize, reporting, validation); this module holds the models and Lightning's hooks and runs the phases
 in order. One ``training_step`` is one iteration, and ``trainer.global_step`` counts iterations (see
 ``lightning_rl.lightning_compat.count_iteration``), so ``max_steps``, checkpoint cadence and logging steps mean RL iterations.
@@ -25,12 +25,12 @@ from torch import nn
 from components.advantage import AdvantageEstimator, GroupNormalized
 from components.aggregator import Aggregator, TokenMean
 from components.critic import ValueCritic
+from components.dynamic_sampling import DynamicSampling
 from components.kl import KLRegularizer
 from components.loss_terms import LossTerm
 from components.ptx import PretrainMix
 from components.reward import ExactMatch, Reward
 from components.rollout import Agent, HFRollout, Rollout
-from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 from components.teacher import Teacher
 from lightning_rl import checkpoint
@@ -50,6 +50,7 @@ from lightning_rl.lightning_compat import count_iteration
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
 from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.estimate import estimate
+from lightning_rl.loop.forward import TrainerForward
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.optimize import PolicyUpdate
@@ -59,7 +60,6 @@ from lightning_rl.loop.requirements import (
     check_requirements,
     derived_token_limit,
 )
-from lightning_rl.loop.score import TrainerForward
 from lightning_rl.loop.sharding import shard_models
 from lightning_rl.loop.validation import Validator
 from lightning_rl.roster import ROSTER, scorers, trained

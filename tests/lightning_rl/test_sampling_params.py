@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from components.rollout import HFRollout, SGLangRollout
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 
 
 def test_rows_and_temperature_per_mode():

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from components.sampling import DynamicSampling
+from components.dynamic_sampling import DynamicSampling
 from lightning_rl.core.batch import RolloutBatch
 from tests.helpers import batch_from_scores
 

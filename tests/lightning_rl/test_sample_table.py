@@ -8,7 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from lightning_rl.loop.samples import markdown, print_rows, sample_rows
+from lightning_rl.loop.sample_table import markdown, print_rows, sample_rows
 from tests.helpers import batch_from_scores
 
 
