@@ -8,10 +8,9 @@ import pytest
 
 from lightning_rl.cli import main
 from lightning_rl.data.prompts import PromptDataModule
+from tests.lightning_rl.cli_runs import cli_args, run_cli
 
-from .cli_runs import cli_args, run_cli
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # a fit that would be short; each error below comes before it starts
 QUICK = [
     "--trainer.max_steps=1",

@@ -14,11 +14,10 @@ from lightning_rl.loop.ahead import drop_stale
 from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.module import RLModule
 from tests.helpers import CUDA_BF16, cpu_and_cuda
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 from tests.support.resume import assert_same, compared
 
-from .cli_runs import cli_args, run_cli, scalars
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DENSE_REWARD = [
     "--model.reward=components.reward.FunctionReward",
     "--model.reward.fn=tests.lightning_rl.rewards.digit_count",

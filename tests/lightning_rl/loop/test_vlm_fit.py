@@ -13,7 +13,7 @@ import yaml
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars, texts
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PRESET = "configs/vlm_count_shapes.yaml"
 ASSET = REPO / "lightning_rl" / "assets" / "tiny-vlm"
 

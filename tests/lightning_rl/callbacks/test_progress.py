@@ -10,8 +10,7 @@ import torch
 
 from lightning_rl.callbacks.progress import LineProgress, RLProgressBar, missing_progress_bar
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-
-from .cli_runs import cli_args, scalars
+from tests.lightning_rl.cli_runs import cli_args, scalars
 
 PHASES = (
     "rollout",

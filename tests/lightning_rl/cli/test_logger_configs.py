@@ -11,10 +11,9 @@ import pytest
 import yaml
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
+from tests.lightning_rl.cli_runs import cli_args
 
-from .cli_runs import cli_args
-
-FRAGMENTS = sorted((Path(__file__).parents[2] / "configs" / "logger").glob("*.yaml"))
+FRAGMENTS = sorted((Path(__file__).parents[3] / "configs" / "logger").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: p.stem)

@@ -9,7 +9,7 @@ import pytest
 
 from components.rollout import MultiTurnRollout, SGLangRollout
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 AGENT = str(REPO / "configs/agent_calc.yaml")
 TINY_CALC = str(REPO / "lightning_rl/assets/tiny-calc")
 AGENT_METRICS = [

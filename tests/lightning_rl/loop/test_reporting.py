@@ -17,8 +17,7 @@ from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.reporting import LAYOUT, Reporter
 from tests.helpers import batch_from_scores
-
-from .cli_runs import cli_args, run_cli, scalars
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 
 NEW_TAGS = (
     "reward/min",

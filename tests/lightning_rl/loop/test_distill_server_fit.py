@@ -10,10 +10,9 @@ import pytest
 
 from components.teacher import TINY_TEACHER_PATH
 from lightning_rl.core.models import TINY_MODEL_PATH
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 
-from .cli_runs import cli_args, run_cli, scalars
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _fit_args(root, fragment: str, *extra: str) -> list[str]:

@@ -8,8 +8,7 @@ from lightning import Callback
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
 from lightning_rl.recipes.reward_model import save_tiny_reward_model
-
-from .cli_runs import cli_args, scalars, texts
+from tests.lightning_rl.cli_runs import cli_args, scalars, texts
 
 CRITIC_METRICS = ["critic/loss", "critic/explained_var", "critic/clipfrac", "critic/values_mean", "critic/grad_norm"]
 DENSE_REWARD = [

@@ -10,8 +10,7 @@ from components.distill import TeacherKL
 from components.teacher import Teacher, TeacherScores
 from lightning_rl.checkpoint import load_checkpoint
 from lightning_rl.cli import main
-
-from .cli_runs import cli_args, run_cli, scalars, texts
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars, texts
 
 
 def _distill_args(root, steps: int, *extra: str) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 
 from components.rollout import OpenAIAgent, SGLangRollout, VerifiersAgent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CONFIG = str(REPO / "configs/openai_agent.yaml")
 TINY_CALC = str(REPO / "lightning_rl/assets/tiny-calc")
 

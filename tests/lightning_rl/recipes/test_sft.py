@@ -15,7 +15,7 @@ from lightning_rl.core.models import TINY_MODEL_PATH, ModelSpec
 from lightning_rl.data.checks import DataError
 from lightning_rl.recipes.sft import SupervisedFineTuning, main
 
-REPO = Path(__file__).parents[2]
+REPO = Path(__file__).parents[3]
 
 
 def _module(path: str) -> SupervisedFineTuning:

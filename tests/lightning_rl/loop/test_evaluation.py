@@ -9,9 +9,8 @@ import torch
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
 from lightning_rl.loop.validation import ks, pass_at_k, sampled_metrics
-
-from . import rewards
-from .cli_runs import cli_args
+from tests.lightning_rl import rewards
+from tests.lightning_rl.cli_runs import cli_args
 
 
 def _by_subsets(correct: torch.Tensor, k: int) -> float:

@@ -94,7 +94,7 @@ def test_the_table_shows_the_prompt_as_the_model_read_it(tmp_path, tiny_model_pa
     """A prompt with characters the tokenizer does not know: the table shows its unknown tokens, not the data's text."""
     import json
 
-    from .cli_runs import cli_args, run_cli, texts
+    from tests.lightning_rl.cli_runs import cli_args, run_cli, texts
 
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"add {a}+{a}=", "answer": str(2 * a)}) for a in range(10, 14)))

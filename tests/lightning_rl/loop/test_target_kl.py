@@ -3,8 +3,7 @@
 import pytest
 
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-
-from .cli_runs import cli_args
+from tests.lightning_rl.cli_runs import cli_args
 
 
 def _epochs_run(tmp_path, tiny_model_path, *extra) -> float:

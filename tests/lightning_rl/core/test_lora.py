@@ -9,9 +9,8 @@ from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from lightning_rl.roster import reference_model
+from tests.lightning_rl.cli_runs import cli_args, run_cli
 from tests.support.probes import DENSE_REWARD, probe_batch
-
-from .cli_runs import cli_args, run_cli
 
 LORA = [
     "--model.policy.lora.rank=4",

@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from lightning_rl.loop.module import RLModule
+from tests.lightning_rl.cli_runs import cli_args, run_cli
 from tests.support.resume import assert_same
-
-from .cli_runs import cli_args, run_cli
 
 DENSE = [
     "--model.reward=components.reward.FunctionReward",
@@ -136,7 +135,7 @@ def _as_from_a_terminal() -> None:
 def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, signum):
     """configs/agent_calc.yaml + configs/loop/async.yaml with a calculator tool that, once the run has saved an iteration,
     never returns (on the rollout-ahead thread): Ctrl-C and SIGTERM still end the process, with last.ckpt saved."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     overlay, marker, log = tmp_path / "hanging_tool.yaml", tmp_path / "hang", tmp_path / "log.txt"
     overlay.write_text(HANGING_TOOL.format(root=tmp_path))
     command = [
@@ -200,7 +199,7 @@ def test_sigterm_ends_a_synchronous_openai_agent_round_at_once(tmp_path):
     """configs/openai_agent.yaml with an agent that, once the run has saved an iteration, never returns (timeout_s 600):
     a SIGTERM ends the round under way at once (RoundInterrupted) and the process exits with last.ckpt at the last
     completed iteration; before, Lightning waited for the iteration to end, i.e. for every episode's timeout_s."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     overlay, marker, log = tmp_path / "hanging_agent.yaml", tmp_path / "hang", tmp_path / "log.txt"
     overlay.write_text(HANGING_AGENT.format(root=tmp_path))
     command = [sys.executable, "-m", "lightning_rl.cli", "fit", "--config", "configs/openai_agent.yaml"]

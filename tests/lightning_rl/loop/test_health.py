@@ -13,8 +13,7 @@ import torch
 from lightning_rl.callbacks import FiniteCheckpoints
 from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.loop.health import TrainingHealth
-
-from .cli_runs import cli_args, run_cli, scalars
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 
 NAN = float("nan")
 DENSE = [

@@ -10,10 +10,9 @@ import torch
 from lightning_rl.cli import main
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.helpers import pythonpath
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 
-from .cli_runs import cli_args, run_cli, scalars
-
-REPO = Path(__file__).parents[2]
+REPO = Path(__file__).parents[3]
 
 REQUIRED_METRICS = [
     "reward/mean",

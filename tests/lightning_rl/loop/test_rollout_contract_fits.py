@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 from tests.support.engines import MODEL, REPO, LoopbackSGLang, RealVLLM
-
-from .cli_runs import cli_args, run_cli, scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]  # the vLLM server is one per run: one worker
 

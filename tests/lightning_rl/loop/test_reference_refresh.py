@@ -5,8 +5,7 @@ import torch
 
 from components.kl import KLRegularizer
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-
-from .cli_runs import cli_args
+from tests.lightning_rl.cli_runs import cli_args
 
 
 def _fit(tmp_path, tiny_model_path, *extra):

@@ -81,7 +81,7 @@ def test_a_pretraining_loss_is_a_gradient_too():
 
 @pytest.mark.slow
 def test_skipped_updates_are_counted_in_a_metric_and_said_once(tmp_path, tiny_model_path):
-    from .cli_runs import cli_args, run_cli, scalars
+    from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars
 
     args = cli_args(
         tmp_path,
