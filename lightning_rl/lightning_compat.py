@@ -1,7 +1,8 @@
 """Every place lightning_rl touches a Lightning internal, each where Lightning has no public way to do it.
 
-Three touches, each checked by tests/lightning_rl/test_lightning_compat.py against the installed Lightning (the
-oldest the pyproject allows, 2.5.0, and the newest), so a release that changes one fails there, naming it:
+Three touches, each checked by tests/lightning_rl/test_lightning_compat.py against the installed Lightning (seen
+passing on 2.5.0, 2.5.1, the oldest the pyproject allows, and 2.6.6), so a release that changes one fails there,
+naming it:
 
 - `count_iteration`: ``trainer.global_step`` is the manual-optimization loop's count of completed ``optimizer.step()``
   calls, and an RL iteration makes many (ppo_epochs x mini-batches x actor and critic) or none (a skipped
