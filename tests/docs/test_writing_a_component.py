@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -83,12 +84,27 @@ def test_the_guides_configs_build_its_components(project):
     assert model.advantage.whiten == "none"
 
 
+def the_guides_command() -> list[str]:
+    """The arguments of the guide's ``lightning-rl fit`` command (its ```bash block after "All three in one run")."""
+    text = GUIDE.read_text()
+    block = re.search(r"```bash\n(.*?)```", text[text.index("All three in one run") :], re.S).group(1)
+    words = shlex.split(block.replace("\\\n", " "))
+    assert words[:2] == ["lightning-rl", "fit"], words
+    return words[2:]
+
+
 @pytest.mark.slow
 def test_the_three_train_together(project, tmp_path):
-    """Two iterations of agent_calc with the guide's estimator, reward and environment: global_step counts them, and
-    each logged reward is a closeness in [0, 1]."""
-    args = ["--config", DEFAULT_TRAINER_CONFIG, "--config", str(ROOT / "configs" / "agent_calc.yaml")]
-    args += [a for c in CONFIGS for a in ("--config", str(project / c))]
+    """The guide's command, for two iterations: agent_calc with the guide's estimator, reward and environment;
+    global_step counts them, and the logged reward is a closeness in [0, 1]."""
+    command = the_guides_command()
+    assert command == ["--config", "configs/agent_calc.yaml"] + [a for c in CONFIGS for a in ("--config", c)]
+    # the guide runs from the repository with my_project/ in it: here the repository's files and tmp_path's project
+    args = ["--config", DEFAULT_TRAINER_CONFIG]
+    args += [
+        str(project / a) if a.startswith("my_project/") else str(ROOT / a) if a.endswith(".yaml") else a
+        for a in command
+    ]
     args += [
         f"--model.policy.path={ROOT / 'lightning_rl/assets/tiny-calc'}",
         "--data.batch_size=2",
