@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_rl.lightning_compat import count_iteration, run_validation, validation_results
+from lightning_rl.lightning_compat import LightningChanged, count_iteration, run_validation, validation_results
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
@@ -97,3 +97,26 @@ def test_run_validation_inside_fit_and_count_iteration_make_max_steps_count_trai
     assert module.ran == [("validate", 0), ("train", 3), ("train", 4)]
     assert trainer.global_step == 2
     assert module.weight.item() == pytest.approx(1 - 0.8**6)  # six SGD steps on (w - 1)^2 at lr 0.1: w <- 0.8 w + 0.2
+
+
+@pytest.mark.parametrize(
+    "touch, named",
+    [
+        (
+            lambda t: count_iteration(t, 2),
+            "trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress.{total,current}.{ready,completed}",
+        ),
+        (validation_results, "trainer.validate_loop._logged_outputs"),
+        (run_validation, "trainer.fit_loop.epoch_loop.val_loop"),
+    ],
+)
+def test_a_moved_internal_is_named_in_one_line(touch, named):
+    """What a Lightning release that moved an internal shows: the internal's path, the version, the fix."""
+
+    class Moved:  # a Trainer whose loops hold none of the internals
+        fit_loop = validate_loop = object()
+
+    with pytest.raises(LightningChanged) as raised:
+        touch(Moved())
+    assert str(raised.value).startswith(f"lightning {lightning.__version__} has no {named} (")
+    assert "\n" not in str(raised.value) and "install a Lightning release the pyproject allows" in str(raised.value)
