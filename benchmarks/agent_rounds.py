@@ -34,7 +34,7 @@ from components.rollout import MultiTurnRollout, Rollout  # noqa: E402
 from components.rollout.base import response_mask_from_eos  # noqa: E402
 from lightning_rl.core.batch import Prompts, RolloutBatch  # noqa: E402
 from lightning_rl.core.models import load_tokenizer  # noqa: E402
-from lightning_rl.core.sampling import SamplingParams  # noqa: E402
+from lightning_rl.core.sampling_params import SamplingParams  # noqa: E402
 
 TOKENIZER = ROOT / "lightning_rl" / "assets" / "tiny-calc"
 

@@ -77,6 +77,4 @@ class PositiveNLL(LossTerm):
         return (positive * batch.loss_mask).sum() * float(self.coef != 0)
 
 
-from components.distill import TeacherKL  # noqa: E402 (on-policy distillation's loss term, listed with the others)
-
-__all__ = ["LossTerm", "EntropyBonus", "PositiveNLL", "TeacherKL"]
+__all__ = ["LossTerm", "EntropyBonus", "PositiveNLL"]  # and on-policy distillation's: components.distill.TeacherKL

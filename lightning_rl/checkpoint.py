@@ -30,15 +30,12 @@ from typing import Any
 
 import torch
 from fsspec.implementations.local import LocalFileSystem
-from lightning import Callback
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import check_base, is_lora
-from lightning_rl.core.ops import all_reduce_sum
-from lightning_rl.loop.health import NonFiniteTrainingError
-from lightning_rl.loop.rng import IterationRNG, gather_rng_states, restore_rng_states
+from lightning_rl.rng import IterationRNG, gather_rng_states, restore_rng_states
 from lightning_rl.roster import ROSTER, policy_export_info  # noqa: F401 (the supervised recipe's policy entry)
 
 
@@ -294,21 +291,6 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-class FiniteCheckpoints(Callback):
-    """Fail a save, before any file is touched, when the weights hold NaN/inf (the previous checkpoint stays)."""
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        bad = non_finite_entries(checkpoint.get("state_dict", {}))
-        if float(
-            all_reduce_sum(torch.tensor(float(len(bad)), device=pl_module.device))
-        ):  # every rank fails together (shards differ)
-            raise NonFiniteTrainingError(
-                f"refusing to save a checkpoint at step {trainer.global_step}: {len(bad)} weight tensor(s) hold NaN/inf "
-                f"({', '.join(bad[:3]) or 'on another rank'}{', ...' if len(bad) > 3 else ''}); the previous checkpoint is kept. Lower "
-                "model.optimizer.lr or rescale the reward, and resume from the previous checkpoint."
-            )
 
 
 def non_finite_entries(state: dict[str, Any]) -> list[str]:

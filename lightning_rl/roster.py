@@ -12,8 +12,8 @@ A server teacher (components.teacher.ServerTeacher) holds no model here: its ser
 "Reloaded": checkpoints leave the model's frozen weights out and it is built again from its path; a LoRA model's
 frozen base is reloaded the same way and checked against a fingerprint. Checkpointing (lightning_rl.checkpoint), FSDP2
 sharding (lightning_rl.loop.sharding), the optimizer's parameter groups (DDP, FSDP2 and DeepSpeed alike: one optimizer,
-one group per trained slot), ``--dry_run`` (lightning_rl.cli.dry_run), ``lightning-rl export`` (lightning_rl.cli.export)
-and the trainer forward (lightning_rl.loop.score) iterate over ``ROSTER``: another model is one more `Slot` and its
+one group per trained slot), ``--dry_run`` (lightning_rl.cli.dry_run), ``lightning-rl export`` (lightning_rl.export)
+and the trainer forward (lightning_rl.loop.forward) iterate over ``ROSTER``: another model is one more `Slot` and its
 component. Slots are built, sharded and scored in roster order.
 """
 
@@ -76,7 +76,7 @@ class Slot:
     export_info: Callable[[Any], dict | None] | None = None
     """What ``lightning-rl export`` rebuilds the model from (checkpoint entry ``hf_export[name]``); None = not exported."""
     export_as: str | None = None
-    """How ``lightning-rl export`` writes it (a kind of lightning_rl.cli.export: ``causal_lm``, ``value_model``)."""
+    """How ``lightning-rl export`` writes it (a kind of lightning_rl.export: ``causal_lm``, ``value_model``)."""
     scorer: Callable[[Any], Scorer | None] = lambda m: None
     """The trainer forward's pass with this model over a micro-batch, or None when the run needs none."""
     note: Callable[[Any], str | None] = lambda m: None

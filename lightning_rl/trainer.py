@@ -3,47 +3,27 @@
     import lightning_rl
     lightning_rl.Trainer(name="dr_grpo", max_steps=100).fit(module, data)   # or lightning_rl.fit(module, data, ...)
 
-What the command line gives, and a bare ``lightning.Trainer`` does not: the defaults of lightning_rl/cli/default_trainer.yaml
-(a run folder ``runs/<name>/version_N`` with TensorBoard events without ``hp_metric`` and ``checkpoints/``, claimed
+What the command line gives, and a bare ``lightning.Trainer`` does not (both from lightning_rl.run_setup): the defaults of
+lightning_rl/default_trainer.yaml (a run folder ``runs/<name>/version_N`` with TensorBoard events without ``hp_metric`` and ``checkpoints/``, claimed
 before anything is written; validation every 50 iterations, before the first and after the last; no model summary),
-the RL progress bar (lightning_rl.cli.progress), atomic checkpoint files, the console without Lightning's tips and
-expected warnings (lightning_rl.cli.console), ``ckpt_path`` through ``latest/`` continuing the run it belongs to,
+the RL progress bar (lightning_rl.callbacks.progress), atomic checkpoint files, the console without Lightning's tips and
+expected warnings (lightning_rl.console), ``ckpt_path`` through ``latest/`` continuing the run it belongs to,
 the prompts tokenised with the policy's tokenizer, and the seed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import lightning
-import yaml
-from lightning.pytorch.cli import instantiate_class
 
-from lightning_rl.checkpoint import with_atomic_checkpoints
-from lightning_rl.cli.commands import DEFAULT_TRAINER_CONFIG
-from lightning_rl.cli.console import quiet
-from lightning_rl.cli.progress import missing_progress_bar
-from lightning_rl.loop.runs import resolve_checkpoint, start_run
-
-
-def cli_defaults(name: str = "default", save_dir: str = "runs") -> dict[str, Any]:
-    """The Trainer arguments of lightning_rl/cli/default_trainer.yaml (what `lightning-rl fit` starts from) with the run
-    named ``name`` under ``save_dir``."""
-    config = yaml.safe_load(Path(DEFAULT_TRAINER_CONFIG).read_text())
-    trainer = dict(config["trainer"])
-    trainer["default_root_dir"] = f"{save_dir}/{name}"
-    logger = trainer["logger"]
-    trainer["logger"] = instantiate_class(
-        (), {**logger, "init_args": {**logger["init_args"], "save_dir": save_dir, "name": name}}
-    )
-    callbacks = []
-    for callback in trainer.get("callbacks") or []:
-        if callback["class_path"].endswith(".ModelCheckpoint"):  # the run's checkpoints: moved into its version folder
-            callback = {**callback, "init_args": {**callback["init_args"], "dirpath": f"{save_dir}/{name}/checkpoints"}}
-        callbacks.append(instantiate_class((), callback))
-    trainer["callbacks"] = callbacks
-    return trainer
+from lightning_rl.console import quiet
+from lightning_rl.run_setup import (
+    as_list,
+    begin_run,
+    link_tokenizer,
+    progress_bar,
+    trainer_defaults,
+    with_run_plugins,
+)
 
 
 class Trainer(lightning.Trainer):
@@ -61,14 +41,10 @@ class Trainer(lightning.Trainer):
         quiet()
         if seed is not None:
             lightning.seed_everything(seed, verbose=False)
-        args = {**cli_defaults(name, save_dir), **trainer_args}
-        given = args.get("callbacks")
-        callbacks = list(given) if isinstance(given, list) else [] if given is None else [given]
-        args["callbacks"] = [
-            *callbacks,
-            *missing_progress_bar(callbacks, args.get("enable_progress_bar", True) is not False),
-        ]
-        args["plugins"] = with_atomic_checkpoints(args.get("plugins"))
+        args = {**trainer_defaults(name, save_dir), **trainer_args}
+        callbacks = as_list(args.get("callbacks"))
+        args["callbacks"] = [*callbacks, *progress_bar(callbacks, args.get("enable_progress_bar", True))]
+        args["plugins"] = with_run_plugins(args.get("plugins"))
         super().__init__(**args)
 
     def fit(
@@ -94,18 +70,11 @@ class Trainer(lightning.Trainer):
         return super().validate(model, dataloaders, ckpt_path, verbose, datamodule, **kwargs)
 
     def _begin(self, stage: str, model, data, ckpt_path, new_run: bool = False):
-        """What the CLI does before Lightning runs (lightning_rl.cli.commands): the checkpoint path resolved before a run
-        folder moves ``latest/``, the folder chosen, the policy's tokenizer for the prompts."""
-        ckpt_path = resolve_checkpoint(None if ckpt_path is None else str(ckpt_path))
-        start_run(self, stage, ckpt_path, new_run=new_run)
-        hparams = getattr(data, "hparams", None)
-        if (
-            hparams is not None
-            and "tokenizer" in hparams
-            and hparams.tokenizer is None
-            and hasattr(model, "policy_spec")
-        ):
-            hparams.tokenizer = model.policy_spec.path  # the CLI's link: model.policy.path -> data.tokenizer
+        """The run set-up the CLI does too (lightning_rl.run_setup): the checkpoint path resolved, the run's folder
+        chosen, the policy's tokenizer for the prompts."""
+        spec = getattr(model, "policy_spec", None)
+        ckpt_path = begin_run(self, stage, ckpt_path, new_run, spec.path if spec is not None else None)
+        link_tokenizer(model, data)
         return ckpt_path
 
 

@@ -6,7 +6,7 @@
 Two runs of the same preset, seed and iteration count on two versions of the code print the same table when the
 refactor between them changed no number: the weights and the logged scalars are compared bit for bit (SHA-256 of the
 raw bytes of each trained tensor, the exact float of each scalar). Scalars that measure the machine rather than the
-run (``time/``, ``throughput/``, ``memory/``) are left out of the digest and listed. The run is on CPU, with one torch
+run (``time/``, ``throughput/``, ``memory/``, ``async/rollout_s``) are left out of the digest and listed. The run is on CPU, with one torch
 thread (a different thread count may sum in another order), no validation and no checkpoint files.
 
 The code measured is whichever ``lightning_rl`` the interpreter imports: run the script with another checkout's
@@ -27,7 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-MACHINE_SCALARS = ("time/", "throughput/", "memory/")
+MACHINE_SCALARS = ("time/", "throughput/", "memory/", "async/rollout_s")
+"""Scalars that measure the machine (wall-clock times, rates, memory): listed, never compared."""
 
 
 def tensor_digest(tensors: dict) -> str:
@@ -57,7 +58,7 @@ def fingerprint(config: str, iterations: int, seed: int, extra: list[str]) -> di
     from lightning.pytorch.loggers.logger import Logger
 
     import lightning_rl
-    from lightning_rl.cli import main
+    from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
 
     torch.set_num_threads(1)
     root = Path(lightning_rl.__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ def fingerprint(config: str, iterations: int, seed: int, extra: list[str]) -> di
 
     with tempfile.TemporaryDirectory() as tmp:
         # run=False builds no subcommand, so fit's default trainer settings come first by hand, as `fit` stacks them
-        args = ["--config", str(root / "lightning_rl" / "cli" / "default_trainer.yaml"), "--config", str(config_path)]
+        args = ["--config", DEFAULT_TRAINER_CONFIG, "--config", str(config_path)]
         args += extra
         args += [
             f"--seed_everything={seed}",
@@ -142,16 +143,16 @@ def compare(a: dict, b: dict) -> int:
             if ra[key] != rb[key]:
                 print(f"iteration {ra['iteration']}: {key} differ")
                 return 1
-        differ = sorted(k for k in set(ra["values"]) | set(rb["values"]) if ra["values"].get(k) != rb["values"].get(k))
+        names = {k for k in set(ra["values"]) | set(rb["values"]) if not k.startswith(MACHINE_SCALARS)}
+        differ = sorted(k for k in names if ra["values"].get(k) != rb["values"].get(k))
         if differ:
             print(f"iteration {ra['iteration']}: scalars differ: {differ}")
             return 1
     if len(a["records"]) != len(b["records"]):
         print(f"{len(a['records'])} iterations against {len(b['records'])}")
         return 1
-    print(
-        f"identical: {len(a['records'])} iterations, parameters, buffers and {len(a['records'][-1]['values'])} scalars"
-    )
+    compared = [k for k in a["records"][-1]["values"] if not k.startswith(MACHINE_SCALARS)]
+    print(f"identical: {len(a['records'])} iterations, parameters, buffers and {len(compared)} scalars")
     return 0
 
 

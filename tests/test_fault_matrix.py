@@ -2,36 +2,36 @@
 
 | fault                                                    | outcome                                                             | row (here) / end-to-end test                                                             |
 |----------------------------------------------------------|---------------------------------------------------------------------|------------------------------------------------------------------------------------------|
-| max_steps not a multiple of every_n_train_steps          | last.ckpt at the final step                                         | test_fit_end / lightning_rl/test_fault.py                                                 |
-| exception in a component mid-run                         | last.ckpt at the last completed iteration; resume is exact          | test_component_exception / lightning_rl/test_fault.py                                     |
-| Ctrl-C                                                   | last.ckpt at the last completed iteration, exit 1                   | test_ctrl_c / lightning_rl/test_fault.py                                                  |
-| SIGTERM (pre-emption)                                    | the iteration finishes, last.ckpt there, exit                       | test_sigterm / lightning_rl/test_fault.py                                                 |
-| NaN/inf loss or gradient norm                            | step skipped on every rank, counted; N in a row: error naming LR    | test_nonfinite_update / lightning_rl/test_health.py                                       |
-| NaN/inf weights at a save                                | save refused, previous checkpoint kept                              | test_nonfinite_checkpoint / lightning_rl/test_health.py                                   |
-| every group degenerate N iterations; entropy collapse    | one warning saying what happened and what to try                    | test_divergence / lightning_rl/test_health.py                                             |
-| negative / NaN LR; batch_size <= 0; loop sizes < 1       | error at construction naming the config key                         | test_bad_sizes / lightning_rl/test_validation.py                                          |
-| group-relative estimator with group_size 1               | error at construction naming group_size                             | test_group_of_one / lightning_rl/test_validation.py                                       |
+| max_steps not a multiple of every_n_train_steps          | last.ckpt at the final step                                         | test_fit_end / lightning_rl/callbacks/test_fault.py                                                 |
+| exception in a component mid-run                         | last.ckpt at the last completed iteration; resume is exact          | test_component_exception / lightning_rl/callbacks/test_fault.py                                     |
+| Ctrl-C                                                   | last.ckpt at the last completed iteration, exit 1                   | test_ctrl_c / lightning_rl/callbacks/test_fault.py                                                  |
+| SIGTERM (pre-emption)                                    | the iteration finishes, last.ckpt there, exit                       | test_sigterm / lightning_rl/callbacks/test_fault.py                                                 |
+| NaN/inf loss or gradient norm                            | step skipped on every rank, counted; N in a row: error naming LR    | test_nonfinite_update / lightning_rl/loop/test_health.py                                       |
+| NaN/inf weights at a save                                | save refused, previous checkpoint kept                              | test_nonfinite_checkpoint / lightning_rl/loop/test_health.py                                   |
+| every group degenerate N iterations; entropy collapse    | one warning saying what happened and what to try                    | test_divergence / lightning_rl/loop/test_health.py                                             |
+| negative / NaN LR; batch_size <= 0; loop sizes < 1       | error at construction naming the config key                         | test_bad_sizes / lightning_rl/loop/test_validation.py                                          |
+| group-relative estimator with group_size 1               | error at construction naming group_size                             | test_group_of_one / lightning_rl/loop/test_validation.py                                       |
 | reward that never returns                                | TimeoutError after timeout_s (FunctionReward)                       | test_hung_reward / components/test_reward_timeouts.py                                     |
 | slow or crashing reward in PooledReward                  | failure_score (or a hard error) per sample, fractions logged        | test_hung_reward / components/test_reward_timeouts.py                                     |
 | stalled SGLang server                                    | progress logged while waiting; SGLangError at deadline_s            | test_stalled_sglang / components/test_sglang_rollout.py (loopback server)                 |
 | failed run after an SGLang weight push                   | temporary weights folder removed                                    | test_sglang_weights_folder / components/test_sglang_rollout.py                            |
 | kill during a save                                       | stale .<name>.tmp-<pid> swept at the next save                      | test_stale_temporaries / lightning_rl/test_checkpoint.py                                  |
 | crafted .ckpt given to export                            | refused (weights_only=True), its code never runs                    | test_crafted_checkpoint / lightning_rl/test_export.py                                     |
-| empty or malformed .jsonl                                | error naming file, line and fix                                     | test_bad_jsonl / lightning_rl/test_errors.py                                              |
-| .jsonl row without its prompt (missing key, null, number) | one line naming file, row, line and column (exit 1)                 | lightning_rl/test_errors.py::test_a_bad_row_is_one_line_from_the_command_line            |
-| bad config value (batch_size -2, refresh_every 0, ...)   | `error: <key>: <message>` at construction, exit 2, no trace         | lightning_rl/test_cli.py::test_a_config_error_is_one_line_and_exit_status_2_at_construction |
-| SGLang server that does not answer                       | one line naming its URL and base_url, exit 1                        | lightning_rl/test_cli.py::test_a_server_that_does_not_answer_is_one_line                  |
+| empty or malformed .jsonl                                | error naming file, line and fix                                     | test_bad_jsonl / lightning_rl/cli/test_errors.py                                              |
+| .jsonl row without its prompt (missing key, null, number) | one line naming file, row, line and column (exit 1)                 | lightning_rl/cli/test_errors.py::test_a_bad_row_is_one_line_from_the_command_line            |
+| bad config value (batch_size -2, refresh_every 0, ...)   | `error: <key>: <message>` at construction, exit 2, no trace         | lightning_rl/cli/test_cli.py::test_a_config_error_is_one_line_and_exit_status_2_at_construction |
+| SGLang server that does not answer                       | one line naming its URL and base_url, exit 1                        | lightning_rl/cli/test_cli.py::test_a_server_that_does_not_answer_is_one_line                  |
 | two fits of a preset started together; a renamed run     | a version folder each (claimed with an exclusive mkdir); no checkpoint shared | lightning_rl/test_run_folders.py                                               |
 | validate / resume on a run's checkpoint                  | the run's config.yaml untouched; latest/ resolved before anything moves | lightning_rl/test_run_folders.py                                                     |
 | reward returning numpy / 0-d tensor scores               | accepted; a wrong shape is named as a shape                         | test_numpy_scores / components/test_rewards.py                                            |
-| prompt + response past max_position_embeddings          | warning at fit start; truncated prompts counted                     | test_context_overflow / lightning_rl/test_errors.py                                       |
+| prompt + response past max_position_embeddings          | warning at fit start; truncated prompts counted                     | test_context_overflow / lightning_rl/cli/test_errors.py                                       |
 | multi-node launch (2 nodes x 1 process, loopback)        | trains exactly like 1 process                                       | lightning_rl/test_distributed.py::test_two_nodes_of_one_process_on_loopback_equal_one_process |
-| max_staleness deeper than the run (100 on 3 steps)       | only the run's rounds sampled; the final validation waits for none  | lightning_rl/test_async.py::test_a_bound_deeper_than_the_run_samples_only_the_runs_rounds |
-| LoRA checkpoint resumed with another rank/alpha/targets  | error naming model.policy.lora.<key> and the checkpoint's value     | lightning_rl/test_lora.py::test_resuming_adapters_with_another_lora_spec_names_the_key   |
+| max_staleness deeper than the run (100 on 3 steps)       | only the run's rounds sampled; the final validation waits for none  | lightning_rl/loop/test_async.py::test_a_bound_deeper_than_the_run_samples_only_the_runs_rounds |
+| LoRA checkpoint resumed with another rank/alpha/targets  | error naming model.policy.lora.<key> and the checkpoint's value     | lightning_rl/core/test_lora.py::test_resuming_adapters_with_another_lora_spec_names_the_key   |
 | model-written code (PythonTool) attacks the trainer      | each attempt fails: no secret, file, socket, kill, survivor, bomb   | test_hostile_tool_code / components/test_sandbox.py                                       |
 | no user namespaces for PythonTool's sandbox              | refuses to start naming why; isolation: none warns what is exposed  | test_hostile_tool_code / components/test_sandbox.py                                       |
 | tool function that never returns (any thread, C code)    | error result at timeout_s, its worker killed and started again      | test_hung_tool / components/test_function_tool.py                                         |
-| Ctrl-C / SIGTERM, async agent run hung in a tool         | the process ends, last.ckpt at the last completed iteration         | test_hung_tool / lightning_rl/test_fault.py (subprocess: agent_calc + loop/async)         |
+| Ctrl-C / SIGTERM, async agent run hung in a tool         | the process ends, last.ckpt at the last completed iteration         | test_hung_tool / lightning_rl/callbacks/test_fault.py (subprocess: agent_calc + loop/async)         |
 | tool that prints 100 MB                                  | nothing reaches the trainer's log                                   | test_tool_flood / components/test_function_tool.py                                        |
 | tool result with a lone surrogate; Step with bad counts  | error observation; one error naming the environment                 | test_bad_tool_text / components/test_env_tools.py, components/test_multi_turn.py          |
 | weight_sync: tensor without CUDA (CPU policy, server in another process) | error at construction naming weight_sync: disk      | test_tensor_sync_without_cuda / components/test_sglang_rollout.py                         |
@@ -43,9 +43,9 @@
 | model-written code writes a file past 1 MiB in /tmp      | error naming the file (or stream) and the per-file limit            | test_sandbox_file_too_large / components/test_sandbox.py                                  |
 | reasoning-gym entry with tuples (arc_agi, rearc grids)   | kept through the data column: the gold answer scores 1, not 0.05    | test_reasoning_gym_gold / components/test_reasoning_gym_reward.py (all tasks)             |
 | reasoning-gym scorer raising on a completion             | that sample scores 0, counted in reward/scorer_error_frac           | test_reasoning_gym_scorer_error / components/test_reasoning_gym_reward.py                 |
-| reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/test_reasoning_gym_data.py                  |
-| image past PIL's limit or data.max_image_pixels (20000², 12000²) | a bad image naming file and row (bad_images: skip skips it), or shrunk | test_oversize_image / lightning_rl/test_vlm_data.py                              |
-| a prompt's image tokens expanded in the wrong order (two images of different sizes) | ids equal transformers' own Qwen2VLProcessor's | test_image_token_order / lightning_rl/test_vision.py                  |
+| reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/data/test_reasoning_gym_data.py                  |
+| image past PIL's limit or data.max_image_pixels (20000², 12000²) | a bad image naming file and row (bad_images: skip skips it), or shrunk | test_oversize_image / lightning_rl/data/test_vlm_data.py                              |
+| a prompt's image tokens expanded in the wrong order (two images of different sizes) | ids equal transformers' own Qwen2VLProcessor's | test_image_token_order / lightning_rl/core/test_vision.py                  |
 | agents' endpoint: 300 MiB unauthenticated body, Content-Length -1 / abc, 500 idle connections | 401 on the head, body unread; 400 from h11; no thread each, closed at idle_timeout_s | test_endpoint_probes / components/test_openai_endpoint.py |
 | agent request no sampler can serve (OOV ids, 5 MB prompt, another model, tool_choice) | 400 naming the limit before sampling; the run goes on           | test_unservable_agent_requests / components/test_openai_agent.py                         |
 | one episode sends 300 calls at once                      | at most max_rows_per_episode rows / max_calls_per_episode calls, 400 past them, counted | components/test_openai_agent.py::test_300_calls_at_once_from_one_episode_make_at_most_max_rows_per_episode_rows |
@@ -80,14 +80,15 @@ from components.advantage import GroupNormalized
 from components.reward import FunctionReward, PooledReward, as_scores
 from components.rollout import HFRollout
 from components.rollout.sglang.client import SGLangError, wait_for_answers
-from lightning_rl.checkpoint import FiniteCheckpoints
+from lightning_rl.callbacks import FiniteCheckpoints
+from lightning_rl.callbacks.context_length import check_context_length
+from lightning_rl.callbacks.fault import ResumableCheckpoints
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.data.sources import check_jsonl
-from lightning_rl.loop.fault import ResumableCheckpoints
-from lightning_rl.loop.health import NonFiniteTrainingError, TrainingHealth
+from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.module import RLModule
-from lightning_rl.loop.requirements import check_context_length
 from tests.helpers import batch_from_scores
 from tests.lightning_rl.rewards import hangs_on_x
 

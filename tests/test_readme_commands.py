@@ -98,7 +98,7 @@ def test_running_scaling_out_and_export_commands_as_printed(scratch, run):
     (export,) = [c for c in bash_block("**Export**") if c.startswith("lightning-rl export")]
     run(export)
     assert (scratch / "runs" / "grpo" / "hf" / "policy" / "config.json").exists()
-    # `python cli.py` above trained through the shim; its other subcommands are tested in lightning_rl/test_cli.py
+    # `python cli.py` above trained through the shim; its other subcommands are tested in lightning_rl/cli/test_cli.py
     assert "components.advantage.GroupNormalized" in run("lightning-rl components", via_shim=True)
 
 

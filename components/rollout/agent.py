@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 
 from .base import Rollout
 

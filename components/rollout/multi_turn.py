@@ -45,7 +45,7 @@ from components.env.base import checked_step
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.models import context_length
 from lightning_rl.core.ops import all_reduce_sum
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 
 from .agent import Agent
 from .base import Rollout

@@ -5,7 +5,7 @@
     lightning-rl fit --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt   # continues that run
     lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
     lightning-rl fit --config configs/dapo.yaml --print_config
-    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.cli.export)
+    lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
     lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run   # the components, batch arithmetic, models, folders
     lightning-rl components                            # every component, with the first line of its formula
 
@@ -52,21 +52,20 @@ import torch  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
-from lightning_rl.checkpoint import with_atomic_checkpoints  # noqa: E402
-from lightning_rl.cli.console import quiet, results_table  # noqa: E402
-from lightning_rl.cli.progress import missing_progress_bar  # noqa: E402
 from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
+from lightning_rl.console import quiet, results_table  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
-from lightning_rl.loop.runs import (  # noqa: E402
-    check_continued_policy,
-    claim_file,
-    resolve_checkpoint,
-    run_folder,
-    start_run,
+from lightning_rl.run_setup import (  # noqa: E402
+    DEFAULT_TRAINER_CONFIG,
+    TOKENIZER_LINK,
+    as_list,
+    begin_run,
+    progress_bar,
+    with_run_plugins,
 )
+from lightning_rl.runs import claim_file, run_folder  # noqa: E402
 
-DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
 EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
@@ -138,7 +137,7 @@ class SaveConfigBeside(SaveConfigCallback):
 
 class RunCLI(LightningCLI):
     """A LightningCLI over a module trained on `PromptDataModule`, with what `lightning-rl` gives: run folders chosen
-    before anything is written (lightning_rl.loop.runs; ``--new_run``), the config written once beside the run
+    before anything is written (lightning_rl.runs; ``--new_run``), the config written once beside the run
     (`SaveConfigBeside`), the progress bar, atomic checkpoint files, the policy's tokenizer for the prompts, and one-line
     errors (`RLArgumentParser`). `lightning-rl` (`RLCLI`) and the supervised recipe (lightning_rl.recipes.sft) are it."""
 
@@ -158,12 +157,9 @@ class RunCLI(LightningCLI):
         return super().init_parser(**kwargs)
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
-        # the RL progress bar (lightning_rl.cli.progress) unless the bar is off or the config brings its own
-        configured = config.get("callbacks") or []
-        configured = configured if isinstance(configured, list) else [configured]
-        bar = missing_progress_bar(
-            [*configured, *callbacks], config.get("enable_progress_bar", True) is not False, self.progress_unit
-        )
+        # the RL progress bar (lightning_rl.callbacks.progress) unless the bar is off or the config brings its own
+        configured = as_list(config.get("callbacks"))
+        bar = progress_bar([*configured, *callbacks], config.get("enable_progress_bar", True), self.progress_unit)
         return super()._instantiate_trainer(config, [*callbacks, *bar])
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
@@ -184,14 +180,17 @@ class RunCLI(LightningCLI):
             parser.error(config_error(err, self.config.get(self.subcommand) if self.subcommand else self.config))
 
     def _run_subcommand(self, subcommand: str) -> None:
-        # the run's folder, before Lightning creates anything (lightning_rl.loop.runs): `latest` in --ckpt_path is resolved
-        # first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
+        # the run's folder, before Lightning creates anything (lightning_rl.run_setup): `latest` in --ckpt_path is
+        # resolved first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
         config = self.config_init[subcommand]
-        config["ckpt_path"] = resolve_checkpoint(config.get("ckpt_path"))
         spec = getattr(self.model, "policy_spec", None)
-        if subcommand == "fit" and not config.get("new_run") and spec is not None:
-            check_continued_policy(config["ckpt_path"], spec.path)  # before anything is written or loaded
-        start_run(self.trainer, subcommand, config["ckpt_path"], new_run=bool(config.get("new_run")))
+        config["ckpt_path"] = begin_run(
+            self.trainer,
+            subcommand,
+            config.get("ckpt_path"),
+            new_run=bool(config.get("new_run")),
+            policy_path=spec.path if spec is not None else None,
+        )
         super()._run_subcommand(subcommand)
 
     def validate(self, verbose: bool = True, **kwargs) -> list[dict]:
@@ -204,8 +203,7 @@ class RunCLI(LightningCLI):
         return results
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # the prompts are tokenised with the policy's tokenizer
-        parser.link_arguments("model.policy.path", "data.tokenizer")
+        parser.link_arguments(*TOKENIZER_LINK)  # the prompts are tokenised with the policy's tokenizer
 
     def instantiate_trainer(self, **kwargs):
         accelerator = str(self._get(self.config_init, "trainer", default={}).get("accelerator", "auto"))
@@ -220,7 +218,7 @@ class RunCLI(LightningCLI):
                 'make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" install, or use --trainer.accelerator cpu'
             )
         # checkpoint files are written atomically unless the config brings its own CheckpointIO (lightning_rl.checkpoint)
-        plugins = with_atomic_checkpoints(self._get(self.config_init, "trainer", default={}).get("plugins"))
+        plugins = with_run_plugins(self._get(self.config_init, "trainer", default={}).get("plugins"))
         return super().instantiate_trainer(**{"plugins": plugins, **kwargs})
 
 
@@ -229,9 +227,7 @@ class RLCLI(RunCLI):
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
-        export = self.parser_class(
-            description=EXPORT_HELP
-        )  # listed in --help; `entry` runs it (lightning_rl.cli.export)
+        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.export)
         parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
         parser._subcommands_action.add_subcommand(
             "components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP
@@ -256,7 +252,7 @@ def build_cli(
     cli_class: type[RunCLI], model_class: type, prog: str, description: str, args: list[str] | None, run: bool, **kwargs
 ) -> RunCLI:
     """``cli_class`` over ``model_class`` and `PromptDataModule`, with the trainer defaults of default_trainer.yaml under
-    every --config, and the console quieted (lightning_rl.cli.console)."""
+    every --config, and the console quieted (lightning_rl.console)."""
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
@@ -264,7 +260,7 @@ def build_cli(
     set_parsing_settings(
         docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked)
     )
-    quiet()  # the console shows what a researcher can act on (lightning_rl.cli.console)
+    quiet()  # the console shows what a researcher can act on (lightning_rl.console)
     return cli_class(
         model_class,
         PromptDataModule,
@@ -325,9 +321,8 @@ def _key_of(config, class_path: str, prefix: str = "") -> str | None:
 def _said_in_one_line() -> tuple[type[BaseException], ...]:
     """Errors whose message names the culprit and the fix: the trace would only hide it."""
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
-    from lightning_rl.core.errors import ConfigError
+    from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError
     from lightning_rl.data.checks import DataError
-    from lightning_rl.loop.health import NonFiniteTrainingError
 
     return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_rl.loop.runs import LATEST, continued_run, follows_run, resolve_checkpoint, shown_path, versioned
 from lightning_rl.roster import ROSTER
+from lightning_rl.runs import LATEST, continued_run, follows_run, resolve_checkpoint, shown_path, versioned
 
 
 def describe(cli) -> str:
@@ -71,7 +71,7 @@ def describe(cli) -> str:
 
 
 def _folders(trainer, ckpt_path: str | None, new_run: bool) -> list[str]:
-    """Where the run will write (lightning_rl.loop.runs decides it the same way when fit starts)."""
+    """Where the run will write (lightning_rl.runs decides it the same way when fit starts)."""
     logger, lines = trainer.logger, []
     run = None
     if logger is not None and versioned(logger):

@@ -153,3 +153,7 @@ def closest_path(path: str) -> str | None:
     if found is not None and path.startswith("~") and found.startswith(os.path.expanduser("~")):
         found = "~" + found[len(os.path.expanduser("~")) :]
     return found
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training produced a non-finite loss, gradient or weight (the loop's health checks, or a checkpoint refused)."""

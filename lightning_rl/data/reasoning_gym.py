@@ -20,6 +20,7 @@ import json
 import re
 
 from components.reward.reasoning_gym import entry_to_json
+from lightning_rl.core.sources import row_source
 
 PREFIX = "reasoning_gym:"
 TEST_SEED_OFFSET = 1_000_003
@@ -27,6 +28,7 @@ OURS = {"size": (10000, 1), "test_size": (500, 1), "seed": (0, None)}
 """Our settings: default, least value."""
 
 
+@row_source("reasoning_gym")
 def reasoning_gym_rows(source: str, split: str) -> list[dict]:
     """Rows ``{"prompt": question, "answer": answer, "reasoning_gym": {task, entry}}`` of ``split`` (train or test)."""
     try:

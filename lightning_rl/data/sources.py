@@ -1,33 +1,34 @@
-"""Where prompt rows come from: jsonl / parquet files, `datasets` folders and hub ids, built-in and generated tasks
-(``builtin:<task>``, ``reasoning_gym:<task>``), each checked for the columns a run maps."""
+"""Where prompt rows come from: jsonl / parquet files, `datasets` folders and hub ids, and sources registered by prefix
+(lightning_rl.core.sources: ``builtin:<task>`` here, ``reasoning_gym:<task>``, a component's own such as
+``verifiers:``), each checked for the columns a run maps."""
 
 from __future__ import annotations
 
 import os
 
+import lightning_rl.data.reasoning_gym  # noqa: F401 (registers reasoning_gym:)
 from lightning_rl.core.errors import closest_name
+from lightning_rl.core.sources import find_source, row_source
 from lightning_rl.data.checks import DataError
-from lightning_rl.data.reasoning_gym import PREFIX as REASONING_GYM
-from lightning_rl.data.reasoning_gym import reasoning_gym_rows
 from lightning_rl.data.tasks import BUILTIN_TASKS
 
 
+@row_source("builtin")
+def builtin_rows(source: str, split: str) -> list[dict]:
+    """``builtin:<task>``: a task shipped with lightning_rl (lightning_rl.data.tasks)."""
+    name = source.split(":", 1)[1]
+    if name not in BUILTIN_TASKS:
+        raise ValueError(f"unknown built-in task {source!r}; available: {[f'builtin:{k}' for k in BUILTIN_TASKS]}")
+    return BUILTIN_TASKS[name](split)
+
+
 def load_rows(source: str, split: str):
-    """A `datasets.Dataset` from ``builtin:<task>``, ``reasoning_gym:<task>``, a data file, a ``save_to_disk`` folder or a hub id."""
+    """A `datasets.Dataset` from a registered ``<prefix>:`` source, a data file, a ``save_to_disk`` folder or a hub id."""
     import datasets
 
-    if source.startswith(REASONING_GYM):
-        return datasets.Dataset.from_list(reasoning_gym_rows(source, split))
-    if source.startswith("verifiers:"):  # a verifiers environment's own dataset (the agent's module reads it)
-        from components.rollout.endpoint.verifiers_env import verifiers_rows
-
-        return datasets.Dataset.from_list(verifiers_rows(source, split))
-
-    if source.startswith("builtin:"):
-        name = source.split(":", 1)[1]
-        if name not in BUILTIN_TASKS:
-            raise ValueError(f"unknown built-in task {source!r}; available: {[f'builtin:{k}' for k in BUILTIN_TASKS]}")
-        return datasets.Dataset.from_list(BUILTIN_TASKS[name](split))
+    rows = find_source(source)
+    if rows is not None:
+        return datasets.Dataset.from_list(rows(source, split))
     path = os.path.expanduser(source)
     suffix = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
     ext = os.path.splitext(path)[1]

@@ -7,7 +7,7 @@
   samples scored alike, so group-relative advantages are zero) for ``loop.degenerate_patience``
   iterations in a row, or the policy's mean token entropy under ``loop.min_entropy``, is warned about
   once, with what to try.
-- `lightning_rl.checkpoint.FiniteCheckpoints` refuses to write a checkpoint whose weights hold NaN/inf, so the previous
+- `lightning_rl.callbacks.FiniteCheckpoints` refuses to write a checkpoint whose weights hold NaN/inf, so the previous
   ``last.ckpt`` survives a diverged run.
 """
 
@@ -18,11 +18,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.core.ops import all_reduce_sum
-
-
-class NonFiniteTrainingError(RuntimeError):
-    pass
 
 
 class TrainingHealth:

@@ -6,10 +6,10 @@
     4 optimize  ppo_epochs x mini-batches x micro-batches of surrogate + KL + loss terms (+ critic)
     5 sync      rollout.sync_weights(policy); adaptive KL step; log
 
-Each phase is an object built from the components and settings it needs (lightning_rl.loop.collect, score,
+Each phase is an object built from the components and settings it needs (lightning_rl.loop.collect, forward,
 estimate, optimize, reporting, validation); this module holds the models and Lightning's hooks and runs the phases
 in order. One ``training_step`` is one iteration, and ``trainer.global_step`` counts iterations (see
-``_count_iteration``), so ``max_steps``, checkpoint cadence and logging steps mean RL iterations.
+``lightning_rl.lightning_compat.count_iteration``), so ``max_steps``, checkpoint cadence and logging steps mean RL iterations.
 """
 
 from __future__ import annotations
@@ -25,37 +25,43 @@ from torch import nn
 from components.advantage import AdvantageEstimator, GroupNormalized
 from components.aggregator import Aggregator, TokenMean
 from components.critic import ValueCritic
+from components.dynamic_sampling import DynamicSampling
 from components.kl import KLRegularizer
 from components.loss_terms import LossTerm
 from components.ptx import PretrainMix
 from components.reward import ExactMatch, Reward
 from components.rollout import Agent, HFRollout, Rollout
-from components.sampling import DynamicSampling
 from components.surrogate import ClippedSurrogate, Surrogate
 from components.teacher import Teacher
 from lightning_rl import checkpoint
+from lightning_rl.callbacks import (
+    ContextLengthCheck,
+    FiniteCheckpoints,
+    ResumableCheckpoints,
+    RunFolders,
+    TeardownOnException,
+    ValidateBeforeAndAfter,
+)
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
 from lightning_rl.distributed import hf_zero3_config
+from lightning_rl.lightning_compat import count_iteration
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
 from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.estimate import estimate
-from lightning_rl.loop.fault import ResumableCheckpoints, TeardownOnException
+from lightning_rl.loop.forward import TrainerForward
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.optimize import PolicyUpdate
 from lightning_rl.loop.reporting import Reporter
 from lightning_rl.loop.requirements import (
-    ContextLengthCheck,
     check_data_columns,
     check_requirements,
     derived_token_limit,
 )
-from lightning_rl.loop.runs import RunFolders
-from lightning_rl.loop.score import TrainerForward
 from lightning_rl.loop.sharding import shard_models
-from lightning_rl.loop.validation import ValidateBeforeAndAfter, Validator
+from lightning_rl.loop.validation import Validator
 from lightning_rl.roster import ROSTER, scorers, trained
 
 
@@ -263,7 +269,7 @@ class RLModule(LightningModule):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self.update.update_kl(batch)
-        self._count_iteration(steps)
+        count_iteration(self.trainer, steps)  # global_step counts RL iterations (lightning_rl.lightning_compat)
         self.reporter.iteration(self.trainer, batch, metrics, timer, self.optimizers().param_groups[0]["lr"], self.log)
         if self.collector.ahead is not None:
             self.collector.ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
@@ -277,19 +283,6 @@ class RLModule(LightningModule):
                 "model.ptx (PPO-ptx) is set but data.ptx_data is not: give the data module pretraining text, or drop model.ptx"
             )
         return data["ptx"]["ids"].to(self.device), data["ptx"]["mask"].to(self.device)
-
-    def _count_iteration(self, optimizer_steps: int) -> None:
-        """Make ``trainer.global_step`` advance by one per RL iteration.
-
-        Lightning counts every ``optimizer.step()``; an iteration takes ppo_epochs x mini-batches of
-        them (and none when skipped), which would make ``max_steps`` and ``every_n_train_steps``
-        jump. The progress counters are saved in checkpoints, so resuming stays consistent.
-        """
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        surplus = optimizer_steps - 1
-        for tracker in (progress.total, progress.current):
-            tracker.ready -= surplus
-            tracker.completed -= surplus
 
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -331,14 +324,13 @@ class RLModule(LightningModule):
         )  # `validate` logs at the step of the weights it loaded
 
     def configure_callbacks(self) -> list:
-        """last.ckpt at the final / last completed iteration and teardown on failure (lightning_rl.loop.fault); no checkpoint of
-        non-finite weights (lightning_rl.checkpoint); prompt + response lengths against the policy's positions
-        (lightning_rl.loop.requirements); each fit in its own run folder with a ``latest`` link (lightning_rl.loop.runs);
-        validation before and after training (lightning_rl.loop.validation)."""
+        """lightning_rl.callbacks: each fit in its own run folder with a ``latest`` link; last.ckpt at the final / last
+        completed iteration, no checkpoint of non-finite weights and teardown on failure; prompt + response lengths
+        against the policy's positions; validation before and after training."""
         return [
             RunFolders(),
             ResumableCheckpoints(),
-            checkpoint.FiniteCheckpoints(),
+            FiniteCheckpoints(),
             TeardownOnException(),
             ContextLengthCheck(),
             ValidateBeforeAndAfter(),

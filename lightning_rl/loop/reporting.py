@@ -1,5 +1,5 @@
 """Phase 5's logging: an iteration's metrics reduced over ranks in one host sync, straight to the loggers, and a
-table of sampled completions (lightning_rl.loop.samples) on the console and as TensorBoard text, with the prompts'
+table of sampled completions (lightning_rl.loop.sample_table) on the console and as TensorBoard text, with the prompts'
 images as TensorBoard images."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from lightning_rl.core.ops import all_reduce_sum, masked_mean, zero_variance_fra
 from lightning_rl.data.checks import visible_text
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
-from lightning_rl.loop.samples import markdown, picture, print_rows, sample_indices, sample_rows
+from lightning_rl.loop.sample_table import markdown, picture, print_rows, sample_indices, sample_rows
 
 # TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
 LAYOUT = {

@@ -16,13 +16,13 @@ from dataclasses import replace
 from typing import Callable
 
 import torch
-from lightning import Callback
 from torch import Tensor, nn
 
 from components.reward import Reward
 from components.reward.shaping import raw_scores
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
+from lightning_rl.lightning_compat import validation_results
 from lightning_rl.loop.collect import Collector
 
 
@@ -101,8 +101,7 @@ class Validator:
     def epoch_end(self, trainer) -> None:
         # `trainer.validate` returns (and prints) one dict per set of what Lightning logged itself: keep those dicts, to
         # add the scalars logged with logger=False to them in `end`, after Lightning has sent its own to the loggers
-        loop = trainer.validate_loop
-        self.results = list(getattr(loop, "_logged_outputs", [])) if trainer.state.fn == "validate" else []
+        self.results = validation_results(trainer) if trainer.state.fn == "validate" else []
 
     def end(self, trainer, step: int, names: list[str] | None) -> None:
         """The validation scalars (reduced over batches and ranks) to the loggers at ``step``, the step of the weights
@@ -115,31 +114,3 @@ class Validator:
         for index, results in enumerate(self.results):  # `validate` only: its return value
             prefix = f"val/{names[index]}/" if names else "val/"
             results.update({k: v for k, v in scalars.items() if k.startswith(prefix)})
-
-
-class ValidateBeforeAndAfter(Callback):
-    """Validation before the first iteration and after the last, so every run has a before / after point
-    (``trainer.val_check_interval`` adds the points in between). A resumed run skips the "before" (its first
-    run logged it), and the "after" is skipped when the last iteration was just validated."""
-
-    def __init__(self) -> None:
-        self.validated_at: int | None = None
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        self.validated_at = trainer.global_step
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.global_step == 0:
-            self._validate(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.validated_at != trainer.global_step:
-            self._validate(trainer)
-
-    @staticmethod
-    def _validate(trainer) -> None:
-        if trainer.limit_val_batches == 0:
-            return
-        trainer.validating = True  # as Lightning's training loop runs its periodic validation
-        trainer.fit_loop.epoch_loop.val_loop.run()
-        trainer.training = True

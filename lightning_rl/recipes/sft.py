@@ -147,11 +147,9 @@ class SupervisedFineTuning(LightningModule):
     def configure_callbacks(self) -> list:
         """As RLModule's (lightning_rl.loop.module): the run folders with ``latest``, last.ckpt at the final step and on an
         interrupt, no checkpoint of non-finite weights, validation before the first step and after the last."""
-        from lightning_rl.loop.fault import ResumableCheckpoints
-        from lightning_rl.loop.runs import RunFolders
-        from lightning_rl.loop.validation import ValidateBeforeAndAfter
+        from lightning_rl.callbacks import FiniteCheckpoints, ResumableCheckpoints, RunFolders, ValidateBeforeAndAfter
 
-        return [RunFolders(), ResumableCheckpoints(), checkpoint.FiniteCheckpoints(), ValidateBeforeAndAfter()]
+        return [RunFolders(), ResumableCheckpoints(), FiniteCheckpoints(), ValidateBeforeAndAfter()]
 
     def on_save_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
         checkpoint_["hf_export"] = {

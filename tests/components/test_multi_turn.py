@@ -12,7 +12,7 @@ from components.env import Environment, Step
 from components.rollout import HFRollout, SGLangRollout
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 from tests.helpers import prompts
 from tests.support.multi_turn import (
     Blocking,

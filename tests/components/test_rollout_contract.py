@@ -1,7 +1,7 @@
 """The contract every server engine keeps, run against two: the loopback SGLang server and a real vLLM server (vLLM's
 CPU build; tests/fixtures/vllm_server.py). Generation with the engine's own log-probs equal to the trainer's (fp32),
 a verified weight push after every update, a stale tensor caught and named, LoRA adapters, a server killed and
-restarted. The fits (asynchronous, agents) are in tests/lightning_rl/test_rollout_contract_fits.py."""
+restarted. The fits (asynchronous, agents) are in tests/lightning_rl/loop/test_rollout_contract_fits.py."""
 
 from __future__ import annotations
 

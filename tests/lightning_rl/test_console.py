@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_rl.cli import main
-from lightning_rl.cli.console import results_table, rounded
+from lightning_rl.console import results_table, rounded
 
 from .cli_runs import cli_args
 

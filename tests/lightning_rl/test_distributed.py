@@ -135,7 +135,7 @@ def test_fsdp2_grpo_steps_equal_one_process_and_generation_works_sharded(tmp_pat
     # the checkpoint is a folder of shards without the frozen reference; it exports to a Hugging Face policy
     from safetensors.torch import load_file
 
-    from lightning_rl.cli.export import export_checkpoint
+    from lightning_rl.export import export_checkpoint
 
     folder = tmp_path / "checkpoints" / "step=2.ckpt"
     assert (folder / "meta.pt").is_file() and len(list(folder.glob("*.distcp"))) == 2

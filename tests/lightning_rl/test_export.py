@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lightning_rl.cli.export import export_checkpoint
 from lightning_rl.core.inputs import sequence_inputs
 from lightning_rl.core.logprobs import policy_logprobs
+from lightning_rl.export import export_checkpoint
 from tests.support.checkpoints import (
     check_a_crafted_checkpoint_is_refused_without_running_its_code,
 )

@@ -208,7 +208,7 @@ def test_validation_before_after_and_validate_beside_its_fit(tmp_path, tiny_mode
 
 
 def test_version_folders_are_claimed_exclusively(tmp_path):
-    from lightning_rl.loop.runs import claim_version
+    from lightning_rl.runs import claim_version
 
     (tmp_path / "version_0").mkdir()
     (tmp_path / "version_2").mkdir()

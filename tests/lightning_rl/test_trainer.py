@@ -12,9 +12,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import lightning_rl
+from lightning_rl.callbacks.progress import RLProgressBar
 from lightning_rl.checkpoint import AtomicCheckpointIO
 from lightning_rl.cli import DEFAULT_TRAINER_CONFIG, main
-from lightning_rl.cli.progress import RLProgressBar
 
 REPO = Path(__file__).parents[2]
 
@@ -46,7 +46,7 @@ def test_the_python_trainer_is_the_one_the_cli_builds(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(
         "TTY_COMPATIBLE", "1"
-    )  # a terminal's bar (in a log file: lightning_rl.cli.progress.LineProgress)
+    )  # a terminal's bar (in a log file: lightning_rl.callbacks.progress.LineProgress)
     cli = main(
         ["--config", DEFAULT_TRAINER_CONFIG, "--config", str(REPO / "configs" / "grpo.yaml")], run=False
     )  # a run named grpo

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_rl.cli.export import export_checkpoint
+from lightning_rl.export import export_checkpoint
 
 
 class Payload:

@@ -11,7 +11,7 @@ from components.env import Environment, Step
 from components.rollout import MultiTurnRollout, Rollout
 from components.rollout.base import response_mask_from_eos
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 from tests.helpers import prompts
 
 

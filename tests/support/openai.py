@@ -7,7 +7,7 @@ import torch
 from components.rollout import Rollout
 from components.rollout.base import response_mask_from_eos
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 
 HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>'
 # the model's turns, by the number of tool results already in its context

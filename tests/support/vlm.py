@@ -1,4 +1,4 @@
-"""Sampled VLM batches shared by the vision-language tests (tests/lightning_rl/test_vlm_exactness.py, test_vlm_update.py),
+"""Sampled VLM batches shared by the vision-language tests (tests/lightning_rl/loop/test_vlm_exactness.py, test_vlm_update.py),
 image files for the data tests (test_vlm_data.py) and the prompt-id check against transformers' own Qwen2-VL processor
 (test_vision.py); the fault matrix runs the last two too."""
 

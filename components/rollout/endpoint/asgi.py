@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .server import BACKLOG, ROUTES, Endpoint, error, parse_json, split_path
+from .wire import BACKLOG, ROUTES, error, parse_json, split_path
 
 CLOSE = {"connection": "close"}
 """On an answer to a client that is not the run's (or has stalled): closed with its body unread. A refusal to the
@@ -42,8 +42,8 @@ class _Protocol(H11Protocol):
             self.transport.close()
 
 
-def serve(endpoint: Endpoint, sock: socket.socket) -> uvicorn.Server:
-    """A uvicorn server of ``endpoint`` on the listening ``sock`` (not started: ``.run(sockets=[sock])``)."""
+def serve(endpoint, sock: socket.socket) -> uvicorn.Server:
+    """A uvicorn server of ``endpoint`` (an `Endpoint` of server.py, which imports this module when it starts) on the listening ``sock`` (not started: ``.run(sockets=[sock])``)."""
     limits = endpoint.limits
     app = _App(endpoint)
     config = uvicorn.Config(
@@ -69,7 +69,7 @@ def serve(endpoint: Endpoint, sock: socket.socket) -> uvicorn.Server:
 class _App:
     """The ASGI application: one JSON answer per request."""
 
-    def __init__(self, endpoint: Endpoint):
+    def __init__(self, endpoint):
         self.endpoint = endpoint
 
     async def __call__(self, scope, receive, send) -> None:

@@ -34,7 +34,7 @@ from ..episode import left_pad, token_versions
 from ..interrupt import SamplingInterrupted, interruptible
 from .conversation import ContextFull, Conversation, RowLimit
 from .replies import BadRequest, call_limits, chat_answer, chat_message, completion_answer
-from .server import answered, error
+from .wire import answered, error
 
 
 @dataclass

@@ -21,7 +21,6 @@ retry it (http_client.py).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import resource
 import secrets
@@ -32,12 +31,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
+from .wire import BACKLOG
+
 Handler = Callable[[str, dict], Future]
 """(route: ``chat.completions`` or ``completions``, the request's JSON body) -> a future of (HTTP status, JSON answer)."""
 
-ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
-BACKLOG = 4096
-"""Connections the kernel queues before the server accepts them (every episode of a round connects at once)."""
 OPEN_FILES = 65536
 """The soft limit on open files the endpoint raises the process's to (within the hard limit): a round of N episodes
 holds 2N sockets in the trainer, client and server ends, and 1,024 is a common default."""
@@ -63,24 +61,6 @@ class EndpointLimits:
             raise ValueError(f"EndpointLimits: sizes and timeouts must be > 0, got {self}")
         if self.max_connections < 1 or self.max_requests_in_flight < 1:
             raise ValueError(f"EndpointLimits: max_connections and max_requests_in_flight must be >= 1, got {self}")
-
-
-def error(status: int, message: str, code: str | None = None) -> tuple[int, dict]:
-    kind = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        404: "not_found_error",
-        413: "invalid_request_error",
-        429: "rate_limit_error",
-    }.get(status, "server_error")
-    return status, {"error": {"message": message, "type": kind, "code": code, "param": None}}
-
-
-def answered(status: int, payload: dict) -> Future:
-    """A future already holding its answer (a call refused before it reaches the driver)."""
-    future: Future = Future()
-    future.set_result((status, payload))
-    return future
 
 
 class Endpoint:
@@ -140,23 +120,6 @@ class Endpoint:
         if self._thread.is_alive():
             self._server.force_exit = True
             self._thread.join(timeout=5)
-
-
-def split_path(path: str) -> tuple[str, str]:
-    """``/<episode>/v1/...`` -> (episode, ``/v1/...``)."""
-    episode, _, rest = path.lstrip("/").partition("/")
-    return episode, "/" + rest
-
-
-def parse_json(body: bytes) -> dict | tuple[int, dict]:
-    """The request body as a JSON object, or the 400 answer saying why it is not one."""
-    try:
-        request = json.loads(body or b"{}")
-    except ValueError as err:
-        return error(400, f"the request body is not JSON: {err}")
-    if not isinstance(request, dict):
-        return error(400, "the request body must be a JSON object")
-    return request
 
 
 def _raise_open_file_limit() -> None:

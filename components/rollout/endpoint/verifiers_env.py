@@ -19,6 +19,7 @@ import signal
 from typing import Any
 
 from lightning_rl.core.errors import ConfigError, import_object
+from lightning_rl.core.sources import row_source
 
 from .agent import OpenAIAgent
 from .server import EndpointLimits
@@ -158,6 +159,7 @@ def episode_input(env, row: dict) -> dict:
     }
 
 
+@row_source("verifiers")  # the data source this component brings
 def verifiers_rows(source: str, split: str) -> list[dict]:
     """``verifiers:<module.fn>[?json env_args]``: the environment's dataset (train) or eval dataset (test) as rows
     with the prompt's last user text (what the samples table shows), the answer and the whole input."""

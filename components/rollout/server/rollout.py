@@ -18,7 +18,7 @@ from typing import ClassVar, Literal
 from torch import nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
-from lightning_rl.core.sampling import SamplingParams
+from lightning_rl.core.sampling_params import SamplingParams
 
 from ..base import Rollout, configured_params
 from .connection import Connection
