@@ -48,8 +48,12 @@ test: $(STAMP) $(VLLM_STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow and not server"
 
+# the documentation site in site/ (mkdocs.yml is strict: a broken link or anchor, or a page left out, fails it)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install vllm-env run test test-fast lint
+.PHONY: install vllm-env run test test-fast lint docs
