@@ -54,6 +54,7 @@ RUN = {
     ("docs/servers.md", "On a CPU, without SGLang", 0): "test_the_asynchronous_cpu_route_as_printed",
     ("docs/development.md", "Some tests, in one process", 0): "test_some_tests_in_one_process_as_printed",
     ("docs/development.md", "The documentation is these pages", 0): "test_the_docs_build_strict",
+    ("docs/reference.md", "## Components", 0): "test_the_reference_lists_the_components_lightning_rl_components_prints",
 }
 """(page, text before the block, which ```bash block after that text) -> the test that runs it."""
 
@@ -429,8 +430,9 @@ def test_the_docs_build_strict(tmp_path):
 def test_the_reference_lists_the_components_lightning_rl_components_prints(capsys, monkeypatch):
     from lightning_rl.cli import entry
 
+    (command,) = bash_block("docs/reference.md", "## Components", 0)
     documented = re.search(r"prints\n\n```text\n(.*?)```", _text("docs/reference.md"), flags=re.S).group(1)
-    monkeypatch.setattr("sys.argv", ["lightning-rl", "components"])
+    monkeypatch.setattr("sys.argv", shlex.split(command))
     monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to its end
     entry()
     assert documented == capsys.readouterr().out
