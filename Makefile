@@ -36,6 +36,7 @@ vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
+	@echo "lightning-rl is installed in $(VENV): after 'source $(VENV)/bin/activate' (once per shell) the commands of README.md and docs/ run as printed"
 
 # the tests run on WORKERS processes (pytest-xdist; auto: one per core, 0: in this process; the tests sharing a module
 # fixture on one of them: tests/support/tiers.py); `make test-fast` is the inner loop: no end-to-end run, no server
