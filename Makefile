@@ -36,6 +36,7 @@ vllm-env: $(VLLM_STAMP)
 
 run: $(STAMP)
 	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
+	@echo "lightning-rl is installed in $(VENV): after 'source $(VENV)/bin/activate' (once per shell) the commands of README.md and docs/ run as printed"
 
 # the tests run on WORKERS processes (pytest-xdist; auto: one per core, 0: in this process; the tests sharing a module
 # fixture on one of them: tests/support/tiers.py); `make test-fast` is the inner loop: no end-to-end run, no server
@@ -48,8 +49,12 @@ test: $(STAMP) $(VLLM_STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow and not server"
 
+# the documentation site in site/ (mkdocs.yml is strict: a broken link or anchor, or a page left out, fails it)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install vllm-env run test test-fast lint
+.PHONY: install vllm-env run test test-fast lint docs

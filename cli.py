@@ -1,5 +1,5 @@
 """`python cli.py fit --config configs/grpo.yaml`: the same CLI as the `lightning-rl` console script (`fit`, `validate`,
-`--dry_run`, `export`, `components`), without installing it."""
+`distill`, `sft`, `reward-model`, `export`, `components`, `--dry_run`), without installing it."""
 
 from lightning_rl.cli import entry
 

@@ -1,4 +1,4 @@
-"""Regenerate the README's screenshots from a real run of the default job (what `make run` runs):
+"""Regenerate the screenshots of docs/getting-started.md from a real run of the default job (what `make run` runs):
 
     docs/console.svg       the terminal when the job ends (the job run in a pseudo-terminal, its bytes replayed
                            through a terminal emulator, the final screen saved by rich with its colours)

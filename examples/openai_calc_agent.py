@@ -3,7 +3,7 @@ model, runs the calculator the model calls, sends the result back, and returns t
 
 Trained by configs/openai_agent.yaml (the trainer hands it a client pointed at its own loopback endpoint):
 
-    python -m lightning_rl.cli fit --config configs/openai_agent.yaml
+    lightning-rl fit --config configs/openai_agent.yaml
 """
 
 from __future__ import annotations

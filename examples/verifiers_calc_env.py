@@ -1,7 +1,7 @@
 """A verifiers environment, as it would run under any verifiers trainer: 3-digit x 2-digit products with a calculator
 tool (`ToolEnv`) and a Rubric that gives 1 for the exact product. components.rollout.VerifiersAgent trains a policy on
 it through the trainer's endpoint, the Rubric's reward as the training reward (components.reward.ResultScore): the
-README's verifiers section stacks its config on configs/openai_agent.yaml. ``data.train_data:
+docs/agents.md's verifiers section stacks its config on configs/openai_agent.yaml. ``data.train_data:
 verifiers:examples.verifiers_calc_env.load_environment`` reads the environment's own dataset (``?{"seed":1}`` passes
 keyword arguments: other problems, for validation).
 """

@@ -1,4 +1,5 @@
-"""`make TORCH=... run` installs that torch build into an existing `.venv`: the install stamp names the torch spec."""
+"""`make TORCH=... run` installs that torch build into an existing `.venv`: the install stamp names the torch spec; `make
+run` ends saying how to put lightning-rl on the path; `make docs` builds the site strict, and CI runs it."""
 
 import re
 import shutil
@@ -65,3 +66,19 @@ def test_the_test_targets_workers_keep_a_group_on_one_worker(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     workers = (tmp_path / "workers.txt").read_text().split()
     assert len(workers) == 6 and len(set(workers)) == 1, workers
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_run_ends_saying_how_to_activate_and_docs_build_strict_in_ci():
+    def plan(target: str) -> str:
+        command = ["make", "--no-print-directory", "-n", "-C", str(ROOT), target]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+    assert "source .venv/bin/activate" in plan("run")
+    assert ".venv/bin/mkdocs build --strict" in plan("docs")
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert [line.split("#")[0].strip() for line in ci if line.startswith("make ")] == [
+        "make lint",
+        "make docs",
+        "make test",
+    ]

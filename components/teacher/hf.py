@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.errors import ConfigError
 from lightning_rl.core.logprobs import response_logits, sampled_logprobs
 from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm, load_tokenizer
 
@@ -70,7 +71,7 @@ class HFTeacher(Teacher, nn.Module):
             return
         reason = tokenizer_mismatch(tokenizer, load_tokenizer(self.path, f"{KEY}.path"))
         if reason is not None:
-            raise ValueError(
+            raise ConfigError(
                 f"{KEY}.path: the teacher's tokenizer ({self.path}) differs from the policy's: {reason}. The teacher "
                 "scores the policy's token ids as they are: use a teacher trained with the policy's tokenizer"
             )

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from components.rollout.server.engine import ScoringEngine
 from components.rollout.server.http import ServerError
+from lightning_rl.core.errors import ConfigError
 from lightning_rl.core.models import load_tokenizer
 
 from .base import tokenizer_mismatch
 
 
 def check_served_tokenizer(student, engine: ScoringEngine, url: str, named: str | None, key: str) -> None:
-    """Raise ValueError with the reason when the teacher served at ``url`` reads ``student``'s ids otherwise.
+    """Raise `ConfigError` with the reason when the teacher served at ``url`` reads ``student``'s ids otherwise.
 
     ``named``: the teacher's tokenizer as the config names it (``tokenizer``, or the checkpoint ``launch`` serves);
     None: the one the server names, when this machine can load it, else the server's ``/tokenize``."""
@@ -33,7 +34,7 @@ def check_served_tokenizer(student, engine: ScoringEngine, url: str, named: str 
     else:
         reason, source = _served_vocabulary(student, engine, url, path, key), f"{url}/tokenize"
     if reason is not None:
-        raise ValueError(
+        raise ConfigError(
             f"{key}: the teacher's tokenizer ({source}) differs from the policy's: {reason}. The teacher scores the "
             "policy's token ids as they are: serve a teacher trained with the policy's tokenizer"
         )
@@ -49,10 +50,12 @@ def _served_vocabulary(student, engine: ScoringEngine, url: str, path: str | Non
     try:
         theirs = [engine.tokenize(url, text) for _, text in sample]
     except ServerError as err:
-        raise ValueError(f"{cannot} failed ({err}). {fix}") from None
+        raise ConfigError(f"{cannot} failed ({err}). {fix}") from None
     reason, read = served_vocabulary_mismatch(sample, theirs)
     if reason is None and read < len(sample) / 2:
-        raise ValueError(f"{cannot} reads only {read} of {len(sample)} of the policy's tokens as one token each. {fix}")
+        raise ConfigError(
+            f"{cannot} reads only {read} of {len(sample)} of the policy's tokens as one token each. {fix}"
+        )
     return reason
 
 

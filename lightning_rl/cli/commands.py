@@ -1,6 +1,9 @@
-"""`lightning-rl` / `python cli.py`: LightningCLI over `RLModule` and `PromptDataModule`.
+"""`lightning-rl` / `python cli.py`: LightningCLI over `RLModule` and `PromptDataModule`, and one subcommand per job.
 
     lightning-rl fit                                   # the embedded default: GRPO on builtin:arithmetic
+    lightning-rl distill                               # fit on configs/distill.yaml, a --config stacking on it
+    lightning-rl sft --config configs/sft.yaml         # supervised fine-tuning (lightning_rl.recipes.sft)
+    lightning-rl reward-model --config configs/reward_model.yaml   # a Bradley-Terry reward model
     lightning-rl fit --config configs/grpo.yaml --config configs/strategy/ddp.yaml
     lightning-rl fit --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt   # continues that run
     lightning-rl validate --config configs/grpo.yaml --ckpt_path runs/grpo/latest/checkpoints/last.ckpt
@@ -66,8 +69,28 @@ from lightning_rl.run_setup import (  # noqa: E402
 )
 from lightning_rl.runs import claim_file, run_folder  # noqa: E402
 
-COMPONENTS_HELP = "List every component a config can name, by kind, with the first line of its formula"
-EXPORT_HELP = "Write a checkpoint as Hugging Face model folders: lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)"
+DISTILL_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "distill.yaml"
+"""`lightning-rl distill`'s base config: the repository's configs/distill.yaml (an editable install's checkout)."""
+SUBCOMMANDS = {
+    "fit": "Train with RL: a preset (--config) or GRPO by default",
+    "validate": "Score a checkpoint (--ckpt_path) on held-out data",
+    "distill": "On-policy distillation: fit on configs/distill.yaml",
+    "sft": "Supervised fine-tuning: the warm start of an RL run",
+    "reward-model": "Train a Bradley-Terry reward model on preference pairs",
+    "export": "Write a checkpoint as Hugging Face model folders",
+    "components": "List every component a config can name",
+}
+"""`lightning-rl --help`: each subcommand in one line of an 80-column terminal."""
+DESCRIPTIONS = {
+    "distill": "fit with configs/distill.yaml as the base config: --config files and flags stack on it "
+    "(lightning-rl distill --config configs/teacher/vllm.yaml); lightning-rl distill --help lists every option",
+    "sft": "lightning-rl sft [fit|validate] --config configs/sft.yaml ... (fit when neither is given); "
+    "lightning-rl sft --help lists every option",
+    "reward-model": "lightning-rl reward-model [fit|validate] --config configs/reward_model.yaml ... (fit when neither "
+    "is given); lightning-rl reward-model --help lists every option",
+    "export": "lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)",
+    "components": "Every component a config can name, by kind, with the first line of its formula",
+}
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
 NEW_RUN_HELP = (
     "With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
@@ -227,11 +250,12 @@ class RLCLI(RunCLI):
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
-        export = self.parser_class(description=EXPORT_HELP)  # listed in --help; `entry` runs it (lightning_rl.export)
-        parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
-        parser._subcommands_action.add_subcommand(
-            "components", self.parser_class(description=COMPONENTS_HELP), help=COMPONENTS_HELP
-        )
+        subcommands = parser._subcommands_action
+        for choice in subcommands._choices_actions:  # Lightning's help is the Trainer method's ("Runs the full ...")
+            choice.help = SUBCOMMANDS[choice.dest]
+        # listed in --help, each with a parser of its own; `entry` runs them (the recipes' and lightning_rl.cli's modules)
+        for name, description in DESCRIPTIONS.items():
+            subcommands.add_subcommand(name, self.parser_class(description=description), help=SUBCOMMANDS[name])
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -349,16 +373,45 @@ def entry() -> None:
 
 
 def _lightning_rl() -> None:
-    if sys.argv[1:2] == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
+    command, rest = sys.argv[1:2], sys.argv[2:]
+    if command == ["export"]:  # not a Trainer subcommand: checkpoint -> Hugging Face folders
         from lightning_rl.cli.export import main as export
 
-        export(sys.argv[2:])
-    elif sys.argv[1:2] == ["components"]:  # every component a config can name, with its formula's first line
+        export(rest)
+    elif command == ["components"]:  # every component a config can name, with its formula's first line
         from lightning_rl.cli.catalog import main as components
 
         components()
+    elif command == ["sft"]:
+        from lightning_rl.recipes.sft import main as sft
+
+        _as_argv(_fit_unless_validate(rest))  # LightningCLI reads sys.argv (given args beside it, it warns)
+        sft(prog="lightning-rl sft")
+    elif command == ["reward-model"]:
+        from lightning_rl.recipes.reward_model import main as reward_model
+
+        _as_argv(_fit_unless_validate(rest))
+        reward_model(prog="lightning-rl reward-model")
+    elif command == ["distill"]:
+        if not DISTILL_CONFIG.is_file():
+            raise FileNotFoundError(
+                f"lightning-rl distill starts from {DISTILL_CONFIG}, which this installation lacks: install lightning-rl "
+                "from its repository (pip install -e .), or run lightning-rl fit --config <your copy of distill.yaml>"
+            )
+        _as_argv(["fit", "--config", str(DISTILL_CONFIG), *rest])
+        main()
     else:
         main()
+
+
+def _as_argv(args: list[str]) -> None:
+    sys.argv[1:] = args
+
+
+def _fit_unless_validate(args: list[str]) -> list[str]:
+    """A recipe's arguments with its Trainer subcommand: ``fit`` unless ``fit`` or ``validate`` comes first
+    (``lightning-rl sft --config configs/sft.yaml`` trains)."""
+    return args if args[:1] in (["fit"], ["validate"]) else ["fit", *args]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Train the reward model PPO-RLHF needs, from preference pairs (Bradley-Terry).
 
-    python -m lightning_rl.recipes.reward_model fit --config configs/reward_model.yaml
-    python -m lightning_rl.recipes.reward_model fit --config configs/reward_model.yaml --data.train_data prefs.jsonl \\
+    lightning-rl reward-model --config configs/reward_model.yaml   # or: python -m lightning_rl.recipes.reward_model fit ...
+    lightning-rl reward-model --config configs/reward_model.yaml --data.train_data prefs.jsonl \\
         --data.val_data prefs_test.jsonl --data.columns '{prompt: question, chosen: good, rejected: bad}'
 
 Loss (Ouyang et al. 2022, arXiv:2203.02155, eq. 1, one pair at a time instead of all K-choose-2
@@ -145,11 +145,15 @@ class RewardModelCLI(LightningCLI):
         parser.link_arguments("model.path", "data.tokenizer")  # pairs are tokenised with the model's tokenizer
 
 
-def main(args: list[str] | None = None, run: bool = True) -> RewardModelCLI:
+def main(
+    args: list[str] | None = None, run: bool = True, prog: str = "python -m lightning_rl.recipes.reward_model"
+) -> RewardModelCLI:
+    """``lightning-rl reward-model [fit|validate] ...`` and ``python -m lightning_rl.recipes.reward_model fit|validate
+    ...``; ``prog`` is the command its help names."""
     return RewardModelCLI(
         BradleyTerryRewardModel,
         PairDataModule,
-        parser_kwargs={"parser_mode": "omegaconf+"},
+        parser_kwargs={"parser_mode": "omegaconf+", "prog": prog},
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,

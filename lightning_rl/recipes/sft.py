@@ -1,7 +1,7 @@
 """Supervised fine-tuning (SFT) on prompt + completion rows: the warm start every RL run starts from.
 
-    python -m lightning_rl.recipes.sft fit --config configs/sft.yaml
-    python -m lightning_rl.recipes.sft fit --config configs/sft.yaml --data.train_data mine.jsonl \\
+    lightning-rl sft --config configs/sft.yaml          # or: python -m lightning_rl.recipes.sft fit --config ...
+    lightning-rl sft --config configs/sft.yaml --data.train_data mine.jsonl \\
         --data.val_data mine_test.jsonl --data.columns '{prompt: question, completion: solution}'
     lightning-rl export runs/sft/latest/checkpoints/last.ckpt runs/sft/hf   # policy/: model.policy.path of an RL run
 
@@ -157,9 +157,10 @@ class SupervisedFineTuning(LightningModule):
         }  # `lightning-rl export`
 
 
-def main(args: list[str] | None = None, run: bool = True):
-    """``python -m lightning_rl.recipes.sft fit|validate ...``: `RunCLI` (the run folders, console and checkpoints of
-    `lightning-rl fit`) over `SupervisedFineTuning` and `PromptDataModule`."""
+def main(args: list[str] | None = None, run: bool = True, prog: str = "python -m lightning_rl.recipes.sft"):
+    """``lightning-rl sft [fit|validate] ...`` and ``python -m lightning_rl.recipes.sft fit|validate ...``: `RunCLI`
+    (the run folders, console and checkpoints of `lightning-rl fit`) over `SupervisedFineTuning` and `PromptDataModule`;
+    ``prog`` is the command its help and errors name."""
     from lightning_rl.cli.commands import RunCLI, build_cli
 
     class SFTCLI(RunCLI):
@@ -168,7 +169,7 @@ def main(args: list[str] | None = None, run: bool = True):
     return build_cli(
         SFTCLI,
         SupervisedFineTuning,
-        "python -m lightning_rl.recipes.sft",
+        prog,
         "Supervised fine-tuning on prompt + completion rows (the warm start of an RL run).",
         args,
         run,

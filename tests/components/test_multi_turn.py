@@ -274,17 +274,17 @@ def test_episode_metrics_by_hand():
     }
 
 
-def test_the_readmes_custom_environment_runs(tokenizer):
-    # README "Agents and tools": the GuessTheNumber example, as printed, drives an episode
+def test_the_docs_custom_environment_runs(tokenizer):
+    # docs/agents.md, "Multi-turn episodes": the GuessTheNumber example, as printed, drives an episode
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "agents.md").read_text()
     (code,) = [
-        block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "class GuessTheNumber" in block
+        block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "class GuessTheNumber" in block
     ]
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/agents.md", "exec"), namespace)
     eos, enc = tokenizer.eos_token_id, lambda s: tokenizer.encode(s, add_special_tokens=False)
     sampler = Scripted([[enc("5") + [eos]], [enc("9") + [eos]], [enc("7") + [eos]]], eos)
     agent = make_agent(namespace["GuessTheNumber"](), tokenizer, sampler, max_turns=3)

@@ -113,7 +113,7 @@ def test_resuming_a_runs_checkpoint_through_latest_continues_that_run(tmp_path, 
     run_cli("fit", _args(tmp_path, tiny_model_path, 2))
     runs = tmp_path / "exp_a"
     config = (runs / "version_0" / "config.yaml").read_text()
-    # the README's resume command: --ckpt_path through latest/, read before anything moves
+    # the resume command of docs/getting-started.md: --ckpt_path through latest/, read before anything moves
     run_cli("fit", _args(tmp_path, tiny_model_path, 4, f"--ckpt_path={runs}/latest/checkpoints/last.ckpt"))
     assert sorted(p.name for p in runs.iterdir()) == ["latest", "version_0"]  # the same run, not a new version
     assert _step(runs / "version_0" / "checkpoints" / "last.ckpt") == 4

@@ -265,6 +265,64 @@ def test_components_lists_every_kind_with_its_formula(monkeypatch, capsys):
     assert "model.aggregator:" in out and "(1/N) sum_i (1/|o_i|) sum_t l_it" in out
 
 
+def _printed_config(monkeypatch, capsys, run, argv: list[str]) -> str:
+    """What ``run()`` prints with ``argv`` as the command line (``--print_config`` exits 0), run from the repository."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to the end of it
+    with pytest.raises(SystemExit) as done:
+        run()
+    assert done.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "subcommand, module, args, says",
+    [
+        ("fit", "lightning_rl.cli", ["fit"], "class_path: components.advantage.GroupNormalized"),
+        ("sft", "lightning_rl.recipes.sft", ["fit", "--config", "configs/sft.yaml"], "completion_key: completion"),
+        (
+            "reward-model",
+            "lightning_rl.recipes.reward_model",
+            ["fit", "--config", "configs/reward_model.yaml"],
+            "output_dir: runs/reward_model/final",
+        ),
+    ],
+)
+def test_each_job_is_a_subcommand_and_its_python_m_form_keeps_working(
+    monkeypatch, capsys, subcommand, module, args, says
+):
+    """`lightning-rl sft ...` is `python -m lightning_rl.recipes.sft fit ...` (fit when neither fit nor validate is
+    given), `lightning-rl reward-model ...` the reward model's; the `python -m` forms run as they did."""
+    import runpy
+
+    from lightning_rl.cli import entry
+
+    def as_main():
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+    old = _printed_config(monkeypatch, capsys, as_main, [module, *args, "--print_config"])
+    new = _printed_config(monkeypatch, capsys, entry, ["lightning-rl", subcommand, *args[1:], "--print_config"])
+    assert says in old and new == old
+
+
+def test_distill_is_fit_on_the_distillation_recipe_with_the_users_config_stacked_on_it(monkeypatch, capsys, tmp_path):
+    from lightning_rl.cli import entry
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  optimizer: {lr: 1.0e-5}\n")
+    distill = _printed_config(
+        monkeypatch, capsys, entry, ["lightning-rl", "distill", "--config", str(mine), "--print_config"]
+    )
+    fit = _printed_config(
+        monkeypatch,
+        capsys,
+        entry,
+        ["lightning-rl", "fit", "--config", "configs/distill.yaml", "--config", str(mine), "--print_config"],
+    )
+    assert distill == fit and "class_path: components.teacher.HFTeacher" in fit and "lr: 1.0e-05" in fit
+
+
 def test_gpu_accelerator_on_cpu_torch_says_how_to_install_cuda(tmp_path, tiny_model_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU host
     with pytest.raises(SystemExit, match="Install the CUDA build"):

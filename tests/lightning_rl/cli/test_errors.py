@@ -425,6 +425,28 @@ def test_a_verifiers_agent_on_a_policy_without_a_chat_template_is_refused_at_set
     )
 
 
+def test_a_teacher_whose_tokenizer_differs_is_one_line_with_the_fix(monkeypatch, capsys):
+    """`lightning-rl distill` with a teacher of another vocabulary: refused when the models are built, in one line
+    naming the key, both vocabularies and the fix (it was a ValueError's traceback)."""
+    from lightning_rl.cli import entry
+
+    monkeypatch.chdir(ROOT)
+    argv = ["lightning-rl", "distill", "--model.teacher.init_args.path=lightning_rl/assets/tiny-calc", *QUICK]
+    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to the end of it
+    monkeypatch.delenv("LIGHTNING_RL_DEBUG", raising=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        entry()
+    printed = capsys.readouterr()
+    lines = [line for line in (printed.out + printed.err).splitlines() if line.strip()]
+    assert exit_.value.code == 1 and lines == [
+        "error: model.teacher.init_args.path: the teacher's tokenizer (lightning_rl/assets/tiny-calc) differs from the "
+        "policy's: its vocabulary has 22 tokens, the policy's 18 (the teacher's has tokens the policy never samples). "
+        "The teacher scores the policy's token ids as they are: use a teacher trained with the policy's tokenizer"
+    ]
+
+
 @pytest.mark.parametrize(
     "path, closest",
     [

@@ -128,12 +128,13 @@ def test_a_two_turn_agent_fits_the_presets_token_limit_and_the_run_says_where_it
 
 
 @pytest.mark.slow
-def test_the_readmes_verifiers_example_trains_and_validates_on_other_problems(tmp_path):
+@pytest.mark.server
+def test_the_docs_verifiers_example_trains_and_validates_on_other_problems(tmp_path):
     pytest.importorskip("verifiers")
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("A small one, `examples/verifiers_calc_env.py`") :]
+    page = (REPO / "docs" / "agents.md").read_text()
+    section = page[page.index("An example environment ships in") :]
     shown = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
-    assert shown in (REPO / "examples/verifiers_calc_env.py").read_text()  # the README shows the file as it is
+    assert shown in (REPO / "examples/verifiers_calc_env.py").read_text()  # the page shows the file as it is
     config = tmp_path / "verifiers_calc.yaml"
     config.write_text(re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1))
     cli = _fit(tmp_path, str(config), extra=["--trainer.max_steps", "2", "--data.val_size", "16"])
