@@ -37,6 +37,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("cli", ["lightning_rl.cli"]),  # lightning-rl; the library never imports it
     ("recipes", ["lightning_rl.recipes"]),  # programs with a command line of their own (sft, reward model)
+    # `lightning-rl` (and `python -m lightning_rl.cli`): a subcommand per job, over the CLI and the recipes
+    ("command", ["lightning_rl.command", "lightning_rl.cli.__main__"]),
 ]
 """The order of layers, first to last."""
 
@@ -115,12 +117,14 @@ def test_each_module_imports_only_its_layer_and_the_layers_before_it():
 
 def test_the_library_never_imports_the_cli():
     cli = [i for i, (name, _) in enumerate(LAYERS) if name == "cli"][0]
-    assert [name for name, _ in LAYERS[cli + 1 :]] == ["recipes"]  # programs with their own command line only
+    # above the CLI only programs: the recipes' and `lightning-rl` itself
+    assert [name for name, _ in LAYERS[cli + 1 :]] == ["recipes", "command"]
     bad = [
         f"{module} imports {target}"
         for module, edges in _graph().items()
         for target, _ in edges
-        if target.startswith("lightning_rl.cli") and not module.startswith(("lightning_rl.cli", "lightning_rl.recipes"))
+        if target.startswith("lightning_rl.cli")
+        and not module.startswith(("lightning_rl.cli", "lightning_rl.recipes", "lightning_rl.command"))
     ]
     assert not bad, "\n".join(bad)
 

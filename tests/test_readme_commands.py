@@ -133,7 +133,7 @@ def run(monkeypatch, capsys):
     def run_(command: str, via_shim: bool = False) -> str:
         argv, env = _argv(command, via_shim)
         if argv[1:3] == ["-m", "lightning_rl.cli"] and "configs/strategy/" not in command:
-            from lightning_rl.cli import entry
+            from lightning_rl.command import entry
 
             for name, value in env.items():
                 monkeypatch.setenv(name, value)
@@ -434,7 +434,7 @@ def test_the_docs_build_strict(tmp_path):
 
 
 def test_the_reference_lists_the_components_lightning_rl_components_prints(capsys, monkeypatch):
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     (command,) = bash_block("docs/reference.md", "## Components", 0)
     documented = re.search(r"prints\n\n```text\n(.*?)```", _text("docs/reference.md"), flags=re.S).group(1)

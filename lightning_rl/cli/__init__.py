@@ -1,6 +1,6 @@
-"""`lightning-rl` and `python cli.py`: the command line (fit, validate, distill, sft, reward-model, export, components,
---dry_run), the progress bar and the run folders."""
+"""The command line under `lightning-rl` (lightning_rl.command): fit, validate, --dry_run, export, components; the
+progress bar and the run folders."""
 
-from lightning_rl.cli.commands import DEFAULT_TRAINER_CONFIG, entry, main
+from lightning_rl.cli.commands import DEFAULT_TRAINER_CONFIG, main
 
-__all__ = ["DEFAULT_TRAINER_CONFIG", "entry", "main"]
+__all__ = ["DEFAULT_TRAINER_CONFIG", "main"]

@@ -57,7 +57,7 @@ def test_exported_policy_reloads_with_the_same_logprobs(grpo_run, tiny_model_pat
 
 @pytest.mark.slow
 def test_export_command_and_dtype(grpo_run, tmp_path, monkeypatch, capsys):
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     _, root = grpo_run
     monkeypatch.setattr(

@@ -92,7 +92,7 @@ def install() -> None:
     _watch(socket.socket, "listen", "server", _on_a_port)
 
 
-SERVING_FIXTURES = {"server"}
+SERVING_FIXTURES = {"server", "loopback"}
 """Fixtures that start a server: the tests that ask for one are marked ``server``."""
 
 

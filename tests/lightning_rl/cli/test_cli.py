@@ -203,7 +203,7 @@ def test_fit_help_documents_the_loop_and_optimizer_options(capsys):
 
 
 def _entry(monkeypatch, capsys, *argv) -> str:
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     monkeypatch.setattr("sys.argv", ["lightning-rl", *argv])
     monkeypatch.setattr("sys.path", list(sys.path))  # entry() moves the working folder to the end of it
@@ -296,7 +296,7 @@ def test_each_job_is_a_subcommand_and_its_python_m_form_keeps_working(
     given), `lightning-rl reward-model ...` the reward model's; the `python -m` forms run as they did."""
     import runpy
 
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     def as_main():
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -307,7 +307,7 @@ def test_each_job_is_a_subcommand_and_its_python_m_form_keeps_working(
 
 
 def test_distill_is_fit_on_the_distillation_recipe_with_the_users_config_stacked_on_it(monkeypatch, capsys, tmp_path):
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     mine = tmp_path / "mine.yaml"
     mine.write_text("model:\n  optimizer: {lr: 1.0e-5}\n")

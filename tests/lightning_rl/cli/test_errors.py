@@ -38,7 +38,7 @@ def lightning_rl(monkeypatch, capsys):
     """``lightning-rl fit ARGS`` as its console script runs it (from the repository folder unless ``cwd``): its exit
     status and its one error line, checked to be the whole of what it printed (a parser error adds the pointer to
     ``--help``)."""
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     def run(*args: str, cwd: Path = ROOT) -> tuple[int, str]:
         monkeypatch.chdir(cwd)
@@ -112,7 +112,7 @@ def test_a_row_without_its_prompt_names_the_file_line_and_column(tmp_path, tiny_
 
 
 def test_a_bad_row_is_one_line_from_the_command_line(tmp_path, tiny_model_path, monkeypatch, capsys):
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": 7, "answer": "4"}])
     args = cli_args(
@@ -428,7 +428,7 @@ def test_a_verifiers_agent_on_a_policy_without_a_chat_template_is_refused_at_set
 def test_a_teacher_whose_tokenizer_differs_is_one_line_with_the_fix(monkeypatch, capsys):
     """`lightning-rl distill` with a teacher of another vocabulary: refused when the models are built, in one line
     naming the key, both vocabularies and the fix (it was a ValueError's traceback)."""
-    from lightning_rl.cli import entry
+    from lightning_rl.command import entry
 
     monkeypatch.chdir(ROOT)
     argv = ["lightning-rl", "distill", "--model.teacher.init_args.path=lightning_rl/assets/tiny-calc", *QUICK]
