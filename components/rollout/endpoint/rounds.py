@@ -128,13 +128,18 @@ class Round:
         for episode in self.episodes:
             if episode.status != "running":
                 continue
-            if episode.future.done():
-                failure = episode.future.exception() if not episode.future.cancelled() else None
+            late = self.cancelled.is_set() or now > episode.deadline
+            failure = None
+            if episode.future.done() and not episode.future.cancelled():
+                failure = episode.future.exception()
+            # an agent that raised after its deadline most likely raised because of it (its sampler call was cut
+            # short when the round's last deadline passed): a timeout, not an error of the agent's own
+            if episode.future.done() and not (failure is not None and late):
                 episode.status, episode.error = (
                     ("error", f"{type(failure).__name__}: {failure}") if failure is not None else ("done", "")
                 )
                 episode.result = None if failure is not None else episode.future.result()
-            elif self.cancelled.is_set() or now > episode.deadline:
+            elif late:
                 episode.status = "cancelled" if self.cancelled.is_set() else "timeout"
                 episode.error = (
                     "the run stopped" if self.cancelled.is_set() else f"no result within {self.agent.timeout_s} s"
