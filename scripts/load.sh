@@ -8,7 +8,20 @@ set -euo pipefail
 LOAD=${LOAD:-2}
 PIDS=${PIDS:-${TMPDIR:-/tmp}/lightning_rl_load.$(id -u).pids}
 
+burner() {  # a process this script started: its command line is the busy loop
+    grep -qa 'while :; do :; done' "/proc/$1/cmdline" 2>/dev/null
+}
+
+running() {  # any process of $PIDS still running
+    local pid
+    while read -r pid; do burner "$pid" && return 0; done < "$PIDS"
+    return 1
+}
+
 start() {
+    if [[ -s $PIDS ]] && ! running; then
+        rm -f "$PIDS"  # left by processes that are gone (a reboot, a kill): nothing of ours runs
+    fi
     if [[ -s $PIDS ]]; then
         echo "load.sh: already running ($(tr '\n' ' ' < "$PIDS")); stop it first: bash scripts/load.sh stop" >&2
         exit 1
@@ -24,8 +37,7 @@ start() {
 stop() {
     [[ -f $PIDS ]] || { echo "load.sh: nothing to stop ($PIDS absent)"; return 0; }
     while read -r pid; do
-        # only a process this script started: its command line is the busy loop
-        if grep -qa 'while :; do :; done' "/proc/$pid/cmdline" 2>/dev/null; then kill "$pid"; fi
+        if burner "$pid"; then kill "$pid"; fi
     done < "$PIDS"
     rm -f "$PIDS"
     echo "load.sh: stopped"
