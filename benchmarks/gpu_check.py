@@ -45,7 +45,7 @@ from benchmarks._common import RESULT_PREFIX, ROOT, emit  # noqa: E402
 GPU_TESTS = [  # the most telling first: a part stopped by its budget still reports these
     "tests/components/test_sglang_colocated.py",
     "tests/lightning_rl/test_distributed_gpu.py",
-    "tests/lightning_rl/test_async.py",
+    "tests/lightning_rl/loop/test_async.py",
     "tests/test_presets.py",
     "tests/components/test_sglang_rollout.py",
 ]

@@ -83,3 +83,12 @@ def test_the_mfu_counts_every_linear_weight_once_by_hand():
         config = LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                              num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=tied)  # fmt: skip
         assert matmul_parameters(LlamaForCausalLM(config)) == 1040
+
+
+def test_every_test_the_check_runs_exists():
+    """Tests move (the layout of tests/ follows the package's): the device run must not spend its minutes on a path
+    that is gone."""
+    from benchmarks.gpu_check import CPU_TWINS, GPU_TESTS
+
+    root = Path(__file__).resolve().parents[1]
+    assert [t for t in GPU_TESTS + CPU_TWINS if not (root / t.split("::")[0]).is_file()] == []
