@@ -297,3 +297,34 @@ def test_sigterm_ends_a_round_sampling_at_once_and_is_not_trained():
         assert seen == [signal.SIGTERM]  # the handler that was there still runs
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_episode_that_raised_after_its_deadline_is_a_timeout_and_one_that_raised_before_is_an_error():
+    """When the round's last deadline passes, its sampler call is cut and the agents waiting on it raise: an agent
+    that raised past its own deadline is counted a timeout (under load the check could see its exception first and
+    count an error), one that raised within it an error of its own, one that returned late is done."""
+    import time
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from components.rollout.endpoint.rounds import EpisodeRun, Round
+
+    def episode(key: str, deadline: float, raised: Exception | None = None) -> EpisodeRun:
+        future = Future()
+        future.set_exception(raised) if raised is not None else future.set_result({"answer": "4"})
+        return EpisodeRun(key, {}, [1], conversation=None, deadline=deadline, future=future)
+
+    now = time.monotonic()
+    late, early, done_late = (
+        episode("late", now - 1.0, RuntimeError("the sampler call was cut")),
+        episode("early", now + 60.0, ValueError("the agent's own bug")),
+        episode("done_late", now - 1.0),
+    )
+    closed = []
+    agent = SimpleNamespace(timeout_s=1.0, endpoint=SimpleNamespace(close_episode=closed.append))
+    round_ = Round(agent, sampler=None, policy=None, params=None, episodes=[late, early, done_late])
+    assert round_._check() is False
+    assert (late.status, late.error) == ("timeout", "no result within 1.0 s")
+    assert (early.status, early.error) == ("error", "ValueError: the agent's own bug")
+    assert (done_late.status, done_late.result) == ("done", {"answer": "4"})
+    assert sorted(closed) == ["done_late", "early", "late"]
