@@ -376,8 +376,9 @@ def test_sandbox_memory():
 
     answers = check_memory_outside_the_address_space_is_bounded()
     assert answers["shm"] == "shm 0 MiB 1" and answers["memfd"] == "memfd 0 MiB Operation not permitted"
-    created, error = answers["files"].removeprefix("files ").split(" ", 1)  # 4096 inodes less those in use
-    assert 4093 <= int(created) <= 4095 and error == "No space left on device"
+    # a bound, not a count: the inodes free under it depend on where the clone lives (some are mounted inside it)
+    created, error = answers["files"].removeprefix("files ").split(" ", 1)
+    assert int(created) <= 4095 and error == "No space left on device"
 
 
 def test_sandbox_unix_socket(tmp_path, monkeypatch):

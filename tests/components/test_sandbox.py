@@ -256,10 +256,11 @@ def test_memory_outside_the_address_space_is_bounded():
     limits: 640 MiB of System V shared memory, 600 MiB in memfds, pipes of 1 MiB, 16 MiB socket buffers, 2000 open
     files, 5000 inotify watches and counting, a nested user namespace, 105k files in /tmp in ~4 s)."""
     answers = check_memory_outside_the_address_space_is_bounded()
-    # 64 files per MiB of scratch_mb (64): 4096 inodes, the root folder one of them, and an interpreter that lives
-    # under /tmp (a clone or a virtual environment there) is mounted inside the scratch folder on two more
+    # 64 files per MiB of scratch_mb (64): 4096 inodes, the root folder one of them. How many of the rest are free
+    # depends on where the clone and its interpreter live (a path under /tmp is mounted inside the scratch folder and
+    # takes some), so the bound is asserted as a bound: never more than the budget, and the kernel's ENOSPC stops it
     created, error = answers.pop("files").removeprefix("files ").split(" ", 1)
-    assert 4093 <= int(created) <= 4095 and error == "No space left on device"
+    assert int(created) <= 4095 and error == "No space left on device"
     assert answers == {
         "shm": "shm 0 MiB 1",
         "memfd": "memfd 0 MiB Operation not permitted",
