@@ -30,9 +30,10 @@ class PythonTool(Tool):
     by the kernel (components.env.sandbox): its own user, PID, mount, IPC, UTS, cgroup and network namespaces; a read-only
     root with only the interpreter and system libraries; ``/tmp`` (``scratch_mb``, deleted afterwards) as its
     only writable place; no view of the trainer's processes, files, home, keyring, Unix sockets or network; no
-    capabilities; a system-call filter that refuses memory no limit counts (components.env.syscall_filter);
-    ``max_processes`` processes; every one of them killed at ``timeout_s``. ``network: true`` shares the host's
-    network (the internet, and every service on loopback, the rollout server's included). Where user namespaces
+    capabilities; a system-call filter that refuses memory no limit counts and every socket but a connected Unix pair
+    (components.env.syscall_filter); ``max_processes`` processes; every one of them killed at ``timeout_s``.
+    ``network: true`` shares the host's network (the internet, and every service on loopback, the rollout server's
+    included) and lets it open IPv4 and IPv6 sockets (no other family). Where user namespaces
     are not available, construction fails unless ``isolation: none`` opts into the weaker mode: only the limits
     below, with the trainer's rights.
 

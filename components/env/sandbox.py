@@ -7,11 +7,11 @@ root holding only the interpreter, ``/usr``, ``/lib*``, the dynamic loader's ``/
 ``/tmp`` (a tmpfs of ``scratch_mb``, gone with the program) as its working folder and only writable place.
 The trainer's home and working folder are hidden even where they lie under a mounted path. It runs with
 no capabilities and no new privileges (a real-root trainer's program is the host's ``nobody``), under a system-call
-filter (components.env.syscall_filter: no kernel keyrings, memfds, System V or POSIX IPC, Unix sockets that could
-reach the host's, io_uring); its processes number at most ``max_processes``, each with ``memory_mb`` of address
-space, ``OPEN_FILES`` open files, the CPU time limit and ``OUTPUT_BYTES`` per file; ``/tmp`` holds at most
-``scratch_mb`` and ``SCRATCH_FILES_PER_MB`` files per MiB; at ``timeout_s`` (or when the program ends) every process
-it started dies with the PID namespace.
+filter (components.env.syscall_filter: no kernel keyrings, memfds, System V or POSIX IPC, io_uring, and no socket
+but a connected Unix pair, or IPv4 and IPv6 ones with ``network``); its processes number at most ``max_processes``,
+each with ``memory_mb`` of address space, ``OPEN_FILES`` open files, the CPU time limit and ``OUTPUT_BYTES`` per
+file; ``/tmp`` holds at most ``scratch_mb`` and ``SCRATCH_FILES_PER_MB`` files per MiB; at ``timeout_s`` (or when the
+program ends) every process it started dies with the PID namespace.
 
 `run_unisolated` is the weaker mode, for machines without user namespaces: the same limits on the program's
 own process group (``resource.setrlimit``), nothing else (see `UNISOLATED_EXPOSES`).
@@ -102,7 +102,8 @@ def run_isolated(
         "RLIMIT_NOFILE": OPEN_FILES,
         "RLIMIT_CORE": 0,
     }
-    program_filter = refusal_filter(os.uname().machine)  # before anything starts: an unknown machine raises OSError
+    # before anything starts: an unknown machine raises OSError
+    program_filter = refusal_filter(os.uname().machine, network)
     status_r, status_w = os.pipe()
     with (
         tempfile.TemporaryDirectory(prefix="sandbox-root-") as root,

@@ -9,8 +9,14 @@ Refused with ``EPERM`` (the program sees "Operation not permitted"):
   mapped), System V shared memory, message queues and semaphores (``shmget``, ``msgget``, ``semget``: they outlive
   the process that made them) and POSIX message queues (``mq_open``); ``bpf`` (its maps are charged to a memory
   cgroup only);
-* Unix sockets that could reach a socket file of the host under a mounted folder: ``socket(AF_UNIX, ...)``, and
-  ``socketpair(AF_UNIX, ...)`` but for the connected kinds (stream, seqpacket), which cannot be pointed elsewhere;
+* sockets of every family the program does not need: ``socket()`` takes an allow-list of families, none without the
+  network and ``AF_INET`` / ``AF_INET6`` with it (`NETWORK_FAMILIES`). A list of refusals would leave ``AF_VSOCK`` (a
+  virtual machine's way to its hypervisor's services), ``AF_NETLINK`` (the kernel's routing and audit interfaces),
+  ``AF_PACKET``, ``AF_BLUETOOTH``, ``AF_CAN`` and every family a later kernel adds open (a family this kernel lacks
+  answers ``EAFNOSUPPORT`` only until its module loads). ``AF_UNIX`` stays refused with the network: a Unix socket could
+  reach a socket file of the host under a mounted folder, or an abstract one in the host's network namespace.
+  ``socketpair(AF_UNIX, ...)`` is allowed for the connected kinds (stream, seqpacket), which cannot be pointed
+  elsewhere;
 * ``io_uring_setup`` / ``_enter`` / ``_register``: io_uring opens sockets and files without system calls this
   filter would see;
 * growing kernel buffers past their defaults: ``setsockopt(SOL_SOCKET, SO_SNDBUF | SO_RCVBUF | ...FORCE)`` and
@@ -41,7 +47,12 @@ NR, ARCH, ARG0, ARG1, ARG2 = 0, 4, 16, 24, 32
 # classic BPF opcodes
 LD_W_ABS, ALU_AND_K, JEQ_K, JGE_K, RET_K = 0x20, 0x54, 0x15, 0x35, 0x06
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-AF_UNIX, SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 1, 5, 0xF
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+SOCK_STREAM, SOCK_SEQPACKET, SOCK_TYPE_MASK = 1, 5, 0xF
+NETWORK_FAMILIES = (AF_INET, AF_INET6)
+"""The socket families a program run with ``network: true`` may open (IPv4 and IPv6: TCP, UDP and, where the host's
+``net.ipv4.ping_group_range`` allows its user, ICMP echo; raw sockets need a capability the program does not hold).
+Without the network it may open none (no interface is up in its namespace)."""
 SOL_SOCKET, SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE = 1, 7, 8, 32, 33
 F_SETPIPE_SZ = 1031
 CLONE_NEWUSER = 0x10000000
@@ -123,8 +134,9 @@ REFUSED = (
 """Refused whatever their arguments (where the architecture has them)."""
 
 
-def refusal_filter(machine: str) -> bytes:
-    """The filter for ``machine`` (``os.uname().machine``) as the bytes of its ``struct sock_filter`` array."""
+def refusal_filter(machine: str, network: bool) -> bytes:
+    """The filter for ``machine`` (``os.uname().machine``) as the bytes of its ``struct sock_filter`` array; ``network``:
+    the program may open the `NETWORK_FAMILIES`' sockets."""
     if machine not in ARCHITECTURES:
         raise OSError(
             f"the sandbox's system-call filter does not know the system-call numbers of {machine} "
@@ -149,12 +161,13 @@ def refusal_filter(machine: str) -> bytes:
         ("ld", ARG0),
         ("and", CLONE_NEWUSER),
         ("jeq", CLONE_NEWUSER, "deny", "allow"),
-        "socket",  # socket(domain, type, protocol)
+        "socket",  # socket(domain, type, protocol): an allow-list of families
         ("ld", ARG0),
-        ("jeq", AF_UNIX, "deny", "allow"),
+        *[("jeq", family, "allow", None) for family in (NETWORK_FAMILIES if network else ())],
+        ("ret", RET_ERRNO | errno.EPERM),
         "socketpair",  # socketpair(domain, type, protocol, sv): a connected pair ignores any address it is given
         ("ld", ARG0),
-        ("jeq", AF_UNIX, None, "allow"),
+        ("jeq", AF_UNIX, None, "deny"),
         ("ld", ARG1),
         ("and", SOCK_TYPE_MASK),  # without SOCK_NONBLOCK / SOCK_CLOEXEC
         ("jeq", SOCK_STREAM, "allow", None),

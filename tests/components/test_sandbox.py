@@ -17,8 +17,11 @@ import pytest
 
 from components.env import PythonTool
 from tests.support.sandbox_attacks import (
+    AF_INET,
+    AF_INET6,
     check_memory_outside_the_address_space_is_bounded,
     check_no_unix_socket_of_the_host_is_reachable,
+    check_socket_families,
     check_the_trainers_keyring_is_out_of_reach,
 )
 from tests.support.tools import (
@@ -303,6 +306,27 @@ def test_a_host_abstract_socket_is_unreachable_with_the_network():
             f"import socket\ntry: socket.socket(socket.AF_UNIX).connect({name!r}); print('connected')\nexcept OSError as err: print(err.strerror)",
         )
     assert answer == "Operation not permitted"
+
+
+def test_without_the_network_no_socket_family_opens():
+    """Every family 0..AF_MAX-1, as a stream and a datagram socket, is the filter's EPERM, not the kernel's answer (the
+    old filter refused AF_UNIX only: AF_INET, AF_INET6 and AF_VSOCK, a virtual machine's way to its hypervisor, opened;
+    the rest answered EAFNOSUPPORT or ESOCKTNOSUPPORT, which a kernel module loaded later would turn into a socket)."""
+    outcomes = check_socket_families(network=False)
+    assert sorted(outcomes) == list(range(46))
+    assert {family: kinds for family, kinds in outcomes.items() if kinds != ["EPERM", "EPERM"]} == {}
+
+
+def test_with_the_network_only_ipv4_and_ipv6_open():
+    outcomes = check_socket_families(network=True)
+    refused = {family for family, kinds in outcomes.items() if kinds == ["EPERM", "EPERM"]}
+    assert refused == set(range(46)) - {AF_INET, AF_INET6}
+    assert outcomes[AF_INET] == ["opened", "opened"]
+    # the C library's resolver asks netlink (refused) which addresses the host has, and assumes both when it cannot
+    resolved = attempt(
+        PythonTool(network=True), "import socket; print(sorted({a[4][0] for a in socket.getaddrinfo('localhost', 80)}))"
+    )
+    assert "127.0.0.1" in resolved, resolved
 
 
 def test_a_file_too_large_names_what_was_exceeded():

@@ -45,14 +45,14 @@ def verdict(program: bytes, arch: int, nr: int, *args: int) -> int:
 )
 def test_each_refusal_by_its_arguments(machine, numbers):
     socket, socketpair, setsockopt, fcntl, clone, unshare, clone3, keyctl, memfd_create, shmget, read = numbers
-    program, arch = refusal_filter(machine), AUDIT_ARCH[machine]
+    program, arch = refusal_filter(machine, network=False), AUDIT_ARCH[machine]
     cases = {
         (read, 3): ALLOW,
         (keyctl, 11): EPERM,
         (memfd_create, 0): EPERM,
         (shmget, 0): EPERM,
         (socket, 1, 1): EPERM,  # AF_UNIX
-        (socket, 2, 1): ALLOW,  # AF_INET (no interface is up without network: true)
+        (socket, 2, 1): EPERM,  # AF_INET: no family at all without network: true
         (socketpair, 1, 1 | 0x80000): ALLOW,  # AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC
         (socketpair, 1, 5): ALLOW,  # SOCK_SEQPACKET
         (socketpair, 1, 2): EPERM,  # SOCK_DGRAM: sendto() may name any socket file
@@ -77,4 +77,26 @@ def test_each_refusal_by_its_arguments(machine, numbers):
 
 def test_an_unknown_machine_is_named():
     with pytest.raises(OSError, match="does not know the system-call numbers of ppc64le"):
-        refusal_filter("ppc64le")
+        refusal_filter("ppc64le", network=False)
+
+
+AF_MAX = 46  # include/linux/socket.h (Linux 5.15+: AF_MCTP 45 is the last family)
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK = 1, 2, 10, 16, 17, 40
+
+
+@pytest.mark.parametrize(
+    "machine, socket, socketpair", [("x86_64", 41, 53), ("aarch64", 198, 199), ("riscv64", 198, 199)]
+)
+def test_socket_families_are_an_allow_list(machine, socket, socketpair):
+    """Every family 0..AF_MAX-1 (and past it): none without the network, IPv4 and IPv6 with it; a socket pair only of
+    AF_UNIX. Was a list of one refusal (AF_UNIX): AF_VSOCK, AF_NETLINK, AF_PACKET... were open."""
+    arch, families = AUDIT_ARCH[machine], [*range(AF_MAX), 255, 1 << 16]
+    for network, allowed in ((False, set()), (True, {AF_INET, AF_INET6})):
+        program = refusal_filter(machine, network=network)
+        for kind in (1, 2, 3, 5, 1 | 0x80000 | 0x800):  # stream, datagram, raw, seqpacket, stream | CLOEXEC | NONBLOCK
+            opened = {f for f in families if verdict(program, arch, socket, f, kind, 0) == ALLOW}
+            assert opened == allowed, (network, kind)
+            # the kernel reads an int: high bits change nothing
+            assert verdict(program, arch, socket, AF_INET | (1 << 32), kind, 0) == (ALLOW if network else EPERM)
+            paired = {f for f in families if verdict(program, arch, socketpair, f, kind, 0) == ALLOW}
+            assert paired == ({AF_UNIX} if (kind & 0xF) in (1, 5) else set()), (network, kind)

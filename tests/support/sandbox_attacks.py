@@ -226,3 +226,25 @@ def check_no_unix_socket_of_the_host_is_reachable(folder: Path, monkeypatch) -> 
             server.join()
     assert received == [], received
     return answer
+
+
+AF_MAX = 46  # include/linux/socket.h (Linux 5.15+: AF_MCTP 45 is the last family)
+AF_INET, AF_INET6 = 2, 10
+SOCKET_FAMILIES = """
+import errno, json, socket
+def attempt(family, kind):
+    try:
+        socket.socket(family, kind).close()
+        return 'opened'
+    except OSError as err:
+        return errno.errorcode.get(err.errno, str(err.errno))
+print(json.dumps({family: [attempt(family, kind) for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)] for family in range(AF_MAX)}))
+"""
+
+
+def check_socket_families(network: bool) -> dict[int, list[str]]:
+    """Each socket family 0..AF_MAX-1 opened as a stream and a datagram socket by the sandboxed program (``network``
+    on or off). Returns {family: [what the stream got, what the datagram got]}: "opened" or the error's name. The
+    filter's refusal is EPERM; a family this kernel lacks would answer EAFNOSUPPORT without it."""
+    answer = attempt(PythonTool(timeout_s=10.0, network=network), SOCKET_FAMILIES.replace("AF_MAX", str(AF_MAX)))
+    return {int(family): outcome for family, outcome in json.loads(answer).items()}
