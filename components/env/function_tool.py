@@ -13,6 +13,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
+from lightning_rl.core import untrusted_json
+
 from .tools import Tool, ToolError
 
 WORKER = Path(__file__).with_name("tool_worker.py")
@@ -76,9 +78,11 @@ class FunctionTool(Tool):
 
     def __call__(self, arguments: str) -> str:
         try:
-            parsed = json.loads(arguments) if arguments.strip().startswith("{") else None
-        except json.JSONDecodeError as err:
-            raise ToolError(f"arguments are not valid JSON: {err.msg}") from None
+            parsed = untrusted_json.loads(arguments) if arguments.strip().startswith("{") else None
+        except ValueError as err:  # the model's text: nested past untrusted_json.MAX_DEPTH, 1e999, or not JSON
+            raise ToolError(
+                f"arguments are not valid JSON: {err.msg if isinstance(err, json.JSONDecodeError) else err}"
+            ) from None
         message = ("kwargs", parsed) if isinstance(parsed, dict) else ("text", arguments)
         with self._slots:
             worker = self._take()

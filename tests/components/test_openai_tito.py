@@ -26,7 +26,13 @@ CALC = {
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
     },
 }
-PARSERS = {"chatml": HermesToolCalls, "llama3": JsonToolCalls, "thinking": HermesToolCalls}
+PARSERS = {
+    "chatml": HermesToolCalls,
+    "llama3": JsonToolCalls,
+    "thinking": HermesToolCalls,
+    "deep_hermes": HermesToolCalls,
+    "deep_json": JsonToolCalls,
+}
 
 
 def _calls(response) -> dict:
@@ -328,3 +334,25 @@ def test_an_episode_that_raised_after_its_deadline_is_a_timeout_and_one_that_rai
     assert (early.status, early.error) == ("error", "ValueError: the agent's own bug")
     assert (done_late.status, done_late.result) == ("done", {"answer": "4"})
     assert sorted(closed) == ["done_late", "early", "late"]
+
+
+@pytest.mark.parametrize("family, template", [("deep_hermes", "chatml"), ("deep_json", "llama3")])
+def test_a_call_the_model_nests_1000_deep_is_text_and_sampling_goes_on(family, template):
+    """The model's own turn ``{"name": "calc", "arguments": [[[[...`` 1,000 deep: a malformed call, left in the text (it
+    raised RecursionError in the round's sampling, which ended the run)."""
+    tokenizer = family_tokenizer(template)
+    sampler = ScriptedChat(tokenizer, family)
+    batch, metrics = _run(_agent("tool_agent", tokenizer, sampler, family), sampler, tokenizer)
+    assert float(metrics["agent/error_frac"]) == 0 and float(metrics["agent/tool_calls_mean"]) == 0
+    assert [result["answer"].count("[") for result in batch.columns["result"]] == [1000, 1000]
+    assert batch.batch_size == 2 and (batch.action_tokens.sum(-1) > 2000).all()  # each sampled turn trained
+
+
+@pytest.mark.parametrize("parser", [HermesToolCalls(), JsonToolCalls()])
+def test_both_parsers_take_a_call_nested_past_the_bound_or_holding_1e999_as_text(parser):
+    wrap = (lambda call: f"<tool_call>{call}</tool_call>") if isinstance(parser, HermesToolCalls) else (lambda c: c)
+    for arguments in ("[" * 100_000 + "]" * 100_000, "[" * 65 + "]" * 65, '{"x": 1e999}', '{"x": NaN}'):
+        text = wrap('{"name": "calc", "arguments": ' + arguments + "}")
+        assert parser.parse(text) == (text, [])
+    inside = wrap('{"name": "calc", "arguments": ' + "[" * 62 + "]" * 62 + "}")  # 64 levels with the call's own
+    assert parser.parse(inside)[1][0]["function"]["arguments"] == "[" * 62 + "]" * 62

@@ -10,6 +10,7 @@ from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.sampling_params import SamplingParams
 
 HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>'
+NESTED = "[" * 1000 + "]" * 1000  # a call's arguments as a model may write them
 # the model's turns, by the number of tool results already in its context
 TURNS = {
     "chatml": [HERMES + "<|im_end|>", "Again:\n" + HERMES + "<|im_end|>", "3<|im_end|>"],
@@ -20,12 +21,16 @@ TURNS = {
         "<think>\ndone\n</think>\n\n3<|im_end|>",
     ],
     "answer": ["3<|im_end|>"] * 3,  # ChatML, no call
+    "deep_hermes": ['<tool_call>\n{"name": "calc", "arguments": ' + NESTED + "}\n</tool_call><|im_end|>"] * 3,
+    "deep_json": ['{"name": "calc", "parameters": ' + NESTED + "}<|eot_id|>"] * 3,
 }
 TOOL_RESULT = {
     "chatml": "<tool_response>",
     "llama3": "ipython<|end_header_id|>",
     "thinking": "<tool_response>",
     "answer": "<tool_response>",
+    "deep_hermes": "<tool_response>",
+    "deep_json": "ipython<|end_header_id|>",
 }
 
 

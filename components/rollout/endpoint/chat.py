@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lightning_rl.core import untrusted_json
+
 _USER, _ASSISTANT = "USER_TEXT_1f3a", "ASSISTANT_TEXT_7c2e"
 
 
@@ -53,10 +55,14 @@ def text_of(content: Any) -> str:
 
 
 def _arguments(text: Any) -> Any:
+    """A call's arguments as a value: JSON text decoded, text that is not JSON kept as text; arguments nested past
+    untrusted_json.MAX_DEPTH are a `ValueError` (the request's 400) before anything recurses into them."""
     if not isinstance(text, str):
         return text
+    if untrusted_json.nests_deeper_than(text, untrusted_json.MAX_DEPTH):
+        raise ValueError(f"a tool call's arguments nest arrays and objects more than {untrusted_json.MAX_DEPTH} deep")
     try:
-        return json.loads(text)
+        return untrusted_json.loads(text)
     except ValueError:
         return text
 

@@ -10,10 +10,12 @@ its client is shut out, its function (a thread that cannot be stopped, or a task
 and a sampler call in flight for it ends within a decoding step (components.rollout.interrupt), so neither a hang,
 an exception nor a stop waits for a whole sampler call.
 
-Before a call reaches the sampler it is checked, so that no request can break the run: its parameters (replies.py),
+Before a call reaches the sampler it is checked, so that no request can break the run: its parameters (parameters.py),
 its token ids against the vocabulary, its prompt against the policy's context (``max_position_embeddings``), the
 episode's calls against ``max_calls_per_episode`` and its rows against ``max_rows_per_episode``; each refusal is a
-400 naming the limit.
+400 naming the limit, and any other failure to prepare a call is a 500 for that call (and one warning), not the
+round's end. The model's own turn is read by the tool-call parser, which takes a malformed or too deeply nested call
+as text.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from lightning_rl.core.models import context_length
 from ..episode import left_pad, token_versions
 from ..interrupt import SamplingInterrupted, interruptible
 from .conversation import ContextFull, Conversation, RowLimit
-from .replies import BadRequest, call_limits, chat_answer, chat_message, completion_answer
+from .parameters import BadRequest, call_limits
+from .replies import chat_answer, chat_message, completion_answer
 from .wire import answered, error
 
 
@@ -175,6 +178,13 @@ class Round:
                 continue
             except (BadRequest, ValueError, KeyError, TypeError, TemplateError) as err:
                 call.answer.set_result(error(400, f"{type(err).__name__}: {err}"))
+                continue
+            except Exception as err:  # a request nothing above foresaw (a chat template's own error): its call fails,
+                # never the round (an OverflowError from "n": 1e999 ended a run in its first iteration)
+                self.agent.warn_once(f"the agents' endpoint could not prepare a call: {type(err).__name__}: {err}")
+                call.answer.set_result(
+                    error(500, f"the endpoint could not prepare this call: {type(err).__name__}: {err}")
+                )
                 continue
             conversation = call.episode.conversation
             room = conversation.room(pending)

@@ -2,7 +2,9 @@
 
 A chat template renders the tool definitions and the calls of earlier turns; the model's own turn is text, and its
 calls have to be found in it. Each parser knows one family's convention and splits a turn into its text and its calls
-``[{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}]``.
+``[{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}]``. The model's JSON is read by
+lightning_rl.core.untrusted_json: a call nested past its ``MAX_DEPTH`` (``{"arguments": [[[[...`` 1,000 deep ended the
+round's sampling) or holding a number no float holds is malformed, and stays in the turn's text.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import re
 import uuid
 from typing import Any
+
+from lightning_rl.core import untrusted_json
 
 
 def tool_call(name: str, arguments: Any) -> dict:
@@ -46,7 +50,7 @@ class HermesToolCalls(ToolCallParser):
         calls = []
         for body in self._call.findall(text):
             try:
-                call = json.loads(body.strip())
+                call = untrusted_json.loads(body.strip())
                 calls.append(tool_call(call["name"], call.get("arguments", call.get("parameters", {}))))
             except (ValueError, KeyError, TypeError):  # malformed: left in the text for the agent to see
                 return text, []
@@ -61,7 +65,7 @@ class JsonToolCalls(ToolCallParser):
         if stripped.startswith("<|python_tag|>"):
             stripped = stripped[len("<|python_tag|>") :]
         try:
-            call = json.loads(stripped)
+            call = untrusted_json.loads(stripped)
         except ValueError:
             return text, []
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):

@@ -3,8 +3,9 @@ backlog, errors in OpenAI's shape (``{"error": {"message", "type", "code"}}``) a
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import Future
+
+from lightning_rl.core import untrusted_json
 
 ROUTES = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions"}
 BACKLOG = 4096
@@ -36,11 +37,12 @@ def split_path(path: str) -> tuple[str, str]:
 
 
 def parse_json(body: bytes) -> dict | tuple[int, dict]:
-    """The request body as a JSON object, or the 400 answer saying why it is not one."""
+    """The request body as a JSON object, or the 400 answer saying why it is not one (lightning_rl.core.untrusted_json:
+    nested past its ``MAX_DEPTH``, or holding a number no float holds, it is refused before anything walks it)."""
     try:
-        request = json.loads(body or b"{}")
+        request = untrusted_json.loads(body or b"{}")
     except ValueError as err:
-        return error(400, f"the request body is not JSON: {err}")
+        return error(400, f"the request body is not JSON the endpoint takes: {err}")
     if not isinstance(request, dict):
         return error(400, "the request body must be a JSON object")
     return request
