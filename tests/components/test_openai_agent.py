@@ -86,12 +86,15 @@ def policy():
     return load_causal_lm(ModelSpec(path=TINY_CALC))
 
 
-def _setup(function: str, group_size: int = 2, **kwargs):
+def _setup(function: str, group_size: int = 2, in_module: bool = True, **kwargs):
     tokenizer = load_tokenizer(TINY_CALC)
     sampler = HFRollout(group_size=group_size, max_new_tokens=6, temperature=1.0, return_logprobs=True)
     sampler.setup(tokenizer)
     agent = OpenAIAgent(
-        f"{__name__}.{function}", tool_calls=TagToolCalls("calc", "expression"), max_total_tokens=40, **kwargs
+        f"{__name__}.{function}" if in_module else function,
+        tool_calls=TagToolCalls("calc", "expression"),
+        max_total_tokens=40,
+        **kwargs,
     )
     agent.setup(tokenizer, sampler)
     return agent, sampler, tokenizer
@@ -162,7 +165,7 @@ def test_only_the_runs_token_reaches_the_sampler_on_loopback(policy):
     try:
         batch, _ = _run(agent, sampler, tokenizer, policy)
         url, key = URLS[0]
-        assert url.startswith("http://127.0.0.1:") and key == agent.endpoint.token
+        assert url.startswith("http://127.0.0.1:") and key == agent.endpoint.token(url.split("/")[3])  # its episode's
         body = {"model": "policy", "messages": [{"role": "user", "content": "1*2="}]}
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             answer = httpx.post(url + "chat/completions", json=body, headers=headers, trust_env=False)
@@ -176,6 +179,40 @@ def test_only_the_runs_token_reaches_the_sampler_on_loopback(policy):
     finally:
         agent.close()
     assert len(URLS) == 2 and len({url for url, _ in URLS}) == 2  # a path per episode
+    assert len({key for _, key in URLS}) == 2  # and a key per episode
+
+
+CROSSING: dict[str, str] = {}
+CROSSED = threading.Barrier(2, timeout=30)
+
+
+def crossing_agent(client, row):
+    """Sends a request to the other episode's URL with its own key (both episodes run at once), then calls its own."""
+    import httpx
+
+    CROSSING[row["prompt"]] = str(client.base_url)
+    CROSSED.wait()
+    other = next(url for prompt, url in CROSSING.items() if prompt != row["prompt"])
+    body = {"model": "policy", "messages": [{"role": "user", "content": row["prompt"]}]}
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    crossed = httpx.post(other + "chat/completions", json=body, headers=headers, trust_env=False, timeout=30)
+    client.chat.completions.create(**body)
+    return [crossed.status_code, crossed.json()["error"]["code"]]
+
+
+def test_an_episodes_key_is_refused_at_another_episodes_url_and_makes_no_row(policy):
+    """Was one key for the run: episode A's request at B's URL was served, and became B's training rows (scored with
+    B's reward)."""
+    CROSSING.clear()
+    CROSSED.reset()
+    agent, sampler, tokenizer = _setup("crossing_agent", group_size=1)
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy)
+    finally:
+        agent.close()
+    assert batch.columns["result"] == [[403, "wrong_episode"]] * 2
+    assert batch.batch_size == 2 and float(metrics["agent/turns_mean"]) == 1  # each episode's own call, one row each
+    assert float(metrics["agent/error_frac"]) == 0
 
 
 def test_an_async_agent_gets_an_async_client_and_its_concurrent_calls_are_separate_rows(policy):
@@ -355,6 +392,43 @@ def test_a_5_mb_message_is_refused_before_it_is_tokenised_naming_the_context(pol
     assert time.monotonic() - start < 10
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024 < 300  # MiB over the peak so far
     assert float(metrics["agent/error_frac"]) == 0
+
+
+def test_numbers_no_parameter_takes_and_a_stop_that_is_not_text_are_400_and_the_run_goes_on(policy):
+    """ "n": 1e999 or "logprobs": 1e999 raised OverflowError in the round (the run died in its first iteration, without a
+    checkpoint); "stop": {...} was taken."""
+    agent, sampler, tokenizer = _setup("tests.support.endpoint.overflowing_agent", group_size=1, in_module=False)
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))
+    finally:
+        agent.close()
+    answers = batch.columns["result"][0]
+    assert [status for status, _ in answers] == [400] * 9 + [200]
+    assert all("the number 1e999 is too large for a float" in message for _, message in answers[:3])
+    assert "-1e999 is too large" in answers[3][1] and "NaN is not a JSON number" in answers[4][1]
+    assert answers[5][1] == "BadRequest: n must be a whole number, got 2.0"
+    assert answers[6][1].startswith("BadRequest: logprobs 5 is not supported")
+    assert [message.split(", got")[0] for _, message in answers[7:9]] == [
+        "BadRequest: stop must be a text or a list of texts"
+    ] * 2
+    assert float(metrics["agent/error_frac"]) == 0 and batch.batch_size == 1
+
+
+def test_requests_nested_deep_are_400_with_no_trace_and_the_run_goes_on(policy, capfd):
+    """tools 800 and 5,000 deep and a call's arguments 1,000 deep raised RecursionError in the round (it died); a body
+    100,000 deep was a 500 and a traceback in the trainer's log."""
+    agent, sampler, tokenizer = _setup("tests.support.endpoint.deeply_nested_agent", group_size=1, in_module=False)
+    try:
+        batch, metrics = _run(agent, sampler, tokenizer, policy, texts=("1*2=",))
+    finally:
+        agent.close()
+    answers = batch.columns["result"][0]
+    assert [status for status, _ in answers] == [400] * 5 + [200]
+    for status, message in answers[:2] + answers[3:5]:
+        assert message.endswith("it nests arrays and objects more than 64 deep"), message
+    assert answers[2][1] == "ValueError: a tool call's arguments nest arrays and objects more than 64 deep"
+    assert float(metrics["agent/error_frac"]) == 0 and batch.batch_size == 1
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_token_ids_outside_the_vocabulary_are_refused_and_the_run_goes_on(policy):

@@ -1,5 +1,6 @@
-"""Raw HTTP against the agents' endpoint (what a broken or hostile client sends), and an agent whose requests the run
-cannot serve: shared by tests/components/test_openai_endpoint.py and the fault matrix (tests/test_fault_matrix.py)."""
+"""Raw HTTP against the agents' endpoint (what a broken or hostile client sends), and agents whose requests the run
+cannot serve: shared by tests/components/test_openai_endpoint.py, test_openai_agent.py and the fault matrix
+(tests/test_fault_matrix.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ def raw(endpoint, head: bytes, body: bytes = b"", timeout: float = 5.0) -> bytes
 
 
 def head(endpoint, path: str = "/e/v1/completions", token: str | None = None, **headers) -> bytes:
-    """A POST head with the run's token (or ``token``) and ``headers`` (``Content_Length=5``: Content-Length: 5)."""
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {token or endpoint.token}"]
+    """A POST head with the key of the path's episode (or ``token``) and ``headers`` (``Content_Length=5``:
+    Content-Length: 5)."""
+    key = token or endpoint.token(path.lstrip("/").partition("/")[0])
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {key}"]
     lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -62,3 +65,74 @@ def calc_agent_or_hang(client, row):
     Path(f"{marker}.hung").touch()
     while True:
         time.sleep(1.0)
+
+
+def send_as_written(client, route: str, body: str) -> list:
+    """``body``, JSON text as written (no OpenAI client writes ``1e999`` or 100,000 brackets), to the episode's
+    ``route`` with its key: [status, the error's message] (or [200, "sampled"])."""
+    import httpx
+
+    answer = httpx.post(
+        f"{client.base_url}{route}",
+        content=body.encode(),
+        headers={"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"},
+        trust_env=False,
+        timeout=60,
+    )
+    if answer.status_code == 200:
+        return [200, "sampled"]
+    is_json = answer.headers.get("content-type") == "application/json"
+    return [answer.status_code, answer.json()["error"]["message"] if is_json else answer.text]
+
+
+CHAT = '{"model": "policy", "messages": [{"role": "user", "content": "1*2="}]%s}'
+COMPLETION = '{"model": "policy", "prompt": "1*2=", "max_tokens": 2%s}'
+
+
+def overflowing_agent(client, row) -> list[list]:
+    """Numbers no parameter can take and a ``stop`` that is not text; then a call that is fine."""
+    calls = [
+        ("chat/completions", CHAT % ', "n": 1e999'),
+        ("chat/completions", CHAT % ', "logprobs": 1e999'),
+        ("completions", COMPLETION % ', "logprobs": 1e999'),
+        ("completions", COMPLETION % ', "n": -1e999'),
+        ("chat/completions", CHAT % ', "n": NaN'),
+        ("chat/completions", CHAT % ', "n": 2.0'),
+        ("completions", COMPLETION % ', "logprobs": 5'),
+        ("chat/completions", CHAT % ', "stop": {"=": 1}'),
+        ("chat/completions", CHAT % ', "stop": ["=", 7]'),
+        ("completions", COMPLETION % ', "logprobs": 1, "stop": "="'),
+    ]
+    return [send_as_written(client, route, body) for route, body in calls]
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def deeply_nested_agent(client, row) -> list[list]:
+    """``tools`` 5,000 and 800 deep, a call's arguments (JSON text) 1,000 deep and an object 100 deep, a body 100,000
+    deep; then a call that is fine."""
+    import json
+
+    def tools(depth: int) -> str:
+        return ', "tools": [{"type": "function", "function": {"name": "calc", "parameters": %s}}]' % nested(depth)
+
+    def history(arguments: str) -> str:  # ``arguments``: their JSON text, as written into the body
+        call = {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": "ARGUMENTS"}}
+        messages = [
+            {"role": "user", "content": "1*2="},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "2"},
+        ]
+        return json.dumps({"model": "policy", "messages": messages}).replace('"ARGUMENTS"', arguments)
+
+    calls = [
+        ("chat/completions", CHAT % tools(5000)),
+        ("chat/completions", CHAT % tools(800)),
+        ("chat/completions", history(json.dumps(nested(1000)))),
+        ("chat/completions", history(nested(100))),
+        ("chat/completions", nested(100_000)),
+        ("chat/completions", CHAT % ""),
+    ]
+    return [send_as_written(client, route, body) for route, body in calls]

@@ -3,8 +3,8 @@
     def agent(client: openai.OpenAI, row: dict) -> result          # or: async def agent(client: openai.AsyncOpenAI, row)
 
 The function is named by dotted path (``function: my_package.my_agent``). Each episode (``group_size`` per prompt)
-calls it once with a client pointed at the trainer's loopback endpoint (components.rollout.endpoint.server) and the
-prompt's data row; it may call ``client.chat.completions.create`` / ``client.completions.create`` as often as it
+calls it once with a client pointed at the trainer's loopback endpoint (components.rollout.endpoint.server), carrying
+the episode's own URL and API key (good for that episode only), and the prompt's data row; it may call ``client.chat.completions.create`` / ``client.completions.create`` as often as it
 likes, run tools, and returns what the reward reads: ``result`` lands in the batch's column ``result`` (and, when it
 is text, in ``completions``, which rewards such as ExactMatch judge). Every call is sampled by ``model.rollout``
 (HFRollout, SGLangRollout) and recorded with its exact prompt ids, sampled ids and log-probs; a conversation becomes
@@ -209,9 +209,9 @@ class OpenAIAgent(Agent):
         return self._batch(episodes, prompts, g, sampler.pad_token_id), round_metrics(episodes)
 
     def _start(self, episode: EpisodeRun) -> Future:
-        url, row = self.endpoint.base_url(episode.key), dict(episode.row)
+        url, key, row = self.endpoint.base_url(episode.key), self.endpoint.token(episode.key), dict(episode.row)
         if inspect.iscoroutinefunction(self.function):
-            return asyncio.run_coroutine_threadsafe(self._run_async(url, row), self._event_loop())
+            return asyncio.run_coroutine_threadsafe(self._run_async(url, key, row), self._event_loop())
         future: Future = Future()
 
         def run() -> None:
@@ -220,9 +220,7 @@ class OpenAIAgent(Agent):
             from .http_client import episode_http_client
 
             http = episode_http_client(asynchronous=False)  # its own pool: see http_client.py
-            client = openai.OpenAI(
-                base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=http
-            )
+            client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=self.timeout_s, http_client=http)
             try:
                 future.set_result(self.function(client, row)) if future.set_running_or_notify_cancel() else None
             except BaseException as err:  # the agent's failure is the episode's, reported in its metrics
@@ -233,15 +231,13 @@ class OpenAIAgent(Agent):
         threading.Thread(target=run, name=f"agent-{episode.key[:8]}", daemon=True).start()  # a hung one is left behind
         return future
 
-    async def _run_async(self, url: str, row: dict) -> Any:
+    async def _run_async(self, url: str, key: str, row: dict) -> Any:
         import openai
 
         from .http_client import episode_http_client
 
         http = episode_http_client(asynchronous=True)
-        client = openai.AsyncOpenAI(
-            base_url=url, api_key=self.endpoint.token, max_retries=0, timeout=self.timeout_s, http_client=http
-        )
+        client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=self.timeout_s, http_client=http)
         try:
             return await self.function(client, row)
         finally:

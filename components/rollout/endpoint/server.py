@@ -1,25 +1,34 @@
 """`Endpoint`: the loopback HTTP server an agent's OpenAI client talks to during rollout (uvicorn + Starlette, asyncio).
 
-Each episode gets its own path, ``http://127.0.0.1:<port>/<episode>/v1``, and every request must carry the run's
-token as its API key (``Authorization: Bearer <token>``): the server listens on 127.0.0.1 only, and nothing on the
-machine without the token can drive the sampler. The server is uvicorn on its own thread and event loop; a request is
+Each episode gets its own path, ``http://127.0.0.1:<port>/<episode>/v1``, and its own API key (`Endpoint.token`: the
+episode's name and an HMAC of it under a secret the endpoint draws at start), which the client handed to its agent
+carries (``Authorization: Bearer <key>``). The server listens on 127.0.0.1 only: nothing on the machine without a key
+can drive the sampler (401, its connection closed), and an episode's key is good at its own path only (403 at
+another's), so no request becomes another episode's training row. The server is uvicorn on its own thread and event loop; a request is
 handed to the episode's handler, which returns a future the round's driver answers once the sampler has, so a
 waiting call costs a coroutine, never a thread, and concurrent calls still meet in one sampler call (rounds.py).
 Errors answer in OpenAI's shape, ``{"error": {"message", "type", "code"}}``, which an OpenAI client raises as
 `openai.APIStatusError`.
 
-What no request can do (`EndpointLimits`): its token is checked on the head, before a byte of the body is read (an
+What no request can do (`EndpointLimits`): its key is checked on the head, before a byte of the body is read (an
 unauthenticated request's connection is closed, its body never read), and the body is read as a stream up to
 ``max_request_mb`` (413; uvicorn drops the rest as it arrives, buffering at most 64 KiB); a head must
 arrive within ``idle_timeout_s`` of the connection opening or of its last answer (uvicorn's own keep-alive timer
 starts only after an answer), a body within ``body_timeout_s``; heads are at most h11's 16 KiB and a malformed one
-(``Content-Length: -1`` or ``abc``) is answered 400 by h11; past ``max_connections`` uvicorn answers 503, past
-``max_requests_in_flight`` this app does. A 503 (or 429) is sent before the request is read, so the agents' clients
-retry it (http_client.py).
+(``Content-Length: -1`` or ``abc``) is answered 400 by h11. Of ``max_connections`` slots, one held by a connection
+that has sent no request head yet is taken back (the connection closed, oldest first) when another connection opens,
+so idle connections without a key cannot lock the agents out; past it with every slot serving a request, and past
+``max_requests_in_flight``, the app answers 503. A 503 (or 429) is sent before the request is read, so the agents'
+clients retry it (http_client.py). Bodies held at once (read, or parsed and waiting for the sampler) are at most
+``max_bytes_in_flight``: a request past it waits, its body unread, until earlier ones are answered. The request's
+JSON is read by lightning_rl.core.untrusted_json (nesting and numbers bounded): no body can make the app recurse, and
+any other failure on one request is a 500 for it and one line in the log.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import logging
 import resource
@@ -43,14 +52,22 @@ holds 2N sockets in the trainer, client and server ends, and 1,024 is a common d
 
 @dataclass(frozen=True)
 class EndpointLimits:
-    """What one client of the endpoint may take: request size, time, connections and requests in flight."""
+    """What the endpoint's clients may take: request size, time, connections, requests and bytes in flight."""
 
     max_request_mb: float = 8.0
     """Largest request body, in MiB (413 above it)."""
     max_connections: int = 4096
-    """Open connections (uvicorn's ``limit_concurrency``: a request past it is answered 503 and retried)."""
+    """Open connections. One that has sent no request head yet gives its slot up (it is closed, oldest first) to a
+    connection that opens past the limit; one opened while every slot serves a request is answered 503 and retried.
+    Each costs a file descriptor and up to ~320 KiB of buffers (uvicorn reads a body up to 64 KiB ahead, the kernel's
+    socket buffer besides)."""
     max_requests_in_flight: int = 4096
     """Requests read or waiting for the sampler (503 past it, retried by the agents' clients)."""
+    max_bytes_in_flight: int = 64 * 2**20
+    """Bytes of request bodies held at once, read or parsed and waiting for the sampler (64 MiB). A request past it
+    waits, its body unread, until earlier ones are answered (first come, first served): a bound on memory, at the cost
+    of smaller sampler batches when a round's requests are larger together. Parsed, a chat request holds about 1.6
+    times its bytes (a body of tiny JSON objects up to ~25 times). At least ``max_request_mb``."""
     idle_timeout_s: float = 60.0
     """A connection that sends no complete request head for this long after opening or after its last answer is closed."""
     body_timeout_s: float = 30.0
@@ -61,6 +78,11 @@ class EndpointLimits:
             raise ValueError(f"EndpointLimits: sizes and timeouts must be > 0, got {self}")
         if self.max_connections < 1 or self.max_requests_in_flight < 1:
             raise ValueError(f"EndpointLimits: max_connections and max_requests_in_flight must be >= 1, got {self}")
+        if self.max_bytes_in_flight < self.max_request_mb * 2**20:
+            raise ValueError(
+                f"EndpointLimits: max_bytes_in_flight ({self.max_bytes_in_flight}) must hold one request of "
+                f"max_request_mb ({self.max_request_mb:g} MiB = {int(self.max_request_mb * 2**20)} bytes)"
+            )
 
 
 class Endpoint:
@@ -69,7 +91,7 @@ class Endpoint:
     def __init__(self, model_name: str = "policy", limits: EndpointLimits | None = None):
         from .asgi import serve
 
-        self.token = secrets.token_urlsafe(32)
+        self._secret = secrets.token_bytes(32)
         self.model_name, self.limits = model_name, limits or EndpointLimits()
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.Lock()
@@ -105,8 +127,19 @@ class Endpoint:
         with self._lock:
             return self._handlers.get(episode)
 
-    def authorised(self, header: str) -> bool:
-        return hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
+    def token(self, episode: str) -> str:
+        """``episode``'s API key: its name and the HMAC-SHA256 of it under the endpoint's secret (no key is stored, and
+        an ended episode's key still names it, so its late requests are told it ended)."""
+        digest = hmac.new(self._secret, episode.encode(), hashlib.sha256).digest()
+        return f"{episode}.{base64.urlsafe_b64encode(digest).decode().rstrip('=')}"
+
+    def holder(self, header: str) -> str | None:
+        """The episode whose key the ``Authorization`` header carries (``Bearer <key>``), or None for no key of ours."""
+        scheme, _, key = header.partition(" ")
+        episode = key.rpartition(".")[0]
+        if scheme != "Bearer" or not episode:
+            return None
+        return episode if hmac.compare_digest(key.encode(), self.token(episode).encode()) else None
 
     def models(self) -> dict:
         return {
