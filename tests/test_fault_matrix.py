@@ -41,12 +41,17 @@
 | model-written code holds memory past memory_mb (System V shm, memfds, 105k files, ...) | refused, or bounded (files per MiB of scratch_mb) | test_sandbox_memory / components/test_sandbox.py                           |
 | model-written code connects to a Unix socket the trainer binds in a mounted folder | Operation not permitted; nothing reaches the socket | test_sandbox_unix_socket / components/test_sandbox.py                            |
 | model-written code writes a file past 1 MiB in /tmp      | error naming the file (or stream) and the per-file limit            | test_sandbox_file_too_large / components/test_sandbox.py                                  |
+| model-written code opens a socket of any family 0..AF_MAX-1 (AF_VSOCK, AF_NETLINK, ...) | the filter's EPERM; with network: true only AF_INET / AF_INET6 open | test_sandbox_socket_families / components/test_sandbox.py, components/test_syscall_filter.py |
 | reasoning-gym entry with tuples (arc_agi, rearc grids)   | kept through the data column: the gold answer scores 1, not 0.05    | test_reasoning_gym_gold / components/test_reasoning_gym_reward.py (all tasks)             |
 | reasoning-gym scorer raising on a completion             | that sample scores 0, counted in reward/scorer_error_frac           | test_reasoning_gym_scorer_error / components/test_reasoning_gym_reward.py                 |
 | reasoning_gym: setting twice, of the wrong type, rejected | one line naming the field and its value                            | test_reasoning_gym_bad_setting / lightning_rl/data/test_reasoning_gym_data.py                  |
 | image past PIL's limit or data.max_image_pixels (20000², 12000²) | a bad image naming file and row (bad_images: skip skips it), or shrunk | test_oversize_image / lightning_rl/data/test_vlm_data.py                              |
 | a prompt's image tokens expanded in the wrong order (two images of different sizes) | ids equal transformers' own Qwen2VLProcessor's | test_image_token_order / lightning_rl/core/test_vision.py                  |
 | agents' endpoint: 300 MiB unauthenticated body, Content-Length -1 / abc, 500 idle connections | 401 on the head, body unread; 400 from h11; no thread each, closed at idle_timeout_s | test_endpoint_probes / components/test_openai_endpoint.py |
+| one episode's key sent to another episode's URL          | 403 (wrong_episode), never a row of the other episode               | test_endpoint_episode_keys / components/test_openai_agent.py                              |
+| 80 idle connections without a key past max_connections 64; bodies past max_bytes_in_flight | an agent's request served within 2 s; the later body waits unread until earlier ones are answered | test_endpoint_idle_connections / components/test_openai_endpoint.py |
+| "n" / "logprobs": 1e999, NaN, 2.0; "stop" as an object  | 400 naming the parameter; the round goes on                          | test_endpoint_overflowing_parameters / components/test_openai_agent.py                    |
+| tools / arguments / a body nested 800 to 100,000 deep; the model's own call 1,000 deep | 400 (the body), text (the model's call); no trace, the round goes on | test_endpoint_deep_nesting / components/test_openai_agent.py, components/test_openai_tito.py |
 | agent request no sampler can serve (OOV ids, 5 MB prompt, another model, tool_choice) | 400 naming the limit before sampling; the run goes on           | test_unservable_agent_requests / components/test_openai_agent.py                         |
 | one episode sends 300 calls at once                      | at most max_rows_per_episode rows / max_calls_per_episode calls, 400 past them, counted | components/test_openai_agent.py::test_300_calls_at_once_from_one_episode_make_at_most_max_rows_per_episode_rows |
 | episode deadline / SIGTERM while an agent round samples  | the sampler call ends within a step; SIGTERM: round untrained, RoundInterrupted (last.ckpt as for Ctrl-C) | components/test_openai_tito.py, components/test_rollout_interrupt.py |
@@ -542,3 +547,82 @@ def test_stale_tensor_named(tiny_model_path, tokenizer):
 def test_version_not_applied(tiny_model_path, tokenizer):
     with pytest.raises(SGLangError, match=r"answers with weight_version '1' after the push of version 2"):
         _pushed_twice(tiny_model_path, tokenizer, {"keep_version": True})
+
+
+# Round five, rows 1-5: requests and the sandbox
+def test_sandbox_socket_families():
+    from tests.support.sandbox_attacks import AF_INET, AF_INET6, check_socket_families
+
+    assert {kinds for kinds in map(tuple, check_socket_families(network=False).values())} == {("EPERM", "EPERM")}
+    opened = {family for family, kinds in check_socket_families(network=True).items() if kinds != ["EPERM", "EPERM"]}
+    assert opened == {AF_INET, AF_INET6}
+
+
+@pytest.mark.server
+def test_endpoint_episode_keys():
+    from components.rollout.endpoint.server import Endpoint
+    from tests.support.endpoint import head, raw
+
+    endpoint, served = Endpoint(), []
+    for episode in ("a", "b"):
+        endpoint.open(episode, lambda route, request, e=episode: served.append(e))  # never reached
+    try:
+        body = b'{"prompt": "1"}'
+        crossed = raw(
+            endpoint, head(endpoint, "/b/v1/completions", endpoint.token("a"), Content_Length=len(body)), body
+        )
+        assert crossed.startswith(b"HTTP/1.1 403 ") and b"wrong_episode" in crossed
+        forged = endpoint.token("a")[:-1] + ("x" if endpoint.token("a")[-1] != "x" else "y")
+        assert raw(endpoint, head(endpoint, "/a/v1/completions", forged, Content_Length=len(body)), body).startswith(
+            b"HTTP/1.1 401 "
+        )
+    finally:
+        endpoint.close()
+    assert served == [] and endpoint.token("a") != endpoint.token("b")
+
+
+@pytest.mark.server
+def test_endpoint_idle_connections():
+    from tests.support.endpoint import (
+        check_bytes_past_the_bound_wait_unread,
+        check_idle_connections_give_their_slots_up,
+    )
+
+    check_idle_connections_give_their_slots_up()
+    check_bytes_past_the_bound_wait_unread()
+
+
+def _scripted_agent_round(function: str, family: str) -> tuple[list, dict]:
+    """``function``'s answers and the round's metrics, one episode, on a scripted ChatML sampler."""
+    from components.rollout import OpenAIAgent
+    from components.rollout.endpoint import HermesToolCalls
+    from tests.fixtures.chat_templates import family_tokenizer
+    from tests.helpers import prompts
+    from tests.support.openai import ScriptedChat
+
+    tokenizer = family_tokenizer("chatml")
+    sampler = ScriptedChat(tokenizer, family)
+    sampler.setup(tokenizer)
+    agent = OpenAIAgent(function, tool_calls=HermesToolCalls(), timeout_s=60, max_total_tokens=4096)
+    agent.setup(tokenizer, sampler)
+    try:
+        batch, metrics = agent.generate(sampler, prompts([tokenizer.encode("1*2=")], None, [{"prompt": "1*2="}]), None)
+    finally:
+        agent.close()
+    return batch.columns["result"][0], metrics
+
+
+@pytest.mark.server
+def test_endpoint_overflowing_parameters():
+    answers, metrics = _scripted_agent_round("tests.support.endpoint.overflowing_agent", "answer")
+    assert [status for status, _ in answers] == [400] * 9 + [200]  # OverflowError ended the run
+    assert "1e999 is too large for a float" in answers[0][1] and "stop must be a text" in answers[7][1]
+    assert float(metrics["agent/error_frac"]) == 0
+
+
+@pytest.mark.server
+def test_endpoint_deep_nesting(capfd):
+    # the sampler answers the last call (the one that is fine) with a call nested 1,000 deep: text, not a crash
+    answers, metrics = _scripted_agent_round("tests.support.endpoint.deeply_nested_agent", "deep_hermes")
+    assert [status for status, _ in answers] == [400] * 5 + [200]  # RecursionError ended the run
+    assert float(metrics["agent/error_frac"]) == 0 and "Traceback" not in capfd.readouterr().err

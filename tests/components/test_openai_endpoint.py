@@ -13,6 +13,11 @@ import pytest
 
 from components.rollout.endpoint.http_client import episode_http_client
 from components.rollout.endpoint.server import Endpoint, EndpointLimits
+from tests.support.endpoint import (
+    check_bytes_past_the_bound_wait_unread,
+    check_idle_connections_give_their_slots_up,
+    post,
+)
 from tests.support.endpoint import head as _head
 from tests.support.endpoint import raw as _raw
 
@@ -167,45 +172,11 @@ def test_over_max_requests_in_flight_the_client_sends_again_and_never_twice_what
     assert sorted(r["prompt"] for r in seen) == ["0", "1", "2", "3"]  # each served once
 
 
-def _post(endpoint, prompt: str = "1", episode: str = "e"):
-    with episode_http_client(asynchronous=False) as client:
-        return client.post(
-            endpoint.base_url(episode) + "/completions",
-            json={"prompt": prompt},
-            headers={"Authorization": f"Bearer {endpoint.token(episode)}"},
-        )
-
-
-def _closed_by_the_server(sockets: list[socket.socket], at_least: int, timeout: float = 5.0) -> list[socket.socket]:
-    """Wait until ``at_least`` of ``sockets`` read their end (the server closed them); those that did."""
-    import select
-
-    closed, deadline = [], time.monotonic() + timeout
-    while len(closed) < at_least and time.monotonic() < deadline:
-        readable, _, _ = select.select([s for s in sockets if s not in closed], [], [], 0.1)
-        closed += [s for s in readable if s.recv(1) == b""]
-    return closed
-
-
 @pytest.mark.server
 def test_idle_connections_without_a_key_give_their_slots_up_to_the_agents():
     """80 connections that never send a head, past max_connections 64: an authenticated request is served within 2 s,
     and never answered 503 (they held every slot for idle_timeout_s, 60 s, and every agent call was 503)."""
-    endpoint = _endpoint(max_connections=64)
-    endpoint.open("e", _echo)
-    idle = [socket.create_connection(("127.0.0.1", endpoint.port), timeout=10) for _ in range(80)]
-    try:
-        assert len(_closed_by_the_server(idle, 16)) == 16  # the oldest, as the 65th to 80th opened
-        start = time.monotonic()
-        over = _raw(endpoint, _head(endpoint, Content_Length=len(BODY), Connection="close"), BODY)
-        assert over.startswith(b"HTTP/1.1 200 ")  # a fresh connection: no retry needed
-        answer = _post(endpoint)
-        assert answer.status_code == 200 and answer.json()["request"] == {"prompt": "1"}
-        assert time.monotonic() - start < 2
-    finally:
-        for sock in idle:
-            sock.close()
-        endpoint.close()
+    check_idle_connections_give_their_slots_up()
 
 
 @pytest.mark.server
@@ -219,7 +190,7 @@ def test_past_max_connections_each_serving_a_request_the_endpoint_answers_503_an
             assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
         over = _raw(endpoint, _head(endpoint, Content_Length=len(BODY)), BODY)
         assert over.startswith(b"HTTP/1.1 503 ") and b"max_connections" in over and b"connection: close" in over
-        response = _post(endpoint)  # sent again until a kept connection is closed, idle for a second
+        response = post(endpoint)  # sent again until a kept connection is closed, idle for a second
         assert response.status_code == 200 and response.json()["request"] == {"prompt": "1"}
     finally:
         for sock in kept:
@@ -232,65 +203,7 @@ def test_past_max_bytes_in_flight_a_request_waits_unread_until_earlier_ones_are_
     """1 MiB bodies under max_bytes_in_flight 1.5 MiB: the second waits (its body unread) while the first waits for the
     sampler, whatever its framing, and is served once the first is answered (40 bodies of 8 MiB were all read at once,
     2 GB)."""
-    endpoint = _endpoint(max_request_mb=1.0, max_bytes_in_flight=3 * 2**19)
-    held: list[tuple[dict, Future]] = []
-    lock = threading.Lock()
-
-    def hold(route: str, request: dict) -> Future:
-        future: Future = Future()
-        with lock:
-            held.append((request, future))
-        return future
-
-    def requests() -> list[str]:
-        with lock:
-            return [request["prompt"][:1] for request, _ in held]
-
-    endpoint.open("e", hold)
-    body = b'{"prompt": "%s"}'
-    big = [body % (letter * (2**20 - 16)) for letter in (b"a", b"b", b"c")]
-    answers: dict[str, bytes] = {}
-    send = {
-        "a": lambda: _raw(endpoint, _head(endpoint, Content_Length=len(big[0]), Connection="close"), big[0], 20),
-        "b": lambda: _raw(endpoint, _head(endpoint, Content_Length=len(big[1]), Connection="close"), big[1], 20),
-        "c": lambda: _raw(  # chunked: it takes max_request_mb until its body is read
-            endpoint,
-            _head(endpoint, Transfer_Encoding="chunked", Connection="close"),
-            b"%x\r\n%s\r\n0\r\n\r\n" % (len(big[2]), big[2]),
-            20,
-        ),
-    }
-    threads = {name: threading.Thread(target=lambda n=name: answers.update({n: send[n]()})) for name in send}
-    try:
-        threads["a"].start()
-        _wait_for(lambda: requests() == ["a"])
-        threads["b"].start()
-        threads["c"].start()
-        time.sleep(0.5)  # given time, neither is read: a's megabyte and either of theirs pass the bound
-        assert requests() == ["a"]
-        with lock:
-            held[0][1].set_result((200, {}))
-        _wait_for(lambda: len(requests()) == 2)  # b or c, whichever came first, but not both
-        time.sleep(0.3)
-        assert len(requests()) == 2
-        with lock:
-            held[1][1].set_result((200, {}))
-        _wait_for(lambda: len(requests()) == 3)
-        with lock:
-            held[2][1].set_result((200, {}))
-        for thread in threads.values():
-            thread.join(timeout=20)
-    finally:
-        endpoint.close()
-    assert sorted(requests()) == ["a", "b", "c"]
-    assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers.values()) and len(answers) == 3
-
-
-def _wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+    check_bytes_past_the_bound_wait_unread()
 
 
 @pytest.mark.server
