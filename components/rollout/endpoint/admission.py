@@ -14,7 +14,7 @@ class Slots:
     """``max_connections`` slots for open connections. A connection that has sent no request head yet (idle since it
     opened, or sending its head a byte at a time) holds its slot only until another connection needs one: then the
     oldest such connection is closed. A connection that has sent a head keeps its slot (an unauthenticated one is
-    answered 401 and closed at once), so idle connections without the token cannot lock the run's clients out; a
+    answered 401 and closed at once), so idle connections without a key cannot lock the agents out; a
     connection opened while every slot is held by one that sent a head is answered 503 (retried)."""
 
     def __init__(self, max_connections: int):
