@@ -1,6 +1,7 @@
 """OpenAIAgent and its endpoint: an agent that raises, hangs, never calls or is cancelled gives a scored failure and a
-counted metric, never a hung run; only the run's token reaches the sampler; async agents; /v1/completions continues
-the recorded ids; requests the endpoint cannot honour are refused with OpenAI's error shape."""
+counted metric, never a hung run; only an episode's own key reaches the sampler, at its own URL; async agents;
+/v1/completions continues the recorded ids; requests the endpoint cannot honour (or parse safely) are refused with
+OpenAI's error shape."""
 
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ def test_cancel_ends_a_round_under_way_at_once(policy):
     assert float(out["metrics"]["agent/timeout_frac"]) == 1 and out["batch"].batch_size == 4
 
 
-def test_only_the_runs_token_reaches_the_sampler_on_loopback(policy):
+def test_only_an_episodes_own_key_reaches_the_sampler_on_loopback(policy):
     import httpx
 
     URLS.clear()
