@@ -68,11 +68,14 @@ def configured_params(
     top_k: int,
     stop_token_ids: list[int] | None,
     greedy_baseline: bool,
+    ignore_eos: bool = False,
 ) -> SamplingParams:
     """A rollout's own sampling settings from its constructor's arguments; a bad value is an error naming ``who``."""
     try:
         stop = tuple(stop_token_ids or ())
-        return SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, stop, False, greedy_baseline)
+        return SamplingParams(
+            group_size, max_new_tokens, temperature, top_p, top_k, stop, False, greedy_baseline, ignore_eos
+        )
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
 

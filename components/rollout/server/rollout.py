@@ -75,6 +75,7 @@ class ServerRollout(Rollout):
         deadline_s: float = 1800.0,
         progress_every_s: float = 60.0,
         partial_rollouts: bool = False,
+        ignore_eos: bool = False,
     ):
         """
         Args:
@@ -134,10 +135,12 @@ class ServerRollout(Rollout):
                 requests in flight, which then continue with the new weights; each token keeps the version that
                 sampled it (``token_versions``) and its log-prob under that version, so the off-policy correction is
                 per token. False: a push waits for the requests in flight, and every response comes from one version.
+            ignore_eos: the tokenizer's EOS does not end a response (the engine's ``ignore_eos``; benchmarks: every
+                response ``max_new_tokens`` long unless a stop token ends it).
         """
         who = type(self).__name__
         self.params = configured_params(
-            who, group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline
+            who, group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline, ignore_eos
         )
         self.servers = Servers(
             Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
@@ -260,7 +263,7 @@ class ServerRollout(Rollout):
         for i, (input_ids, n, temperature, images) in enumerate(jobs):
             request = Request(
                 input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
-                list(params.stop_token_ids), images,
+                list(params.stop_token_ids), images, params.ignore_eos,
             )  # fmt: skip
             url = connection.urls[i % len(connection.urls)]
             futures.append(
