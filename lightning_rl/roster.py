@@ -8,6 +8,7 @@
     val_reward  Reward.setup, when not ``reward`` no      reloaded                          -                 a RewardModel's body  -         -
     teacher     Teacher.setup                     no      reloaded                          -                 the LM, in process    -         teacher_logprobs (+ top-k)
 
+The rewards score during the collect phase only: a replay of recorded rollouts (lightning_rl.loop.replay) builds neither.
 A server teacher (components.teacher.ServerTeacher) holds no model here: its servers score, and it has no FSDP2 unit.
 "Reloaded": checkpoints leave the model's frozen weights out and it is built again from its path; a LoRA model's
 frozen base is reloaded the same way and checked against a fingerprint. Checkpointing (lightning_rl.checkpoint), FSDP2
@@ -81,6 +82,8 @@ class Slot:
     """The trainer forward's pass with this model over a micro-batch, or None when the run needs none."""
     note: Callable[[Any], str | None] = lambda m: None
     """What ``--dry_run`` says of the slot besides its parameter count (e.g. a reference without a model of its own)."""
+    collects: bool = False
+    """It serves the collect phase only (it scores responses): a replay from recorded rollouts builds none."""
 
     def model(self, module) -> Any:
         """The object the module holds in this slot (a model or a component), or None."""
@@ -222,13 +225,20 @@ def _reward_units(reward) -> list[ShardUnit]:
     return [(scalar_head(reward.model)[0], None)] if isinstance(getattr(reward, "model", None), nn.Module) else []
 
 
-REWARD = Slot("reward", "model.reward", lambda m: m.reward.setup(m.tokenizer), shard=lambda m: _reward_units(m.reward))
+REWARD = Slot(
+    "reward",
+    "model.reward",
+    lambda m: m.reward.setup(m.tokenizer),
+    shard=lambda m: _reward_units(m.reward),
+    collects=True,
+)
 VAL_REWARD = Slot(
     "val_reward",
     "model.val_reward",
     # the same object as ``reward`` unless configured: set up (and sharded) once
     lambda m: m.val_reward.setup(m.tokenizer) if m.val_reward is not m.reward else None,
     shard=lambda m: _reward_units(m.val_reward) if m.val_reward is not m.reward else [],
+    collects=True,
 )
 
 
