@@ -25,6 +25,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import Tensor, nn
 
 from components.reward.model import scalar_head
@@ -277,6 +278,21 @@ ROSTER: tuple[Slot, ...] = (POLICY, REFERENCE, CRITIC, REWARD, VAL_REWARD, TEACH
 def trained(module) -> list[tuple[Slot, nn.Module]]:
     """(slot, model) of every trained slot the module holds, in roster order (the optimizer's parameter groups)."""
     return [(slot, slot.model(module)) for slot in ROSTER if slot.trains and slot.model(module) is not None]
+
+
+def training_modes(module) -> Tensor:
+    """(M,) bool: the training flag of every submodule of the trained models, in roster order (dropout in the update
+    depends on them, and a sampler that switches the policy to eval mode and back changes them)."""
+    return torch.tensor([m.training for _, model in trained(module) for m in model.modules()], dtype=torch.bool)
+
+
+def set_training_modes(module, modes: Tensor) -> None:
+    """Set what `training_modes` returned (on a module holding the same models)."""
+    submodules = [m for _, model in trained(module) for m in model.modules()]
+    if len(submodules) != len(modes):
+        raise ValueError(f"{len(modes)} training flags for {len(submodules)} submodules of the trained models")
+    for submodule, mode in zip(submodules, modes.tolist()):
+        submodule.training = mode
 
 
 def scorers(module) -> list[Scorer]:

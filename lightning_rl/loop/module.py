@@ -233,7 +233,7 @@ class RLModule(LightningModule):
         """Train on ``record``'s batches instead of sampling and scoring them (``lightning-rl replay``,
         lightning_rl.loop.replay). ``reproduces``: the config trains as the recorded run did, so each iteration is
         checked against the record. Call before ``fit``."""
-        self.replay = Replay(record, self.loop_state, reproduces)
+        self.replay = Replay(record, self.loop_state, self, reproduces)
 
     # ------------------------------------------------------------------ the loop
     def training_step(self, dataloader_iter: Iterator) -> None:
@@ -256,7 +256,7 @@ class RLModule(LightningModule):
             )
             ptx_text = self._ptx_text(data)
         if self.recording is not None:
-            self.recording.collected(batch, metrics)
+            self.recording.collected(batch, metrics, self)
         with timer("score"):
             batch = self.trainer_forward(batch, self.temperature)
         with timer("estimate"):

@@ -2,7 +2,8 @@
 iteration's batch again needs, taken where it exists.
 
     collected   the collect phase is done: the random state the trainer's side starts from (torch's, CUDA's and the
-                mini-batch shuffle's: dropout and the mini-batch order draw from them), the collect phase's metrics,
+                mini-batch shuffle's: dropout and the mini-batch order draw from them), the trained models' training
+                flags (an in-process sampler switches the policy to eval mode and back), the collect phase's metrics,
                 and which fields of the batch the rollout and the reward gave
     trained     the advantages are estimated: the batch as the update trains it, the policy version training it, the
                 checksum of the weights before the update, PPO-ptx's text; handed to the background writer
@@ -22,6 +23,7 @@ from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.loop.metrics import WeightedMeans
 from lightning_rl.rng import global_random_state
 from lightning_rl.rollouts import RecordedIteration, weights_checksum
+from lightning_rl.roster import training_modes
 
 
 class IterationRecorder:
@@ -32,10 +34,13 @@ class IterationRecorder:
         self._random: dict[str, Tensor] = {}
         self._metrics: dict[str, dict[str, Tensor]] = {}
         self._collected: tuple[str, ...] = ()
+        self._modes: Tensor | None = None
 
-    def collected(self, batch: RolloutBatch, metrics: WeightedMeans) -> None:
-        """At the end of the collect phase (the trainer's side of the iteration starts from here)."""
+    def collected(self, batch: RolloutBatch, metrics: WeightedMeans, model: nn.Module) -> None:
+        """At the end of the collect phase (the trainer's side of the iteration starts from here); ``model``: the
+        module holding the trained models."""
         self._random = {**global_random_state(), "shuffle": self.state.shuffle.get_state()}
+        self._modes = training_modes(model)
         # the sums are replaced, never changed in place, as values are added: copies of the dicts are a snapshot
         self._metrics = {
             "sums": dict(metrics.sums),
@@ -68,5 +73,6 @@ class IterationRecorder:
                 metrics=self._metrics,
                 inputs=inputs,
                 weights=weights_checksum(model),
+                modes=self._modes,
             )
         )

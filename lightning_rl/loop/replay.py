@@ -8,6 +8,8 @@ What a recorded iteration gives back, and why each is needed for the same parame
   did, with whatever estimator and surrogate the replay's config names;
 - torch's random state (and CUDA's) and the mini-batch shuffle's as the trainer's side began: sampling drew from the
   first in the run, and a replay samples nothing, so dropout would otherwise draw other numbers;
+- the trained models' training flags then: an in-process sampler switches the policy to eval mode and back, which
+  turns dropout (a LoRA adapter's) on or off for the update;
 - the collect phase's metrics (rewards, staleness, dropped groups), logged again at the same iteration;
 - PPO-ptx's pretraining text.
 
@@ -37,14 +39,16 @@ from lightning_rl.core.ops import dist_ready
 from lightning_rl.loop.metrics import WeightedMeans
 from lightning_rl.rng import set_global_random_state
 from lightning_rl.rollouts import Record, RecordedIteration, weights_checksum
+from lightning_rl.roster import set_training_modes, training_modes
 
 
 class Replay:
     """Recorded batches in place of `lightning_rl.loop.collect.Collector` (same ``collect`` / ``push`` / ``version``)."""
 
-    def __init__(self, record: Record, state: LoopState, reproduces: bool = True):
-        """``reproduces``: the replay trains with the recorded run's settings, so it is checked against the record."""
-        self.record, self.state, self.reproduces = record, state, reproduces
+    def __init__(self, record: Record, state: LoopState, model: nn.Module, reproduces: bool = True):
+        """``model``: the module holding the trained models; ``reproduces``: the replay trains with the recorded run's
+        settings, so it is checked against the record."""
+        self.record, self.state, self.model, self.reproduces = record, state, model, reproduces
         self.replayed = 0
         self.diverged: str | None = None
         """The first difference from the recorded run (None: none so far)."""
@@ -66,9 +70,17 @@ class Replay:
                 f"{self.record.folder} was recorded by {self.record.world_size} rank(s), each its own batches; this "
                 f"replay runs {world}: set --trainer.devices (and --trainer.num_nodes) as the recorded run did"
             )
-        recorded = self._current = self.record.read(iteration + 1, rank)
+        try:
+            recorded = self._current = self.record.read(iteration + 1, rank)
+        except FileNotFoundError as missing:
+            first = self.record.iterations[0]
+            raise FileNotFoundError(
+                f"{missing}: replay from the run's checkpoint of iteration {first - 1} (--ckpt_path)"
+            ) from None
         set_global_random_state(recorded.random)
         self.state.shuffle.set_state(recorded.random["shuffle"])
+        if recorded.modes is not None and (self.reproduces or len(recorded.modes) == len(training_modes(self.model))):
+            set_training_modes(self.model, recorded.modes)  # models built otherwise than the run's keep their own
         for kind, named in recorded.metrics.items():  # the run's wall-clock times are not this replay's
             getattr(metrics, kind).update({k: v.to(device) for k, v in named.items() if not k.startswith("time/")})
         inputs = recorded.inputs

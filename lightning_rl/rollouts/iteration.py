@@ -10,6 +10,7 @@ version minus the sample's) for people reading it with pandas or DuckDB. Its met
                      the reward gave; the others the trainer computed from them)
     random/*         torch's random state (and CUDA's) and the mini-batch shuffle's when the trainer's side of the
                      iteration began: dropout and the mini-batch order draw from them
+    modes            the training flag of each submodule of the trained models then (whether dropout is on)
     metrics/*        the collect phase's metrics (weighted sums, weights, maxima, minima), logged again by a replay
     inputs/*         the iteration's other inputs (PPO-ptx's pretraining text)
     weights          `weights_checksum` of the trained parameters before the update
@@ -63,6 +64,8 @@ class RecordedIteration:
     """The iteration's other inputs by name (``ptx_ids``, ``ptx_mask``: PPO-ptx's text)."""
     weights: Tensor | None = None
     """`weights_checksum` of the trained parameters before this iteration's update."""
+    modes: Tensor | None = None
+    """(M,) bool: the training flag of each submodule of the trained models as the trainer's side began (dropout)."""
 
     @property
     def staleness(self) -> Tensor | None:
@@ -87,16 +90,18 @@ def parse_name(name: str) -> tuple[int, int] | None:
 
 
 def weights_checksum(model: nn.Module) -> Tensor:
-    """(N,) int64: per trained parameter, the sum of its elements' bits as integers. Exact and independent of the
-    order of the sum (integer addition), so equal weights give equal checksums on any thread count; one changed bit
-    changes it. A sharded parameter contributes its local shard."""
+    """(N,) int64: per trained parameter, the sum of its elements' bits read as integers, modulo 2^32 (2^64 for 8-byte
+    elements). Integer addition that wraps is exact and independent of the order of the sum, so equal weights give
+    equal checksums on any device or thread count, and one changed bit changes it; one pass over the weights, with no
+    copy (the cheapest exact check there is). A sharded parameter contributes its local shard."""
     sums = []
     for p in model.parameters():
         if not p.requires_grad:
             continue
-        local = p.to_local() if isinstance(p, DTensor) else p
+        local = (p.to_local() if isinstance(p, DTensor) else p).detach()
         bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[local.element_size()]
-        sums.append(local.detach().view(bits).sum(dtype=torch.int64))
+        wraps = torch.int64 if local.element_size() == 8 else torch.int32
+        sums.append(local.view(bits).sum(dtype=wraps).to(torch.int64))
     return torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)
 
 
@@ -119,8 +124,9 @@ def write_iteration(record: RecordedIteration, folder: Path, library_version: st
     tensors = {f"random/{k}": v for k, v in record.random.items()}
     tensors |= {f"metrics/{kind}/{k}": v for kind, named in record.metrics.items() for k, v in named.items()}
     tensors |= {f"inputs/{k}": v for k, v in record.inputs.items()}
-    if record.weights is not None:
-        tensors["weights"] = record.weights
+    tensors |= {
+        name: value for name, value in (("weights", record.weights), ("modes", record.modes)) if value is not None
+    }
     # clones: safetensors refuses two names on one storage (a metric logged under two names)
     blob = save_tensors({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()})
     table = pa.Table.from_arrays(arrays, schema=pa.schema(columns))
@@ -180,4 +186,5 @@ def read_iteration(path: Path) -> RecordedIteration:
         metrics=metrics,
         inputs={k.removeprefix("inputs/"): v for k, v in tensors.items() if k.startswith("inputs/")},
         weights=tensors.get("weights"),
+        modes=tensors.get("modes"),
     )
