@@ -118,13 +118,17 @@ def main() -> None:
                 flush=True,
             )
     total = {variant: sum(sum(r["seconds"]) for r in results) for variant, results in runs.items()}
-    medians = {variant: statistics.median(s for r in results for s in r["seconds"]) for variant, results in runs.items()}
+    medians = {
+        variant: statistics.median(s for r in results for s in r["seconds"]) for variant, results in runs.items()
+    }
     on = runs["on"][-1]
     print(f"after: {load_note()}")
     print(f"iterations timed: {args.pairs} x {args.iterations} per variant, {args.config}")
     print(f"medians per iteration: off {1000 * medians['off']:.1f} ms, on {1000 * medians['on']:.1f} ms")
     print(f"record on / off, seconds per iteration: {total['on'] / total['off']:.3f}")
-    print(f"disk per 1,000 samples: {on['disk'] / on['samples'] * 1000 / 1024:.1f} KiB ({on['samples']} samples recorded)")
+    print(
+        f"disk per 1,000 samples: {on['disk'] / on['samples'] * 1000 / 1024:.1f} KiB ({on['samples']} samples recorded)"
+    )
 
 
 if __name__ == "__main__":

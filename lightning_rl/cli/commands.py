@@ -79,7 +79,7 @@ SUBCOMMANDS = {
     "reward-model": "Train a Bradley-Terry reward model on preference pairs",
     "export": "Write a checkpoint as Hugging Face model folders",
     "components": "List every component a config can name",
-    "replay": "Train again from a run's recorded rollouts, with no engine",
+    "replay": "Train from a run's recorded rollouts, with no engine",
     "rollouts": "Show a rollout record: lightning-rl rollouts show DIR",
 }
 """`lightning-rl --help`: each subcommand in one line of an 80-column terminal."""

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     if iteration is None and Path(args.path).is_file():
         iteration = read_meta(Path(args.path))["iteration"]
     if iteration is None:
+        console.print(f"{record.folder}: {len(record)} iterations, {record.world_size} rank(s)")
         console.print(summary_table(record))
     else:
         recorded = record.read(iteration, args.rank)
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def summary_table(record: Record) -> Table:
     """One row per iteration: samples, the trained version, staleness, reward, response length, the file's size."""
-    table = Table(title=f"{record.folder}: {len(record)} iterations, {record.world_size} rank(s)")
+    table = Table()
     for name in ("iteration", "samples", "version", "staleness", "reward", "length", "truncated", "KiB"):
         table.add_column(name, justify="right")
     for iteration in record.iterations:
