@@ -12,9 +12,9 @@ the end of one training step to the end of the next, so everything between them 
 for the cores, Lightning's loop, the logging); the first ``--warmup`` iterations are left out. The record's share of
 the loop's own thread (``time/record_s``: the random state, the weights' checksum, the hand-over) is printed too.
 
-Last lines: ``record on / off, seconds per iteration: <ratio>`` (total time of the on runs over the off runs) and
-``disk per 1,000 samples: <KiB>``. On a shared machine the timings are skewed: the script prints the load average
-before and after; quote the ratio from a quiet machine.
+Last lines: ``record on / off, seconds per iteration: <ratio> (recording costs <+x.x>% of an iteration)`` (total time
+of the on runs over the off runs) and ``disk per 1,000 samples: <KiB>``. On a shared machine the timings are skewed:
+the script prints the load average before and after; quote the ratio from a quiet machine.
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ def main() -> None:
     print(f"after: {load_note()}")
     print(f"iterations timed: {args.pairs} x {args.iterations} per variant, {args.config}")
     print(f"medians per iteration: off {1000 * medians['off']:.1f} ms, on {1000 * medians['on']:.1f} ms")
-    print(f"record on / off, seconds per iteration: {total['on'] / total['off']:.3f}")
+    ratio = total["on"] / total["off"]
+    print(
+        f"record on / off, seconds per iteration: {ratio:.3f} (recording costs {100 * (ratio - 1):+.1f}% of an iteration)"
+    )
     print(
         f"disk per 1,000 samples: {on['disk'] / on['samples'] * 1000 / 1024:.1f} KiB ({on['samples']} samples recorded)"
     )
