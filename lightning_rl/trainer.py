@@ -8,13 +8,14 @@ lightning_rl/default_trainer.yaml (a run folder ``runs/<name>/version_N`` with T
 before anything is written; validation every 50 iterations, before the first and after the last; no model summary),
 the RL progress bar (lightning_rl.callbacks.progress), atomic checkpoint files, the console without Lightning's tips and
 expected warnings (lightning_rl.console), ``ckpt_path`` through ``latest/`` continuing the run it belongs to,
-the prompts tokenised with the policy's tokenizer, and the seed.
+the prompts tokenised with the policy's tokenizer, the seed, and (``record_rollouts``) the rollout record.
 """
 
 from __future__ import annotations
 
 import lightning
 
+from lightning_rl.callbacks.record import RecordRollouts
 from lightning_rl.console import quiet
 from lightning_rl.run_setup import (
     as_list,
@@ -30,12 +31,21 @@ class Trainer(lightning.Trainer):
     """A ``lightning.Trainer`` as `lightning-rl fit` builds it (see the module's doc); every argument of
     ``lightning.Trainer`` overrides the default it names (``callbacks`` replaces the list, as in a config)."""
 
-    def __init__(self, name: str = "default", save_dir: str = "runs", seed: int | None = 0, **trainer_args):
+    def __init__(
+        self,
+        name: str = "default",
+        save_dir: str = "runs",
+        seed: int | None = 0,
+        record_rollouts: bool | RecordRollouts = False,
+        **trainer_args,
+    ):
         """
         Args:
             name: the run's name: its folder is ``<save_dir>/<name>/version_N`` (the CLI takes it from the preset).
             save_dir: the folder of every run (TensorBoard's ``--logdir``).
             seed: ``seed_everything`` (0: the CLI's ``seed_everything`` default); None leaves the random state as it is.
+            record_rollouts: record every trained batch into the run's ``rollouts/`` (True, or
+                ``RecordRollouts(keep_last=N)``), as ``lightning-rl fit --record_rollouts`` does.
             trainer_args: ``lightning.Trainer`` arguments (``max_steps`` counts RL iterations).
         """
         quiet()
@@ -43,6 +53,8 @@ class Trainer(lightning.Trainer):
             lightning.seed_everything(seed, verbose=False)
         args = {**trainer_defaults(name, save_dir), **trainer_args}
         callbacks = as_list(args.get("callbacks"))
+        if record_rollouts:
+            callbacks.append(RecordRollouts() if record_rollouts is True else record_rollouts)
         args["callbacks"] = [*callbacks, *progress_bar(callbacks, args.get("enable_progress_bar", True))]
         args["plugins"] = with_run_plugins(args.get("plugins"))
         super().__init__(**args)
