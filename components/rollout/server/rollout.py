@@ -208,6 +208,10 @@ class ServerRollout(Rollout):
         return self.pusher.stage(policy)
 
     @property
+    def releases_memory(self) -> bool:
+        return self.weights.release_memory
+
+    @property
     def weight_version(self) -> int:
         """The last version every server holds (0: their launch weights)."""
         return self.pusher.state.version
