@@ -64,6 +64,7 @@ from lightning_rl.run_setup import (  # noqa: E402
     TOKENIZER_LINK,
     as_list,
     begin_run,
+    ending_on_sigterm,
     progress_bar,
     with_run_plugins,
 )
@@ -212,7 +213,7 @@ class RunCLI(LightningCLI):
             new_run=bool(config.get("new_run")),
             policy_path=spec.path if spec is not None else None,
         )
-        super()._run_subcommand(subcommand)
+        ending_on_sigterm(self.trainer, lambda: super(RunCLI, self)._run_subcommand(subcommand))
 
     def validate(self, verbose: bool = True, **kwargs) -> list[dict]:
         """``Trainer.validate``, its results table with rounded numbers (Lightning prints 0.3100000023841858)."""

@@ -80,16 +80,31 @@ def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_
     assert_same(training_state(last(tmp_path / "straight")), training_state(last(tmp_path / "failed")))
 
 
+ASYNC = ["--config", str(Path(__file__).resolve().parents[3] / "configs/loop/async.yaml"),
+         "--model.rollout.init_args.return_logprobs=true"]  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, step", [("interrupt", 2), ("sigterm", 3)])
-def test_ctrl_c_and_sigterm_save_last_ckpt_before_exiting(tmp_path, tiny_model_path, fault, step):
-    """Ctrl-C in iteration 3 keeps iteration 2; a SIGTERM during iteration 3 lets it finish, then saves iteration 3."""
+@pytest.mark.parametrize(
+    "fault, loop, step, status",
+    [("interrupt", "sync", 2, 1), ("sigterm", "sync", 3, 143), ("sigterm", "async", 3, 143)],
+)
+def test_ctrl_c_and_sigterm_save_last_ckpt_before_exiting(tmp_path, tiny_model_path, fault, loop, step, status):
+    """Ctrl-C in iteration 3 keeps iteration 2, exit status 1; a SIGTERM during iteration 3 lets it finish, saves
+    iteration 3, then exits with status 143 (128 + SIGTERM), in the synchronous and the asynchronous loop: a scheduler
+    that pre-empted the run must not read it as a success (Lightning's SIGTERMException exits with 0)."""
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        with pytest.raises(SystemExit):
-            fit(tmp_path, tiny_model_path, 4, faulty(f"signal-{fault}", fault, 3))
+        with pytest.raises(SystemExit) as ended:
+            fit(
+                tmp_path,
+                tiny_model_path,
+                4,
+                [*faulty(f"signal-{fault}-{loop}", fault, 3), *(ASYNC if loop == "async" else [])],
+            )
     finally:
         signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C while it shuts down
+    assert ended.value.code == status
     assert last(tmp_path)["global_step"] == step
 
 
