@@ -49,6 +49,9 @@ class LoopState:
     shuffle: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     optimizer_steps: dict[str, int] = field(default_factory=lambda: {"policy": 0, "critic": 0})
     totals: dict[str, float] = field(default_factory=lambda: {"samples": 0.0, "tokens": 0.0})
+    trained: bool = False
+    """Whether the iteration under way has completed its update (not saved): a failure after it saves that iteration
+    as it is (lightning_rl.callbacks.fault), since its optimizer steps are done."""
 
     def snapshot(self) -> dict[str, Any]:
         """The state now (an iteration's start, to go back to when it is interrupted)."""

@@ -80,6 +80,38 @@ def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_
     assert_same(training_state(last(tmp_path / "straight")), training_state(last(tmp_path / "failed")))
 
 
+@pytest.mark.slow
+def test_a_failure_after_the_update_saves_that_iteration_and_the_resumed_run_is_exact(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    """The weight push after iteration 3's update fails (a server that died after iteration 2), no cadence save so far:
+    iteration 3's optimizer steps are done, so last.ckpt holds iteration 3 (before: none was written, and iterations
+    1-3 were lost although their updates completed), and resuming from it equals a straight run."""
+    from components.rollout import HFRollout
+
+    dense = [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
+    fit(tmp_path / "straight", tiny_model_path, 4, dense)
+
+    pushes = []
+    sync = HFRollout.sync_weights
+
+    def dies_at_the_third_push(self, policy):
+        pushes.append(1)
+        if len(pushes) == 3:
+            raise RuntimeError("the server at http://gen1:30000 went away")
+        sync(self, policy)
+
+    monkeypatch.setattr(HFRollout, "sync_weights", dies_at_the_third_push)
+    with pytest.raises(RuntimeError, match="went away"):
+        fit(tmp_path / "failed", tiny_model_path, 4, dense)
+    monkeypatch.undo()
+    saved = last(tmp_path / "failed")
+    assert saved["global_step"] == 3 and saved["PromptDataModule"]["position"]["batch"] == 3
+
+    fit(tmp_path / "failed", tiny_model_path, 4, dense, ckpt_path=tmp_path / "failed" / "checkpoints" / "last.ckpt")
+    assert_same(training_state(last(tmp_path / "straight")), training_state(last(tmp_path / "failed")))
+
+
 ASYNC = ["--config", str(Path(__file__).resolve().parents[3] / "configs/loop/async.yaml"),
          "--model.rollout.init_args.return_logprobs=true"]  # fmt: skip
 
