@@ -346,8 +346,9 @@ def _said_in_one_line() -> tuple[type[BaseException], ...]:
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
     from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError
     from lightning_rl.data.checks import DataError
+    from lightning_rl.digests import CheckpointError
 
-    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
+    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError, CheckpointError)
 
 
 def command_line(command: Callable[[], object]) -> None:
