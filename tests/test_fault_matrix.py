@@ -53,6 +53,7 @@
 | 256 (1,024 in benchmarks/agent_episodes_at_once.py) episodes connecting at once, busy CPUs | none lost (agent/error_frac 0)                          | components/test_openai_tito.py::test_a_round_of_many_episodes_connecting_at_once_loses_none |
 | server keeps one old tensor below the probe's tolerance (a norm, the vision tower) | the exact check (checksums before/after the push) names tensor and server | test_stale_tensor_named / components/test_server_verify.py |
 | server loads a push but keeps its old weight_version     | verification fails naming the server and both versions              | test_version_not_applied / components/test_server_verify.py                               |
+| teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -542,3 +543,26 @@ def test_stale_tensor_named(tiny_model_path, tokenizer):
 def test_version_not_applied(tiny_model_path, tokenizer):
     with pytest.raises(SGLangError, match=r"answers with weight_version '1' after the push of version 2"):
         _pushed_twice(tiny_model_path, tokenizer, {"keep_version": True})
+
+
+@pytest.mark.parametrize(
+    "fault, problem",
+    [
+        ({"logprobs": [float("nan"), -1.0]}, "log-prob nan for the given token at position 0"),
+        ({"logprobs": [-0.5, 0.7]}, "log-prob 0.7 for the given token at position 1"),
+        ({"top_ids": [[3, 3], [5, 6]]}, "token id 3 twice in the top 2 at position 0"),
+        ({"top_ids": [[3, 4], [5, 40]]}, "top-k token id 40 at position 1, outside the policy's vocabulary (0..17)"),
+        ({"top_logprobs": [[-0.5, float("inf")], [-0.6, -1.1]]}, "top-2 log-probs [-0.5, inf] at position 0"),
+    ],
+)
+def test_teacher_answer(fault, problem):
+    from components.rollout.server.samples import Scored
+    from components.teacher.answers import check_scored
+
+    answer = Scored([-0.5, -1.0], None, [[3, 4], [5, 6]], [[-0.5, -1.2], [-0.6, -1.1]])
+    check_scored(SGLangError, "http://teacher:30000", "model.teacher.init_args", answer, 2, 2, 18)  # a model's answer
+    with pytest.raises(
+        SGLangError, match=r"^SGLang server at http://teacher:30000 \(model.teacher.init_args\) "
+    ) as err:
+        check_scored(SGLangError, "http://teacher:30000", "model.teacher.init_args", answer._replace(**fault), 2, 2, 18)
+    assert problem in str(err.value)
