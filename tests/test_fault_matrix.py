@@ -53,6 +53,7 @@
 | 256 (1,024 in benchmarks/agent_episodes_at_once.py) episodes connecting at once, busy CPUs | none lost (agent/error_frac 0)                          | components/test_openai_tito.py::test_a_round_of_many_episodes_connecting_at_once_loses_none |
 | server keeps one old tensor below the probe's tolerance (a norm, the vision tower) | the exact check (checksums before/after the push) names tensor and server | test_stale_tensor_named / components/test_server_verify.py |
 | server loads a push but keeps its old weight_version     | verification fails naming the server and both versions              | test_version_not_applied / components/test_server_verify.py                               |
+| server serving another model than the policy (vocabulary 22 vs 18, architecture, a weight's name or shape) | one line naming server, checkpoint and difference before any request or push | test_served_model / components/test_server_served.py, components/test_rollout_contract.py (both engines) |
 | teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
@@ -566,3 +567,22 @@ def test_teacher_answer(fault, problem):
     ) as err:
         check_scored(SGLangError, "http://teacher:30000", "model.teacher.init_args", answer._replace(**fault), 2, 2, 18)
     assert problem in str(err.value)
+
+
+@pytest.mark.server
+def test_served_model(tiny_model_path, tokenizer):
+    from components.rollout import SGLangRollout
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    calc = str(Path(__file__).resolve().parents[1] / "lightning_rl/assets/tiny-calc")  # 22 tokens
+    server = FakeSGLangServer(calc).start()
+    rollout = SGLangRollout(base_url=server.url, backoff=0.01)
+    try:
+        rollout.setup(tokenizer)
+        with pytest.raises(SGLangError, match=r"serves .*tiny-calc, not the policy's: its vocabulary has 22 tokens"):
+            rollout.sync_weights(load_causal_lm(ModelSpec(path=tiny_model_path)))  # 18 tokens
+        assert server.weight_version == "default" and not server.generate_calls  # nothing was sent
+    finally:
+        rollout.close()
+        server.stop()

@@ -16,6 +16,7 @@ checksums     ``POST /weight_checker {action: checksum}`` -> ``{checksums: {"dp0
               parameter as the server holds it (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the
               embedding padded to 64 rows, with LoRA enabled under ``<layer>.base_layer.``)
 health        ``GET /health``
+served        ``GET /v1/models`` (``root``: the checkpoint it loaded), checked against the policy
 """
 
 from __future__ import annotations
