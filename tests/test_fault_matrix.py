@@ -54,6 +54,7 @@
 | server keeps one old tensor below the probe's tolerance (a norm, the vision tower) | the exact check (checksums before/after the push) names tensor and server | test_stale_tensor_named / components/test_server_verify.py |
 | server loads a push but keeps its old weight_version     | verification fails naming the server and both versions              | test_version_not_applied / components/test_server_verify.py                               |
 | server serving another model than the policy (vocabulary 22 vs 18, architecture, a weight's name or shape) | one line naming server, checkpoint and difference before any request or push | test_served_model / components/test_server_served.py, components/test_rollout_contract.py (both engines) |
+| `launch: {port: P}` on a port another run's server holds (or takes before the launched one binds it) | one line before anything is sent: the port is in use, or the socket on it is not the launched process group's | test_launch_port_taken / components/test_server_connection.py (both engines) |
 | teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
@@ -586,3 +587,20 @@ def test_served_model(tiny_model_path, tokenizer):
     finally:
         rollout.close()
         server.stop()
+
+
+@pytest.mark.server
+def test_launch_port_taken(tiny_model_path, tokenizer):
+    from components.rollout import SGLangRollout
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    other = FakeSGLangServer(tiny_model_path).start()  # another run's server
+    port = other.httpd.server_address[1]
+    rollout = SGLangRollout(launch={"model_path": tiny_model_path, "port": port}, backoff=0.01)
+    try:
+        with pytest.raises(SGLangError, match=f"another process already listens on port {port}"):
+            rollout.setup(tokenizer)
+    finally:
+        rollout.close()
+        other.stop()
+    assert not other.generate_calls and other.weight_version == "default"  # nothing was sent to it
