@@ -95,6 +95,10 @@ class Engine(ScoringEngine):
     """Module names the engine fuses on load, trainer name -> the engine's (``q_proj`` -> ``qkv_proj``): a checksum
     of the fused tensor stands for each of its parts."""
 
+    def check_setup(self, url: str) -> None:
+        """Refuse, in one line naming what is missing, a server started without what the rollout needs (engines whose
+        servers report their configuration override it)."""
+
     def served(self, url: str) -> Served:
         """What the server at ``url`` says it serves (its checkpoint, from ``/v1/models``; engines that say more
         override it)."""

@@ -171,6 +171,12 @@ class ServerRollout(Rollout):
     def _connect(self) -> None:
         self._served_checked = False
         fresh = self.connection.connect(type(self).__name__, self.weights.release_memory)
+        try:
+            for url in self.connection.urls:  # before any request: a server that cannot give what the rollout needs
+                self.connection.engine.check_setup(url)
+        except BaseException:
+            self.connection.close()
+            raise
         if fresh:
             self.pusher.forget_servers()
         self.pusher.engine = self.connection.engine
