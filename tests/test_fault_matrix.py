@@ -57,6 +57,7 @@
 | `launch: {port: P}` on a port another run's server holds (or takes before the launched one binds it) | one line before anything is sent: the port is in use, or the socket on it is not the launched process group's | test_launch_port_taken / components/test_server_connection.py (both engines) |
 | hand-started vLLM without `--logprobs-mode processed_logprobs` (log-probs of the raw logits at temperature 0.5) | refused at set-up, one line naming the flag | components/test_vllm_server_checks.py::test_log_probs_of_the_raw_logits_are_refused_naming_the_flag (real vLLM) |
 | hand-started vLLM without `--weight-transfer-config`, `weight_sync: distributed` | one line naming the flag before any weight group, exit status 1 (was 134) | components/test_vllm_server_checks.py::test_a_distributed_push_to_a_server_without_the_transfer_engine_is_one_line_and_status_1 |
+| a server refusing to join the weight group at once (either engine)  | its one-line error and exit status 1: the group's store is made on the calling thread (was 134) | components/test_server_weight_group.py |
 | teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
