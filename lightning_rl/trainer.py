@@ -8,7 +8,8 @@ lightning_rl/default_trainer.yaml (a run folder ``runs/<name>/version_N`` with T
 before anything is written; validation every 50 iterations, before the first and after the last; no model summary),
 the RL progress bar (lightning_rl.callbacks.progress), atomic checkpoint files, the console without Lightning's tips and
 expected warnings (lightning_rl.console), ``ckpt_path`` through ``latest/`` continuing the run it belongs to,
-the prompts tokenised with the policy's tokenizer, the seed, and (``record_rollouts``) the rollout record.
+the prompts tokenised with the policy's tokenizer, the seed, (``record_rollouts``) the rollout record, and
+``SystemExit(143)`` after a SIGTERM (Lightning's has no status: 0).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from lightning_rl.console import quiet
 from lightning_rl.run_setup import (
     as_list,
     begin_run,
+    ending_on_sigterm,
     link_tokenizer,
     progress_bar,
     trainer_defaults,
@@ -74,12 +76,19 @@ class Trainer(lightning.Trainer):
         ckpt_path = self._begin(
             "fit", model, datamodule if datamodule is not None else train_dataloaders, ckpt_path, new_run
         )
-        return super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs)
+        return ending_on_sigterm(
+            self,
+            lambda: super(Trainer, self).fit(
+                model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, **kwargs
+            ),
+        )
 
     def validate(self, model=None, dataloaders=None, ckpt_path=None, verbose: bool = True, datamodule=None, **kwargs):
         """``lightning.Trainer.validate``; the points of a run's checkpoint go into that run, at its iteration."""
         ckpt_path = self._begin("validate", model, datamodule if datamodule is not None else dataloaders, ckpt_path)
-        return super().validate(model, dataloaders, ckpt_path, verbose, datamodule, **kwargs)
+        return ending_on_sigterm(
+            self, lambda: super(Trainer, self).validate(model, dataloaders, ckpt_path, verbose, datamodule, **kwargs)
+        )
 
     def _begin(self, stage: str, model, data, ckpt_path, new_run: bool = False):
         """The run set-up the CLI does too (lightning_rl.run_setup): the checkpoint path resolved, the run's folder

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "lightning_rl.roster",
             "lightning_rl.rng",
+            "lightning_rl.digests",
             "lightning_rl.checkpoint",
             "lightning_rl.distributed",
             "lightning_rl.runs",

@@ -66,6 +66,7 @@ from lightning_rl.run_setup import (  # noqa: E402
     TOKENIZER_LINK,
     as_list,
     begin_run,
+    ending_on_sigterm,
     progress_bar,
     with_run_plugins,
 )
@@ -226,7 +227,7 @@ class RunCLI(LightningCLI):
             new_run=bool(config.get("new_run")),
             policy_path=spec.path if spec is not None else None,
         )
-        super()._run_subcommand(subcommand)
+        ending_on_sigterm(self.trainer, lambda: super(RunCLI, self)._run_subcommand(subcommand))
 
     def validate(self, verbose: bool = True, **kwargs) -> list[dict]:
         """``Trainer.validate``, its results table with rounded numbers (Lightning prints 0.3100000023841858)."""
@@ -393,8 +394,9 @@ def _said_in_one_line() -> tuple[type[BaseException], ...]:
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
     from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError
     from lightning_rl.data.checks import DataError
+    from lightning_rl.digests import CheckpointError
 
-    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
+    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError, CheckpointError)
 
 
 def command_line(command: Callable[[], object]) -> None:

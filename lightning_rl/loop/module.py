@@ -244,6 +244,7 @@ class RLModule(LightningModule):
 
     def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans(self.device)
+        self.loop_state.trained = False
         iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
         max_steps = self.trainer.max_steps
         rounds_left = (
@@ -284,16 +285,18 @@ class RLModule(LightningModule):
                     ptx_text=ptx_text,
                 )
         with timer("sync"):
-            if steps:
-                source.push(self.policy)
             if self.kl is not None and self.kl.refresh_due(iterations_done):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self.update.update_kl(batch)
-        count_iteration(self.trainer, steps)  # global_step counts RL iterations (lightning_rl.lightning_compat)
+            # the iteration is trained: a failure from here on (a push to a dead server) saves it, never loses it
+            count_iteration(self.trainer, steps)  # global_step counts RL iterations (lightning_rl.lightning_compat)
+            if self.collector.ahead is not None:
+                self.collector.ahead.trained()  # an exception before here resamples this iteration's rounds after a resume
+            self.loop_state.trained = True
+            if steps:
+                source.push(self.policy)
         self.reporter.iteration(self.trainer, batch, metrics, timer, self.optimizers().param_groups[0]["lr"], self.log)
-        if self.collector.ahead is not None:
-            self.collector.ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
 
     def _ptx_text(self, data: dict):
         """PPO-ptx: this iteration's pretraining text (ids, mask), which the data module attaches to the prompts."""

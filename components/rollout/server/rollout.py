@@ -27,6 +27,7 @@ from .fanout import wait_for_answers
 from .generation import sample
 from .push import Pusher
 from .samples import Request, Sample, image_data, to_batch
+from .served import check_served
 from .settings import Servers, Verification, WeightPush
 
 
@@ -159,6 +160,7 @@ class ServerRollout(Rollout):
         )
         self.connection = Connection(self.servers, self.engine_type, self.weights)
         self.pusher = Pusher(self.weights, self.verification, self, f"lightning_rl_{who.lower()}_weights_")
+        self._served_checked = False  # whether the connected servers were checked to serve the policy
 
     # ------------------------------------------------------------------ life
     def setup(self, tokenizer) -> None:
@@ -170,13 +172,21 @@ class ServerRollout(Rollout):
             self._connect()
 
     def _connect(self) -> None:
+        self._served_checked = False
         fresh = self.connection.connect(type(self).__name__, self.weights.release_memory)
+        try:
+            for url in self.connection.urls:  # before any request: a server that cannot give what the rollout needs
+                self.connection.engine.check_setup(url)
+        except BaseException:
+            self.connection.close()
+            raise
         if fresh:
             self.pusher.forget_servers()
         self.pusher.engine = self.connection.engine
         self.pusher.urls = list(self.weights.weight_update_urls or self.connection.urls)
 
-    def _connected(self) -> None:
+    def _connected(self, policy: nn.Module | None = None) -> None:
+        """Connect again after ``close``; with the policy, check once per connection that every server serves it."""
         if not self.connection.open:
             if not hasattr(self, "eos_token_id"):
                 raise RuntimeError(
@@ -184,13 +194,18 @@ class ServerRollout(Rollout):
                     "(RLModule.configure_model calls it)"
                 )
             self._connect()  # used again after close() (e.g. trainer.validate after trainer.fit)
+        if policy is not None and not self._served_checked:
+            engine = self.connection.engine
+            for url in self.connection.urls:  # before any request or push reaches them
+                check_served(engine, url, policy, f"{self.connection.key}.base_url")
+            self._served_checked = True
 
     def prepare(self, policy: nn.Module, max_staleness: int = 1) -> None:
         """Asynchronous training: connect and push the first weights here, on the trainer's thread; from now until
         ``close`` requests may be in flight during a push (no separate cache flush; partial rollouts interrupt them).
         A LoRA adapter push keeps the ``max_staleness + 1`` newest adapters loaded: requests in flight finish on theirs."""
         self.pusher.adapters.keep = max_staleness + 1
-        self._connected()
+        self._connected(policy)
         if self.pusher.state.view().needs_sync and self.weights.sync_before_first_rollout:
             self.sync_weights(policy)
         self.pusher.overlapping = True
@@ -203,12 +218,16 @@ class ServerRollout(Rollout):
     # ------------------------------------------------------------------ weights
     def sync_weights(self, policy: nn.Module) -> None:
         """Push ``policy``'s weights to every server as ``weight_version + 1`` (rank 0 pushes, all ranks wait)."""
-        self._connected()
+        self._connected(policy)
         self.pusher.sync(policy)
 
     def stage_weights(self, policy: nn.Module):
-        self._connected()
+        self._connected(policy)
         return self.pusher.stage(policy)
+
+    @property
+    def releases_memory(self) -> bool:
+        return self.weights.release_memory
 
     @property
     def weight_version(self) -> int:
@@ -218,7 +237,7 @@ class ServerRollout(Rollout):
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
         params = params or self.params
-        self._connected()
+        self._connected(policy)
         state = self.pusher.state.view()
         if (state.needs_sync and self.weights.sync_before_first_rollout) or (
             state.failed and not self.pusher.overlapping
