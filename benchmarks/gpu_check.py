@@ -1,4 +1,4 @@
-"""The GPU check: the CUDA path run, checked and measured on one GPU in one call of about 8 minutes, ending in one
+"""The GPU check: the CUDA path run, checked and measured on one GPU in one call of about 9 minutes, ending in one
 table (printed last, and written with the whole log to ``--out``). Start it through benchmarks/gpu_check.sh, which
 installs the carried wheels (scripts/gpu_wheels.sh) and refuses to start where there is no CUDA device.
 
@@ -10,18 +10,23 @@ Each part runs in processes of its own under a time budget of its own, within th
 part the time left does not cover is skipped with the reason, and one that overruns is stopped and reported with
 what it finished, so the call always ends with the table:
 
-  a  tests  ``pytest -m gpu``: every preset for 2 iterations on CUDA in bf16-mixed, and asynchronous GRPO (a round
-            sampled ahead on a thread of its own); DDP and FSDP2 on NCCL train as one GPU and resume exactly;
-            SGLangRollout with a loopback server it starts on the same GPU: ``weight_sync: tensor`` (CUDA IPC
-            handles) and the server's memory released and resumed between rollouts
-  b  jobs   the default job (validate, fit configs/grpo.yaml, validate the last checkpoint; scripts/default_job.sh)
-            and the same for configs/ppo_rlhf.yaml, on CUDA in bf16-mixed: held-out greedy accuracy, seconds (each
-            fit stops at its share of the budget, ``trainer.max_time``, if its 200 iterations take longer)
+The parts run in the order of the figures still missing (``--parts`` picks and orders them):
+
   c  trl    benchmarks/compare_trl.py on a random Qwen2 of Qwen2.5-0.5B's shape built here, 8 prompts x 8 samples x
             256 new tokens, bf16: samples/s of ours and TRL 1.16's GRPOTrainer, peak GPU memory, and the model FLOPs
             utilisation of our update phase against the bf16 matrix rate measured at the start
+  m  moe    benchmarks/routing_replay.py on the tiny mixture-of-experts policy, the sampler in bf16 and the trainer in
+            fp32, routing replay off and on: route agreement and the trainer/sampler log-prob gap (skipped, saying so,
+            where the benchmark is not in the tree)
   d  long   benchmarks/long_responses.py on CUDA: token-budget packed micro-batches against padded ones (trainer),
             dropping finished rows against keeping them (sampler): tokens/s, peak memory, same gradients / tokens
+  a  tests  ``pytest -m gpu``, the slow memory-release test first: SGLangRollout with a loopback server it starts on
+            the same GPU, the server's memory released and resumed between rollouts, and ``weight_sync: tensor``
+            (CUDA IPC handles); every preset for 2 iterations on CUDA in bf16-mixed, and asynchronous GRPO (a round
+            sampled ahead on a thread of its own); DDP and FSDP2 on NCCL train as one GPU and resume exactly
+  b  jobs   the default job (validate, fit configs/grpo.yaml, validate the last checkpoint; scripts/default_job.sh)
+            and the same for configs/ppo_rlhf.yaml, on CUDA in bf16-mixed: held-out greedy accuracy, seconds (each
+            fit stops at its share of the budget, ``trainer.max_time``, if its 200 iterations take longer)
 """
 
 from __future__ import annotations
@@ -42,7 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import RESULT_PREFIX, ROOT, emit  # noqa: E402
 
-GPU_TESTS = [  # the most telling first: a part stopped by its budget still reports these
+# the slow memory-release test runs first, alone (it has never been reached on a device); then the rest, most telling first:
+# a part stopped by its budget still reports these
+MEMORY_RELEASE_TEST = (
+    "tests/components/test_sglang_rollout.py::test_memory_is_released_between_rollouts_and_resumed_before_use"
+)
+GPU_TESTS = [
     "tests/components/test_sglang_colocated.py",
     "tests/lightning_rl/test_distributed_gpu.py",
     "tests/lightning_rl/loop/test_async.py",
@@ -56,9 +66,10 @@ CPU_TWINS = [  # the dry run's stand-ins for the CUDA tests: the same tests on C
 ]
 JOBS = ["configs/grpo.yaml", "configs/ppo_rlhf.yaml"]
 # seconds per part on the GPU, and at the dry run's toy sizes on a loaded 2-core CPU
-BUDGETS = {"a": 150, "b": 100, "c": 160, "d": 60}
-DRY_BUDGETS = {"a": 900, "b": 900, "c": 900, "d": 400}
-NAMES = {"a": "tests", "b": "jobs", "c": "trl", "d": "long"}
+BUDGETS = {"c": 160, "m": 70, "d": 50, "a": 150, "b": 90}
+DRY_BUDGETS = {"c": 900, "m": 600, "d": 400, "a": 900, "b": 900}
+NAMES = {"c": "trl", "m": "moe", "d": "long", "a": "tests", "b": "jobs"}
+ORDER = "cmdab"
 RESERVE_S = 10  # kept back for the table
 JOB_OVERHEAD_S = 30  # a job's imports, CUDA start and its two validate commands, besides the fit
 
@@ -197,7 +208,10 @@ def import_problems() -> list[str]:
 # ---------------------------------------------------------------------------------------------- the parts
 def part_tests(check: Check, budget: float) -> None:
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-v", "-rfE", "--timeout=150"]
-    runs = [("pytest -m gpu", [*base, "-m", "gpu", *GPU_TESTS])]
+    runs = [
+        ("the memory-release test", [*base, "-m", "gpu", MEMORY_RELEASE_TEST]),
+        ("pytest -m gpu", [*base, "-m", "gpu", *GPU_TESTS, "--deselect", MEMORY_RELEASE_TEST]),
+    ]
     if check.dry_run:  # every CUDA test skips here; their CPU twins run the same code up to the device
         runs.append(("the CUDA tests' CPU twins", [*base, *CPU_TWINS]))
     for i, (what, command) in enumerate(runs):
@@ -347,6 +361,29 @@ def part_trl(check: Check, budget: float, peak: float, steps: int) -> None:
                   f"t = {r['ours_update_s']:.3f} s per iteration; N = every linear layer's weights and the LM head")  # fmt: skip
 
 
+def part_moe(check: Check, budget: float) -> None:
+    budget = min(budget, check.left())
+    script = ROOT / "benchmarks" / "routing_replay.py"
+    what = "tiny MoE, sampler bf16, trainer fp32, GRPO: log-prob gap with / without routing replay"
+    if not script.is_file():
+        return check.row(
+            "m", what, "skipped: benchmarks/routing_replay.py is not in this tree (routing replay not landed)"
+        )
+    size = ["--iterations=2", "--random-model", "--val-batches=1"] if check.dry_run else ["--iterations=10"]
+    code, _, text, seconds = check.run([sys.executable, str(script), "--seeds", "0", *size], budget)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    ratio = [line for line in lines if line.startswith("logprob gap with / without routing replay:")]
+    if not ratio:
+        return check.failed("m", what, code, text, seconds, budget)
+    agreement = [line for line in lines if "agreement" in line][-2:]
+    check.row(
+        "m",
+        what,
+        ratio[-1].rsplit(":", 1)[1].strip() + (" (" + "; ".join(agreement) + ")" if agreement else ""),
+        seconds,
+    )
+
+
 def part_long(check: Check, budget: float) -> None:
     budget = min(budget, check.left())
     size = (
@@ -381,9 +418,9 @@ def table(check: Check, header: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="abcd", help="which parts, e.g. abcd or c,d")
+    parser.add_argument("--parts", default=ORDER, help=f"which parts, in this order (default {ORDER}), e.g. c,d")
     parser.add_argument(
-        "--budget", type=float, default=None, help="seconds for the whole call (default 470 on a GPU, 3000 dry)"
+        "--budget", type=float, default=None, help="seconds for the whole call (default 520 on a GPU, 3600 dry)"
     )
     parser.add_argument(
         "--out", default=os.environ.get("OUT") or "/tmp/gpu_check", help="folder for gpu_check.md and gpu_check.log"
@@ -409,7 +446,7 @@ def main() -> None:
     parts = [p for p in args.parts.replace(",", "") if p in NAMES]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    total = args.budget or (3000 if args.cpu_dry_run else 470)
+    total = args.budget or (3600 if args.cpu_dry_run else 520)
     check = Check(out, total, args.cpu_dry_run)
     header, peak = machine(args.cpu_dry_run)
     for line in header:
@@ -437,6 +474,8 @@ def main() -> None:
             part_jobs(check, budget)
         elif part == "c":
             part_trl(check, budget, peak, args.trl_steps)
+        elif part == "m":
+            part_moe(check, budget)
         else:
             part_long(check, budget)
     header.append(

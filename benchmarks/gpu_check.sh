@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check on a fresh GPU machine without network: install the carried wheels, refuse to start without CUDA,
-# then benchmarks/gpu_check.py's parts in about 8 minutes, ending in one table (also $OUT/gpu_check.md).
+# then benchmarks/gpu_check.py's parts in about 9 minutes (the missing figures first: TRL, MoE routing replay, long responses, CUDA tests, bf16 jobs), ending in one table (also $OUT/gpu_check.md).
 #
 #   bash scripts/gpu_wheels.sh                    # first, on a machine with network: the wheels into .whl/
 #   bash benchmarks/gpu_check.sh                  # on the GPU machine (the repository root, .whl/ beside it)
