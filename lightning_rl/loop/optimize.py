@@ -192,6 +192,8 @@ class PolicyUpdate:
         per_token, surrogate_metrics = self.surrogate(logprobs, micro)
         if self.kl is not None:
             per_token = per_token + self.kl.loss_term(logprobs, micro)
+            if self.kl.placement == "loss" and self.kl.active:
+                metrics.add("kl/clamped_frac", masked_mean(self.kl.clamped(logprobs, micro), micro.loss_mask), tokens)
         for term in self.loss_terms:
             given = {"logits": logits} if term.needs_logits else {}
             per_token = per_token + term(logprobs, entropy, micro, **given)
