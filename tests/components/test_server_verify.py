@@ -69,6 +69,17 @@ def test_a_digest_sees_the_changes_a_bf16_server_sees():
     assert after.changed_since(before) == ["b", "c"] and after.changed_since(None) is None
 
 
+def test_what_a_digest_change_says_of_an_fp16_server_is_what_the_docstring_says():
+    """#46 item 5: the docstring said a change seen here is seen by an fp16 server too. 1 + 2^-8 +- 1e-5 is a
+    counterexample: two bf16 values (a change here), one fp16 value (none there): a false alarm, never a miss."""
+    below, above = torch.tensor([1 + 2**-8 - 1e-5]), torch.tensor([1 + 2**-8 + 1e-5])
+    assert below.to(torch.bfloat16).item() == 1.0 and above.to(torch.bfloat16).item() == 1 + 2**-7
+    assert below.half().item() == above.half().item() == 1 + 2**-8
+    assert digest(below) != digest(above)
+    tiny = torch.tensor([2e-8, 1e-8])  # below fp16's smallest subnormal / 2: zero there, two values in bf16
+    assert digest(tiny[:1]) != digest(tiny[1:]) and tiny.half().tolist() == [0.0, 0.0]
+
+
 def _rollout(tokenizer, url, **kwargs):
     from components.rollout import SGLangRollout
 
