@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from torch import Tensor, nn
 
-from components.reward.model import scalar_head
+from components.reward.model import RewardModel, scalar_head
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import OptimizerConfig
 from lightning_rl.core.logprobs import policy_logprobs
@@ -218,8 +218,10 @@ CRITIC = Slot(
 
 def _reward_units(reward) -> list[ShardUnit]:
     # a RewardModel calls the backbone and the scalar head itself, not the classifier's forward: the backbone is the
-    # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated
-    return [(scalar_head(reward.model)[0], None)] if isinstance(getattr(reward, "model", None), nn.Module) else []
+    # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated. It may sit inside
+    # rewards that wrap others (Composite, Shaped, MissingEOSPenalty), which hold it as a submodule.
+    found = reward.modules() if isinstance(reward, nn.Module) else ()
+    return [(scalar_head(r.model)[0], None) for r in found if isinstance(r, RewardModel) and r.model is not None]
 
 
 REWARD = Slot("reward", "model.reward", lambda m: m.reward.setup(m.tokenizer), shard=lambda m: _reward_units(m.reward))
