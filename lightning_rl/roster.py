@@ -108,7 +108,7 @@ def _policy_scorer(m) -> Scorer | None:
         return None
     rows = m.loop.logprob_chunk_rows
     return lambda chunk, t, packed: {
-        "old_logprobs": policy_logprobs(m.policy, chunk, t, chunk_rows=rows, packed=packed)[0]
+        "old_logprobs": policy_logprobs(m.policy, chunk, t, chunk_rows=rows, packed=packed, truncation=m.truncation)[0]
     }
 
 

@@ -1,0 +1,72 @@
+"""`Truncation`: the sampler's top-k / top-p rule, mirrored in the trainer's log-probs.
+
+A sampler that truncates draws from softmax(z / T) restricted to the tokens the rule keeps and renormalised over
+them, so the policy that sampled is log pi(y) = z_y / T - logsumexp over the kept tokens of z / T, not the full
+log_softmax. vLLM (``--logprobs-mode processed_logprobs``) reports that value; the trainer takes its ratio, KL and
+TIS/MIS corrections under the same distribution only if it applies the same rule.
+
+The rule is vLLM 0.32's (``vllm/v1/sample/ops/topk_topp_sampler.py``, ``apply_top_k_top_p_pytorch``: its CPU path)
+and transformers' `TopKLogitsWarper` then `TopPLogitsWarper` (`HFRollout`), which agree, on the tempered fp32 logits:
+
+* top-k (k > 0): keep every token whose value is at least the k-th largest; ties with it are all kept, so more
+  than k tokens may stay;
+* top-p (p < 1), on what top-k left: sort ascending, softmax, cumulative sum; drop the tokens whose cumulative
+  mass is <= 1 - p, and never the largest. A tie straddling that boundary is cut by sort position: the count of
+  kept tokens is the rule's, and since tied tokens weigh the same, so is the kept mass, whichever of them it kept.
+
+The sampled token is always in the kept set (the sampler drew it): where the trainer's logits put it just outside
+(the engines' logits differ in the last bits) its own weight joins the normaliser instead of giving -inf.
+
+Departures: SGLang truncates by position for top-k (exactly k tokens, ties cut) and keeps a token at exactly p
+mass; it reports log-probs before truncation, so nothing is renormalised there to compare with (see the server
+rollout docs). min-p is not mirrored (no rollout here sends it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """A sampler's top-k / top-p settings: ``top_k`` 0 and ``top_p`` 1.0 are off."""
+
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @classmethod
+    def of(cls, params) -> "Truncation | None":
+        """The truncation a rollout's `SamplingParams` sample with; None where there is none (greedy included:
+        a greedy sampler takes the argmax, which every rule keeps, and reports untruncated log-probs)."""
+        if params is None or params.sampling_temperature == 0 or (params.top_k == 0 and params.top_p >= 1.0):
+            return None
+        return cls(int(params.top_k), float(params.top_p))
+
+    def kept_logsumexp(self, z: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """logsumexp of ``z`` over the kept tokens, the sampled one included, and the smallest kept value.
+        Shapes: (c, V) fp32 tempered logits, (c,) -> (c,), (c,)."""
+        v = z.shape[-1]
+        z_sorted = z.sort(dim=-1).values  # (c, V) ascending, as vLLM and transformers sort
+        if 0 < self.top_k < v:
+            kth = z_sorted[:, v - self.top_k, None]  # (c, 1): the k-th largest
+            z_sorted = z_sorted.masked_fill(z_sorted < kth, float("-inf"))
+        if self.top_p < 1.0:
+            cumulative = z_sorted.softmax(dim=-1).cumsum(dim=-1)  # (c, V)
+            dropped = cumulative <= 1 - self.top_p
+            dropped[:, -1] = False  # at least one: the largest
+            z_sorted = z_sorted.masked_fill(dropped, float("-inf"))
+        floor = z_sorted.masked_fill(z_sorted == float("-inf"), float("inf")).min(dim=-1).values  # (c,)
+        lse = torch.logsumexp(z_sorted, dim=-1)  # (c,)
+        picked = z.gather(-1, targets[:, None]).squeeze(-1)  # (c,)
+        outside = picked < floor  # the trainer's logits put the sampled token just outside the kept set
+        return torch.where(outside, torch.logaddexp(lse, picked), lse), floor
+
+    def kept(self, z: Tensor, targets: Tensor, floor: Tensor) -> Tensor:
+        """The kept tokens by value (z >= the smallest kept value) and the sampled one. Shapes: (c, V), (c,), (c,)
+        -> (c, V) bool. Equals the rule's set but at an exact tie on the top-p boundary, where it keeps every tied
+        token (used for the gradient only)."""
+        keep = z >= floor[:, None]
+        return keep.scatter(-1, targets[:, None], True)

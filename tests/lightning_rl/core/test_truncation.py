@@ -1,0 +1,136 @@
+"""Top-k / top-p in the trainer's log-probs (#46 item 7): renormalised over the tokens the sampler kept, by vLLM's
+rule (transformers' warpers agree), ties included; hand-computed values, transformers' warpers, an independent fp64
+re-derivation and its gradient."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
+
+from lightning_rl.core.logprobs import sampled_logprobs
+from lightning_rl.core.sampling_params import SamplingParams
+from lightning_rl.core.truncation import Truncation
+
+
+def _logprobs(probs, targets, truncation, temperature=1.0):
+    z = torch.tensor([probs] * len(targets)).log() * temperature  # (c, V): softmax(z / T) = probs
+    return sampled_logprobs(z, torch.tensor(targets), temperature, truncation=truncation).tolist()
+
+
+def test_hand_computed_top_p_top_k_and_the_sampled_token_just_outside():
+    probs = [0.5, 0.25, 0.15, 0.1]
+    # top-p 0.7: ascending 0.1, 0.15, 0.25, 0.5 sum to 0.1, 0.25, 0.5, 1.0; those <= 0.3 go: kept {0.5, 0.25}, mass 0.75
+    got = _logprobs(probs, [0, 1, 2], Truncation(top_p=0.7), temperature=0.6)
+    # token 2 is outside the kept set (trainer's and sampler's logits differ): its own weight joins the normaliser
+    expected = [math.log(0.5 / 0.75), math.log(0.25 / 0.75), math.log(0.15 / 0.9)]
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert _logprobs(probs, [0, 1], Truncation(top_k=2)) == pytest.approx(expected[:2], abs=1e-6)
+    # top-k 3 first (mass 0.9: 5/9, 5/18, 1/6), then top-p 0.8 on it: 1/6 <= 0.2 goes, 1/6 + 5/18 = 4/9 stays
+    assert _logprobs(probs, [0, 1], Truncation(top_k=3, top_p=0.8)) == pytest.approx(expected[:2], abs=1e-6)
+    assert _logprobs(probs, [3], Truncation()) == pytest.approx([math.log(0.1)], abs=1e-6)  # off: plain log_softmax
+
+
+def test_ties_are_kept_by_top_k_and_counted_by_position_at_the_top_p_boundary():
+    z = torch.tensor([[2.0, 1.0, 1.0, 0.0]])
+    # top-k 2: the 2nd largest is 1.0, and both tokens at 1.0 stay: mass e^2 + 2e
+    got = sampled_logprobs(z, torch.tensor([0]), truncation=Truncation(top_k=2))
+    assert got.item() == pytest.approx(2 - math.log(math.e**2 + 2 * math.e), abs=1e-6)
+    # top-p 0.5 on 0.4, 0.2, 0.2, 0.2: ascending sums 0.2, 0.4, 0.6, 1.0, the first two go (<= 0.5): one of the three
+    # tied tokens stays (which one is the sort's), mass 0.6; a sampled tied token is the one that stayed
+    z = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log().expand(4, 4)
+    got = sampled_logprobs(z, torch.tensor([0, 1, 2, 3]), truncation=Truncation(top_p=0.5))
+    assert got.tolist() == pytest.approx([math.log(0.4 / 0.6)] + [math.log(0.2 / 0.6)] * 3, abs=1e-6)
+
+
+def test_the_kept_set_is_transformers_warpers_top_k_then_top_p():
+    """HFRollout samples through these warpers; vLLM's apply_top_k_top_p_pytorch is the same rule (and its real
+    processed log-probs are checked in benchmarks/truncated_logprobs.py)."""
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 300, generator=gen) * 3  # (c, V) tempered logits
+    for top_k, top_p in ((5, 1.0), (0, 0.9), (0, 0.3), (40, 0.95), (300, 0.5)):
+        warped = z.clone()
+        if top_k:
+            warped = TopKLogitsWarper(top_k)(None, warped)
+        if top_p < 1:
+            warped = TopPLogitsWarper(top_p)(None, warped)
+        targets = torch.multinomial(warped.softmax(-1), 1, generator=gen).squeeze(1)  # (c,): drawn as the sampler does
+        expected = warped.log_softmax(-1).gather(-1, targets[:, None]).squeeze(1)
+        got = sampled_logprobs(z, targets, truncation=Truncation(top_k, top_p), chunk_rows=7)
+        torch.testing.assert_close(got, expected, atol=2e-6, rtol=0, msg=str((top_k, top_p)))
+
+
+def _fp64_reference(z: torch.Tensor, target: int, top_k: int, top_p: float) -> float:
+    """One row's log-prob in fp64, by the definition read from the top: the top-k tokens by value (ties at the k-th
+    kept), then, most likely first, each token while the mass before it is < p of what top-k kept (vLLM's "ascending
+    cumulative mass > 1 - p"), then the sampled token."""
+    kept = _kept_sets(z[None], torch.tensor([target]), top_k, top_p)[0]
+    values = z.double()
+    return float(values[target] - values[kept].logsumexp(0))
+
+
+def test_an_fp64_rederivation_in_value_and_the_gradient_over_the_kept_tokens():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(24, 50, generator=gen, dtype=torch.float64) * 2
+    targets = torch.randint(0, 50, (24,), generator=gen)  # some outside the kept set
+    for top_k, top_p, t in ((0, 0.9, 0.7), (6, 1.0, 1.3), (10, 0.8, 1.0)):
+        truncation = Truncation(top_k, top_p)
+        x = logits.float().requires_grad_(True)
+        got = sampled_logprobs(x, targets, t, chunk_rows=5, truncation=truncation)
+        expected = [_fp64_reference(logits[i] / t, int(targets[i]), top_k, top_p) for i in range(24)]
+        assert got.tolist() == pytest.approx(expected, abs=2e-6)
+        # gradient: that of the fp64 log-softmax over the kept set (held fixed), times 1/T
+        weights = torch.randn(24, generator=gen, dtype=torch.float64)
+        (got * weights.float()).sum().backward()
+        y = (logits / t).requires_grad_(True)
+        kept = _kept_sets(logits / t, targets, top_k, top_p)
+        ref = (y.gather(1, targets[:, None]).squeeze(1) - y.masked_fill(~kept, -math.inf).logsumexp(1)) * weights
+        (grad,) = torch.autograd.grad(ref.sum(), y)
+        torch.testing.assert_close(x.grad.double(), grad / t, atol=2e-6, rtol=0)
+        assert (x.grad[~kept] == 0).all()  # dropped tokens get no gradient
+
+
+def _kept_sets(z: torch.Tensor, targets: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """(c, V) bool, row by row in fp64 Python floats."""
+    kept = torch.zeros(z.shape, dtype=torch.bool)
+    for i in range(z.shape[0]):
+        values = z[i].tolist()
+        order = sorted(range(len(values)), key=lambda j: -values[j])
+        if top_k:
+            order = [j for j in order if values[j] >= values[order[top_k - 1]]]
+        total, before = sum(math.exp(values[j]) for j in order), 0.0
+        for j in order:
+            if kept[i].any() and before >= top_p * total:
+                break
+            kept[i, j] = True
+            before += math.exp(values[j])
+        kept[i, targets[i]] = True
+    return kept
+
+
+def test_which_samplers_truncate():
+    assert Truncation.of(SamplingParams(temperature=1.0)) is None
+    assert Truncation.of(SamplingParams(temperature=0.7, top_p=0.9)) == Truncation(0, 0.9)
+    assert Truncation.of(SamplingParams(temperature=0.7, top_k=20)) == Truncation(20, 1.0)
+    assert Truncation.of(SamplingParams(temperature=0.0, top_p=0.9)) is None  # greedy: the argmax, untruncated
+    assert Truncation.of(SamplingParams(temperature=0.7, top_p=0.9, greedy=True)) is None
+
+
+def test_only_a_sampler_reporting_untruncated_logprobs_is_warned_about():
+    """The trainer mirrors top-k / top-p now: HFRollout with top_p is no longer warned about (it was, for every
+    sampler); SGLang, which reports log-probs before the truncation, is, since TIS/MIS would read log(kept mass)."""
+    import warnings
+
+    from components.rollout import HFRollout
+    from components.rollout.sglang import SGLangRollout
+    from lightning_rl.loop.module import RLModule
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*top_p.*")
+        module = RLModule(rollout=HFRollout(temperature=0.8, top_p=0.9, return_logprobs=True))
+    assert module.truncation == Truncation(0, 0.9)
+    assert RLModule(rollout=HFRollout(temperature=0.8)).truncation is None
+    with pytest.warns(UserWarning, match="reports its log-probs before the truncation"):
+        RLModule(rollout=SGLangRollout(base_url="http://127.0.0.1:9", temperature=0.8, top_k=20))
