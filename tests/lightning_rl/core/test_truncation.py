@@ -134,3 +134,41 @@ def test_only_a_sampler_reporting_untruncated_logprobs_is_warned_about():
     assert RLModule(rollout=HFRollout(temperature=0.8)).truncation is None
     with pytest.warns(UserWarning, match="reports its log-probs before the truncation"):
         RLModule(rollout=SGLangRollout(base_url="http://127.0.0.1:9", temperature=0.8, top_k=20))
+
+
+VLLM_RULE = """
+import json, sys, torch
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+z = torch.load(sys.argv[1])
+out = {}
+for top_k, top_p in ((3, 1.0), (0, 0.9), (0, 0.5), (20, 0.95)):
+    k = torch.full((z.shape[0],), top_k) if top_k else None
+    p = torch.full((z.shape[0],), top_p) if top_p < 1 else None
+    logprobs = apply_top_k_top_p_pytorch(z.clone(), k, p, allow_cpu_sync=True).log_softmax(-1)
+    targets = torch.multinomial(logprobs.exp(), 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
+    out[f"{top_k},{top_p}"] = [targets.tolist(), logprobs.gather(-1, targets[:, None]).squeeze(1).tolist()]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_vllms_own_rule_on_logits_full_of_ties(tmp_path):
+    """vLLM 0.32's apply_top_k_top_p_pytorch (its CPU path), run in its environment, on logits in steps of 1/4 (ties
+    at most boundaries): the log-probs it renormalises equal the trainer's."""
+    import json
+    import subprocess
+
+    from tests.fixtures.vllm_server import unavailable
+
+    if unavailable() is not None:
+        pytest.skip(f"no vLLM environment: {unavailable()}")
+    from components.rollout.vllm.environment import vllm_python
+
+    z = (torch.randn(48, 64, generator=torch.Generator().manual_seed(2)) * 8).round() / 4  # (c, V): ties
+    torch.save(z, tmp_path / "z.pt")
+    done = subprocess.run([vllm_python(), "-c", VLLM_RULE, str(tmp_path / "z.pt")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for key, (targets, expected) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        top_k, top_p = key.split(",")
+        got = sampled_logprobs(z, torch.tensor(targets), truncation=Truncation(int(top_k), float(top_p)))
+        torch.testing.assert_close(got, torch.tensor(expected), atol=1e-6, rtol=0, msg=key)
