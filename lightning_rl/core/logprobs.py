@@ -27,7 +27,7 @@ from lightning_rl.core.inputs import (
     sequence_inputs,
 )
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
-from lightning_rl.core.truncation import Truncation
+from lightning_rl.core.truncation import Truncation, reported_kept
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
@@ -37,43 +37,58 @@ def _rows_per_chunk(vocab: int, chunk_rows: int | None) -> int:
 
 
 class _SampledLogProb(torch.autograd.Function):
-    """log softmax(z / T)[target] for rows of z, chunked in both directions; with a `Truncation`, renormalised over
-    the tokens it keeps (the kept set is piecewise constant in z: the gradient treats it as fixed)."""
+    """log softmax(z / T)[target] for rows of z, chunked in both directions; renormalised over the tokens the sampler
+    kept where it reported them (``support``) or else over those a `Truncation` keeps (the kept set is piecewise
+    constant in z: the gradient treats it as fixed)."""
 
     @staticmethod
     def forward(
-        ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int, truncation: Truncation | None
+        ctx,
+        logits: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk_rows: int,
+        truncation: Truncation | None,
+        support: Tensor | None,
     ) -> Tensor:
         out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         floors = None if truncation is None else torch.empty_like(out)
         for i in range(0, logits.shape[0], chunk_rows):
-            z = logits[i : i + chunk_rows].float() / temperature  # (c, V)
-            picked = z.gather(-1, targets[i : i + chunk_rows, None]).squeeze(-1)
+            rows = slice(i, i + chunk_rows)
+            z = logits[rows].float() / temperature  # (c, V)
+            picked = z.gather(-1, targets[rows, None]).squeeze(-1)
             if truncation is None:
-                out[i : i + chunk_rows] = picked - torch.logsumexp(z, dim=-1)
+                lse = torch.logsumexp(z, dim=-1)
             else:
-                lse, floors[i : i + chunk_rows] = truncation.kept_logsumexp(z, targets[i : i + chunk_rows])
-                out[i : i + chunk_rows] = picked - lse
-        ctx.save_for_backward(logits, targets, *([] if floors is None else [floors]))
+                lse, floors[rows] = truncation.kept_logsumexp(z, targets[rows])
+            if support is not None:  # the sampler's own kept sets, where it reported them
+                keep, reported = reported_kept(support[rows], targets[rows], z.shape[-1])
+                lse = torch.where(reported, torch.logsumexp(z.masked_fill(~keep, float("-inf")), dim=-1), lse)
+            out[rows] = picked - lse
+        ctx.save_for_backward(logits, targets, floors, support)
         ctx.temperature, ctx.chunk_rows, ctx.truncation = temperature, chunk_rows, truncation
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        logits, targets, *floors = ctx.saved_tensors
+        logits, targets, floors, support = ctx.saved_tensors
         grad = torch.empty_like(logits)
         t = ctx.temperature
         for i in range(0, logits.shape[0], ctx.chunk_rows):
             rows = slice(i, i + ctx.chunk_rows)
             g_out = grad_out[rows].float().unsqueeze(-1)  # (c, 1)
             z = logits[rows].float() / t  # (c, V)
-            if ctx.truncation is not None:  # softmax over the kept tokens only
-                z = z.masked_fill(~ctx.truncation.kept(z, targets[rows], floors[0][rows]), float("-inf"))
+            kept = None if ctx.truncation is None else ctx.truncation.kept(z, targets[rows], floors[rows])
+            if support is not None:
+                keep, reported = reported_kept(support[rows], targets[rows], z.shape[-1])
+                kept = torch.where(reported[:, None], keep, True if kept is None else kept)
+            if kept is not None:  # softmax over the kept tokens only
+                z = z.masked_fill(~kept, float("-inf"))
             # d/dz [z_y - logsumexp(z)] = onehot(y) - softmax(z), times 1/T for z = logits / T
             g = -torch.softmax(z, dim=-1) * g_out
             g.scatter_add_(-1, targets[rows, None], g_out)
             grad[rows] = (g / t).to(logits.dtype)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def sampled_logprobs(
@@ -82,13 +97,16 @@ def sampled_logprobs(
     temperature: float = 1.0,
     chunk_rows: int | None = None,
     truncation: Truncation | None = None,
+    support: Tensor | None = None,
 ) -> Tensor:
-    """Log-probs of ``targets`` under softmax(logits / T), in fp32, renormalised over the tokens ``truncation`` keeps
-    (None: the whole vocabulary). Shapes: (..., V), (...) -> (...)."""
+    """Log-probs of ``targets`` under softmax(logits / T), in fp32, renormalised over the tokens the sampler kept:
+    ``support`` (..., K), the ids it reported (-1 padded; a position of -1 only reports none), else the tokens
+    ``truncation`` keeps (None: the whole vocabulary). Shapes: (..., V), (...) -> (...)."""
     shape = targets.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
     rows = _rows_per_chunk(logits.shape[-1], chunk_rows)
-    out = _SampledLogProb.apply(flat_logits, targets.reshape(-1), float(temperature), rows, truncation)
+    flat_support = None if support is None else support.reshape(-1, support.shape[-1])
+    out = _SampledLogProb.apply(flat_logits, targets.reshape(-1), float(temperature), rows, truncation, flat_support)
     return out.reshape(shape)
 
 
@@ -332,8 +350,8 @@ def policy_logprobs(
     truncation: Truncation | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R), zero on padding.
-    ``truncation``: the sampler's top-k / top-p, which the log-probs are renormalised under (the entropy is the
-    tempered distribution's, untruncated).
+    ``truncation``: the sampler's top-k / top-p, which the log-probs are renormalised under, over the kept sets the
+    sampler reported where the batch carries them (``sampling_support``); the entropy is the tempered distribution's.
 
     ``entropy_grad=False`` computes the entropy as a detached metric (no checkpointing cost).
     ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.core.packing) when the model
@@ -359,20 +377,22 @@ def policy_outputs(
     """`policy_logprobs`, and with ``keep_logits`` the response logits themselves (`ResponseLogits`)."""
     if packed:
         refuse_images(batch)
+    reported = batch.sampling_support if truncation is not None else None  # the sampler's kept sets: its policy only
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
         row = pack(
             batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model)
         )
         logits = packed_outputs(model, row)  # (N, V)
         targets = batch.response_ids[row.token_mask]  # (N,)
+        support = None if reported is None else reported[row.token_mask]  # (N, K)
         scatter = row.scatter
     else:
         logits = response_logits(
             model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.image_inputs
         )
-        targets = batch.response_ids
+        targets, support = batch.response_ids, reported  # (B, R), (B, R, K) or None
         scatter = None
-    logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows, truncation)
+    logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows, truncation, support)
     entropy = None
     if with_entropy:
         if entropy_grad:

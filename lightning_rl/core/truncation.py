@@ -70,3 +70,14 @@ class Truncation:
         token (used for the gradient only)."""
         keep = z >= floor[:, None]
         return keep.scatter(-1, targets[:, None], True)
+
+
+def reported_kept(support: Tensor, targets: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
+    """The kept sets a sampler reported (vLLM's ``sampling_mask``: the token ids top-k / top-p / min-p left samplable
+    at each position), the sampled token included, and which rows report one. Shapes: (c, K) long, -1 padded; (c,)
+    -> (c, V) bool, (c,) bool. A row of -1 reports none (the rule, or the whole vocabulary, stands there)."""
+    listed = support >= 0  # (c, K)
+    keep = torch.zeros(support.shape[0], vocab + 1, dtype=torch.bool, device=support.device)
+    keep.scatter_(-1, torch.where(listed, support, vocab), True)  # padding lands in the extra column
+    keep = keep[:, :vocab].scatter(-1, targets[:, None], True)
+    return keep, listed.any(-1)

@@ -172,3 +172,47 @@ def test_vllms_own_rule_on_logits_full_of_ties(tmp_path):
         top_k, top_p = key.split(",")
         got = sampled_logprobs(z, torch.tensor(targets), truncation=Truncation(int(top_k), float(top_p)))
         torch.testing.assert_close(got, torch.tensor(expected), atol=1e-6, rtol=0, msg=key)
+
+
+def test_reported_kept_sets_in_value_and_gradient_for_the_policy_only(tiny_model_path):
+    """The kept sets a sampler reported (``sampling_support``, vLLM's sampling_mask) replace the rule for the policy's
+    log-probs, packed or not, in value and gradient; the reference (no truncation passed) takes the whole vocabulary."""
+    from lightning_rl.core.batch import RolloutBatch
+    from lightning_rl.core.logprobs import policy_logprobs, response_logits
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+
+    model = load_causal_lm(ModelSpec(path=tiny_model_path))
+    gen = torch.Generator().manual_seed(4)
+    prompt, response = torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.tensor([[8, 9, 1], [9, 8, 0]])
+    support = torch.randint(0, model.config.vocab_size, (2, 3, 6), generator=gen)
+    support[..., 4:] = -1
+    support[1, 2] = -1  # padding: reports nothing
+    batch = RolloutBatch(
+        prompt_ids=prompt, prompt_mask=torch.ones_like(prompt), response_ids=response,
+        response_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]), sampling_support=support,
+    )  # fmt: skip
+    truncation = Truncation(top_k=3)
+    logits = response_logits(model, prompt, batch.prompt_mask, response, batch.response_mask).detach()  # (2, 3, V)
+    y = logits.double().requires_grad_(True)
+    z = y / 0.8
+    keep = torch.zeros(z.shape, dtype=torch.bool)
+    for b in range(2):
+        for t in range(3):
+            listed = [int(i) for i in support[b, t] if i >= 0]
+            kept = listed if listed else z[b, t].topk(3).indices.tolist()  # none reported: the rule (top-k 3)
+            keep[b, t, kept + [int(response[b, t])]] = True
+    expected = z.gather(-1, response[..., None]).squeeze(-1) - z.masked_fill(~keep, -math.inf).logsumexp(-1)
+    m = batch.response_mask.bool()
+    with torch.no_grad():
+        for packed in (False, True):
+            got, _ = policy_logprobs(model, batch, 0.8, packed=packed, truncation=truncation)
+            torch.testing.assert_close(got[m].double(), expected[m].detach(), atol=2e-6, rtol=0)
+        reference, _ = policy_logprobs(model, batch, 0.8)  # no truncation: the reference's whole vocabulary
+        plain = z.gather(-1, response[..., None]).squeeze(-1) - z.logsumexp(-1)
+        torch.testing.assert_close(reference[m].double(), plain[m], atol=2e-6, rtol=0)
+    # the gradient: that of the fp64 log-softmax over the kept sets, zero on every other token
+    x = logits.clone().requires_grad_(True)
+    (sampled_logprobs(x, response, 0.8, truncation=truncation, support=support) * m).sum().backward()
+    (dy,) = torch.autograd.grad((expected * m).sum(), y)
+    torch.testing.assert_close(x.grad.double(), dy, atol=2e-6, rtol=0)
+    assert (x.grad[~keep] == 0).all()
