@@ -182,7 +182,8 @@ class HFRollout(Rollout):
                 tokens.append(token)
                 if self.return_logprobs:  # greedy: untempered
                     picked = torch.log_softmax(z if scores is None else scores, dim=-1).gather(-1, token[rows, None])
-                    picked = picked.squeeze(-1)
+                    # a finished row took pad, which the truncation may have dropped (-inf): 0 there, as on padding
+                    picked = picked.squeeze(-1).masked_fill(~running[rows], 0.0)
                     logprobs.append(z.new_zeros(batch).index_put_((rows,), picked))
                 running &= ~torch.isin(token, eos)
                 step += 1

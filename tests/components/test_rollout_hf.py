@@ -195,5 +195,6 @@ def test_sampler_logprobs_equal_the_trainers_with_top_k_and_top_p_mirrored(tiny_
             trainer, _ = policy_logprobs(model, batch, 1.3, truncation=Truncation.of(rollout.params))
             untruncated, _ = policy_logprobs(model, batch, 1.3)
         m = batch.response_mask.bool()
+        assert (batch.rollout_logprobs[~m] == 0).all()  # finished rows sample pad, which the truncation may drop
         torch.testing.assert_close(trainer[m], batch.rollout_logprobs[m], atol=1e-5, rtol=0)
         assert (trainer[m] - untruncated[m]).max() > 0.05, (top_k, top_p)  # renormalised: the kept mass is < 1
