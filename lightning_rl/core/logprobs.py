@@ -52,7 +52,7 @@ class _SampledLogProb(torch.autograd.Function):
         support: Tensor | None,
     ) -> Tensor:
         out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        floors = None if truncation is None else torch.empty_like(out)
+        floors, norms = (None, None) if truncation is None else (torch.empty_like(out), torch.empty_like(out))
         for i in range(0, logits.shape[0], chunk_rows):
             rows = slice(i, i + chunk_rows)
             z = logits[rows].float() / temperature  # (c, V)
@@ -61,31 +61,34 @@ class _SampledLogProb(torch.autograd.Function):
                 lse = torch.logsumexp(z, dim=-1)
             else:
                 lse, floors[rows] = truncation.kept_logsumexp(z, targets[rows])
+                norms[rows] = lse
             if support is not None:  # the sampler's own kept sets, where it reported them
                 keep, reported = reported_kept(support[rows], targets[rows], z.shape[-1])
                 lse = torch.where(reported, torch.logsumexp(z.masked_fill(~keep, float("-inf")), dim=-1), lse)
             out[rows] = picked - lse
-        ctx.save_for_backward(logits, targets, floors, support)
+        ctx.save_for_backward(logits, targets, floors, norms, support)
         ctx.temperature, ctx.chunk_rows, ctx.truncation = temperature, chunk_rows, truncation
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        logits, targets, floors, support = ctx.saved_tensors
+        logits, targets, floors, norms, support = ctx.saved_tensors
         grad = torch.empty_like(logits)
         t = ctx.temperature
         for i in range(0, logits.shape[0], ctx.chunk_rows):
             rows = slice(i, i + ctx.chunk_rows)
             g_out = grad_out[rows].float().unsqueeze(-1)  # (c, 1)
             z = logits[rows].float() / t  # (c, V)
-            kept = None if ctx.truncation is None else ctx.truncation.kept(z, targets[rows], floors[rows])
+            if ctx.truncation is None:
+                probs = torch.softmax(z, dim=-1)
+            else:  # softmax over the kept tokens only
+                probs = Truncation.kept_probs(z, targets[rows], floors[rows], norms[rows])
             if support is not None:
                 keep, reported = reported_kept(support[rows], targets[rows], z.shape[-1])
-                kept = torch.where(reported[:, None], keep, True if kept is None else kept)
-            if kept is not None:  # softmax over the kept tokens only
-                z = z.masked_fill(~kept, float("-inf"))
+                reported_probs = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
+                probs = torch.where(reported[:, None], reported_probs, probs)
             # d/dz [z_y - logsumexp(z)] = onehot(y) - softmax(z), times 1/T for z = logits / T
-            g = -torch.softmax(z, dim=-1) * g_out
+            g = -probs * g_out
             g.scatter_add_(-1, targets[rows, None], g_out)
             grad[rows] = (g / t).to(logits.dtype)
         return grad, None, None, None, None, None

@@ -12,7 +12,8 @@ and transformers' `TopKLogitsWarper` then `TopPLogitsWarper` (`HFRollout`), whic
   than k tokens may stay;
 * top-p (p < 1), on what top-k left: sort ascending, softmax, cumulative sum; drop the tokens whose cumulative
   mass is <= 1 - p, and never the largest. A tie straddling that boundary is cut by sort position: the count of
-  kept tokens is the rule's, and since tied tokens weigh the same, so is the kept mass, whichever of them it kept.
+  kept tokens is the rule's, and since tied tokens weigh the same, so is the kept mass, whichever of them it kept
+  (the gradient spreads that mass evenly over the tie: which tied token the sampler kept is not known).
 
 The sampled token is always in the kept set (the sampler drew it): where the trainer's logits put it just outside
 (the engines' logits differ in the last bits) its own weight joins the normaliser instead of giving -inf.
@@ -64,12 +65,17 @@ class Truncation:
         outside = picked < floor  # the trainer's logits put the sampled token just outside the kept set
         return torch.where(outside, torch.logaddexp(lse, picked), lse), floor
 
-    def kept(self, z: Tensor, targets: Tensor, floor: Tensor) -> Tensor:
-        """The kept tokens by value (z >= the smallest kept value) and the sampled one. Shapes: (c, V), (c,), (c,)
-        -> (c, V) bool. Equals the rule's set but at an exact tie on the top-p boundary, where it keeps every tied
-        token (used for the gradient only)."""
-        keep = z >= floor[:, None]
-        return keep.scatter(-1, targets[:, None], True)
+    @staticmethod
+    def kept_probs(z: Tensor, targets: Tensor, floor: Tensor, lse: Tensor) -> Tensor:
+        """softmax over the kept tokens, for the gradient: exp(z - lse) above ``floor`` and for the sampled token; the
+        tokens tied at the floor share the rest of the mass evenly (the rule kept a count of them, not which: the
+        gradient of that count's mass, spread over the tie). Shapes: (c, V), (c,), (c,), (c,) -> (c, V)."""
+        picked = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, targets[:, None], True)
+        strict = (z > floor[:, None]) | picked
+        probs = torch.exp(z - lse[:, None]).masked_fill(~strict, 0.0)  # (c, V)
+        tied = (z == floor[:, None]) & ~picked
+        rest = (1 - probs.sum(-1)).clamp_min(0) / tied.sum(-1).clamp_min(1)  # (c,)
+        return probs + tied * rest[:, None]
 
 
 def reported_kept(support: Tensor, targets: Tensor, vocab: int) -> tuple[Tensor, Tensor]:

@@ -40,9 +40,14 @@ def test_ties_are_kept_by_top_k_and_counted_by_position_at_the_top_p_boundary():
     assert got.item() == pytest.approx(2 - math.log(math.e**2 + 2 * math.e), abs=1e-6)
     # top-p 0.5 on 0.4, 0.2, 0.2, 0.2: ascending sums 0.2, 0.4, 0.6, 1.0, the first two go (<= 0.5): one of the three
     # tied tokens stays (which one is the sort's), mass 0.6; a sampled tied token is the one that stayed
-    z = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log().expand(4, 4)
+    z = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log().expand(4, 4).clone().requires_grad_(True)
     got = sampled_logprobs(z, torch.tensor([0, 1, 2, 3]), truncation=Truncation(top_p=0.5))
     assert got.tolist() == pytest.approx([math.log(0.4 / 0.6)] + [math.log(0.2 / 0.6)] * 3, abs=1e-6)
+    # the gradient: one of the tie's three is kept, its share of the mass (1/3) spread over the three; a sampled tied
+    # token is the kept one, so the other two get none
+    got[:2].sum().backward()
+    assert z.grad[0].tolist() == pytest.approx([1 - 2 / 3, -1 / 9, -1 / 9, -1 / 9], abs=1e-6)
+    assert z.grad[1].tolist() == pytest.approx([-2 / 3, 1 - 1 / 3, 0.0, 0.0], abs=1e-6)
 
 
 def test_the_kept_set_is_transformers_warpers_top_k_then_top_p():
