@@ -27,7 +27,7 @@ from lightning_rl.core.inputs import (
     sequence_inputs,
 )
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
-from lightning_rl.core.truncation import Truncation, reported_kept
+from lightning_rl.core.truncation import Truncation, kept_normaliser, kept_softmax
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
@@ -52,20 +52,21 @@ class _SampledLogProb(torch.autograd.Function):
         support: Tensor | None,
     ) -> Tensor:
         out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        floors, norms = (None, None) if truncation is None else (torch.empty_like(out), torch.empty_like(out))
+        plain = truncation is None and support is None
+        floors = None if truncation is None else torch.empty_like(out)
+        norms = None if plain else torch.empty_like(out)
         for i in range(0, logits.shape[0], chunk_rows):
             rows = slice(i, i + chunk_rows)
             z = logits[rows].float() / temperature  # (c, V)
             picked = z.gather(-1, targets[rows, None]).squeeze(-1)
-            if truncation is None:
-                lse = torch.logsumexp(z, dim=-1)
-            else:
-                lse, floors[rows] = truncation.kept_logsumexp(z, targets[rows])
-                norms[rows] = lse
-            if support is not None:  # the sampler's own kept sets, where it reported them
-                keep, reported = reported_kept(support[rows], targets[rows], z.shape[-1])
-                lse = torch.where(reported, torch.logsumexp(z.masked_fill(~keep, float("-inf")), dim=-1), lse)
-            out[rows] = picked - lse
+            if plain:
+                out[rows] = picked - torch.logsumexp(z, dim=-1)
+                continue
+            kept = None if support is None else support[rows]
+            norms[rows], floor = kept_normaliser(z, targets[rows], truncation, kept)
+            if floor is not None:
+                floors[rows] = floor
+            out[rows] = picked - norms[rows]
         ctx.save_for_backward(logits, targets, floors, norms, support)
         ctx.temperature, ctx.chunk_rows, ctx.truncation = temperature, chunk_rows, truncation
         return out
@@ -79,14 +80,11 @@ class _SampledLogProb(torch.autograd.Function):
             rows = slice(i, i + ctx.chunk_rows)
             g_out = grad_out[rows].float().unsqueeze(-1)  # (c, 1)
             z = logits[rows].float() / t  # (c, V)
-            if ctx.truncation is None:
+            if norms is None:
                 probs = torch.softmax(z, dim=-1)
             else:  # softmax over the kept tokens only
-                probs = Truncation.kept_probs(z, targets[rows], floors[rows], norms[rows])
-            if support is not None:
-                keep, reported = reported_kept(support[rows], targets[rows], z.shape[-1])
-                reported_probs = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
-                probs = torch.where(reported[:, None], reported_probs, probs)
+                kept, floor = None if support is None else support[rows], None if floors is None else floors[rows]
+                probs = kept_softmax(z, targets[rows], ctx.truncation, kept, floor, norms[rows])
             # d/dz [z_y - logsumexp(z)] = onehot(y) - softmax(z), times 1/T for z = logits / T
             g = -probs * g_out
             g.scatter_add_(-1, targets[rows, None], g_out)

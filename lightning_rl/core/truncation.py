@@ -87,3 +87,31 @@ def reported_kept(support: Tensor, targets: Tensor, vocab: int) -> tuple[Tensor,
     keep.scatter_(-1, torch.where(listed, support, vocab), True)  # padding lands in the extra column
     keep = keep[:, :vocab].scatter(-1, targets[:, None], True)
     return keep, listed.any(-1)
+
+
+def kept_normaliser(
+    z: Tensor, targets: Tensor, truncation: Truncation | None, support: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """logsumexp of ``z`` over the tokens the sampler kept: those it reported (``support``, where it did), else those
+    ``truncation`` keeps, else all; and the rule's smallest kept value (None without a rule).
+    Shapes: (c, V), (c,), (c, K) or None -> (c,), (c,) or None."""
+    if truncation is None:
+        lse, floor = torch.logsumexp(z, dim=-1), None
+    else:
+        lse, floor = truncation.kept_logsumexp(z, targets)
+    if support is not None:
+        keep, reported = reported_kept(support, targets, z.shape[-1])
+        lse = torch.where(reported, torch.logsumexp(z.masked_fill(~keep, float("-inf")), dim=-1), lse)
+    return lse, floor
+
+
+def kept_softmax(
+    z: Tensor, targets: Tensor, truncation: Truncation | None, support: Tensor | None, floor: Tensor | None, lse: Tensor
+) -> Tensor:
+    """The distribution `kept_normaliser` normalised (its ``floor`` and ``lse``), for the gradient: zero off the kept
+    tokens. Shapes: (c, V), (c,), (c, K) or None, (c,) or None, (c,) -> (c, V)."""
+    probs = torch.softmax(z, dim=-1) if truncation is None else Truncation.kept_probs(z, targets, floor, lse)
+    if support is not None:
+        keep, reported = reported_kept(support, targets, z.shape[-1])
+        probs = torch.where(reported[:, None], torch.exp(z - lse[:, None]).masked_fill(~keep, 0.0), probs)
+    return probs
