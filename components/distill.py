@@ -5,7 +5,8 @@ advantage or reward is `components.advantage.DistillAdvantage`.
 
 Three estimates of KL(pi_theta || pi_T) at each sampled position t:
 
-* ``sampled``: k2 = 1/2 (log pi_theta(y_t) - log pi_T(y_t))^2 on the sampled token (components.kl). Its gradient,
+* ``sampled``: k2 = 1/2 (log pi_theta(y_t) - log pi_T(y_t))^2 on the sampled token (components.kl, never clamped:
+  a token the teacher rejects hardest, log pi_T = -25, keeps its full gradient). Its gradient,
   (log pi_theta - log pi_T) grad log pi_theta, is a single-sample estimate of the per-token reverse KL's gradient
   on-policy (the seeds' section 9); its value is not the KL (``distill/reverse_kl`` reports k1, whose mean is).
 * ``exact``: sum_v pi_theta(v) (log pi_theta(v) - log pi_T(v)) over the whole vocabulary, differentiated exactly

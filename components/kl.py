@@ -9,6 +9,13 @@ KL(ref || pi) gradient. ``importance_weighted=True`` multiplies the loss term by
 w = pi / pi_old (differentiated; DeepSeek-V3.2, 2025), which makes k3's gradient the
 reverse-KL one. In the reward (PPO-RLHF, Ziegler et al. 2019) the estimate enters the return
 with no gradient, evaluated at pi_old.
+
+What is clamped, and only where an exponential needs it: k3 caps log rho at +20 (the reference gives the token
+e^20 ~ 4.9e8 times the policy's probability; beyond, exp would dominate the loss and overflow float32 past 88), so
+there its value is expm1(20) - 20 and its gradient 0; the importance weight's log-ratio is clamped to +-20 before exp.
+k1 and k2 are never clamped: no exp, and a clamp would zero k2's gradient log pi - log ref exactly where the
+reference (or a distillation teacher, `components.distill`) rejects the token most. ``kl/clamped_frac`` is the share
+of the counted tokens whose term was clamped.
 """
 
 from __future__ import annotations
@@ -21,18 +28,20 @@ from torch import Tensor, nn
 from lightning_rl.core.batch import RolloutBatch
 
 Estimator = Literal["k1", "k2", "k3"]
-_LOG_RHO_CLAMP = 20.0
+LOG_RATIO_CAP = 20.0  # the largest log rho (k3) or |log pi / pi_old| (importance weight) put through exp
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: Estimator) -> Tensor:
-    """Per-token KL(pi || ref) estimate from sampled-token log-probs. Shape: (B, R)."""
-    log_rho = (ref_logprobs.float() - logprobs.float()).clamp(-_LOG_RHO_CLAMP, _LOG_RHO_CLAMP)
+    """Per-token KL(pi || ref) estimate from sampled-token log-probs; k3 caps log rho at +20 (module docstring).
+    Shape: (B, R)."""
+    log_rho = ref_logprobs.float() - logprobs.float()
     if estimator == "k1":
         return -log_rho
     if estimator == "k2":
         return 0.5 * log_rho.square()
     if estimator == "k3":
-        return torch.expm1(log_rho) - log_rho
+        capped = log_rho.clamp(max=LOG_RATIO_CAP)
+        return torch.expm1(capped) - capped
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
@@ -114,8 +123,21 @@ class KLRegularizer(nn.Module):
             return torch.zeros_like(logprobs, dtype=torch.float32)
         kl = kl_estimate(logprobs, batch.ref_logprobs, self.estimator)
         if self.importance_weighted:
-            kl = kl * (logprobs.float() - batch.old_logprobs.float()).clamp(-_LOG_RHO_CLAMP, _LOG_RHO_CLAMP).exp()
+            kl = kl * (logprobs.float() - batch.old_logprobs.float()).clamp(-LOG_RATIO_CAP, LOG_RATIO_CAP).exp()
         return self.coef.float() * kl
+
+    def clamped(self, logprobs: Tensor, batch: RolloutBatch) -> Tensor:
+        """1 where this regulariser's term at ``logprobs`` (pi_theta in the loss, pi_old in the reward) was clamped:
+        k3's log rho above +20, or (importance-weighted) a log pi / pi_old beyond +-20; else 0. No gradient. Shape: (B, R)."""
+        with torch.no_grad():
+            out = torch.zeros_like(logprobs, dtype=torch.float32)
+            if not self.active:
+                return out
+            if self.estimator == "k3":
+                out = out + (batch.ref_logprobs.float() - logprobs.float() > LOG_RATIO_CAP).float()
+            if self.importance_weighted and self.placement == "loss":
+                out = out + ((logprobs.float() - batch.old_logprobs.float()).abs() > LOG_RATIO_CAP).float()
+            return out.clamp(max=1.0)
 
     @torch.no_grad()
     def update(self, kl: Tensor | float, n: int) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from components.reward.model import scalar_head
+from components.reward.model import RewardModel, scalar_head
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import OptimizerConfig
 from lightning_rl.core.logprobs import policy_logprobs
@@ -112,7 +112,7 @@ def _policy_scorer(m) -> Scorer | None:
         return None
     rows = m.loop.logprob_chunk_rows
     return lambda chunk, t, packed: {
-        "old_logprobs": policy_logprobs(m.policy, chunk, t, chunk_rows=rows, packed=packed)[0]
+        "old_logprobs": policy_logprobs(m.policy, chunk, t, chunk_rows=rows, packed=packed, truncation=m.truncation)[0]
     }
 
 
@@ -222,8 +222,10 @@ CRITIC = Slot(
 
 def _reward_units(reward) -> list[ShardUnit]:
     # a RewardModel calls the backbone and the scalar head itself, not the classifier's forward: the backbone is the
-    # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated
-    return [(scalar_head(reward.model)[0], None)] if isinstance(getattr(reward, "model", None), nn.Module) else []
+    # unit to shard (its root hooks gather the embeddings); the one-row head stays replicated. It may sit inside
+    # rewards that wrap others (Composite, Shaped, MissingEOSPenalty), which hold it as a submodule.
+    found = reward.modules() if isinstance(reward, nn.Module) else ()
+    return [(scalar_head(r.model)[0], None) for r in found if isinstance(r, RewardModel) and r.model is not None]
 
 
 REWARD = Slot(

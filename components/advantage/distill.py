@@ -1,7 +1,7 @@
 """`DistillAdvantage`: on-policy distillation's dense signal, the negative reverse-KL sample on each sampled token,
 composed with any estimator's task advantage (a weight for each).
 
-    k_t = log pi_old(y_t) - log pi_T(y_t)           (k1 with the teacher as reference: components.kl, clamped to +-20)
+    k_t = log pi_old(y_t) - log pi_T(y_t)           (k1 with the teacher as reference: components.kl, never clamped)
     placement="advantage":  A_t = task_weight * A_t^task - kl_weight * k_t
     placement="reward":     r_t <- task_weight * r_t - kl_weight * k_t, then A = estimator(r)
 

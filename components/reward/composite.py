@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 
 from .base import Reward, Scores, as_scores
 
 
-class Composite(Reward):
+class Composite(nn.Module, Reward):
     """R = sum_k w_k R_k: e.g. correctness plus a format bonus plus DAPO's overlong penalty.
 
     Each part is checked like a top-level reward (B finite scores, errors name the part). ``score`` returns every
     part's unweighted scores by name with the sum: the batch carries them (``score_parts``), the trainer logs them
     as ``reward/<name>`` and `DynamicSampling(part=<name>)` filters on one of them (DAPO filters on accuracy, not on
     the sum).
+
+    The parts that are modules (`Shaped`, `RewardModel`: running statistics, a model) are its submodules (``parts.<i>``,
+    i their position), so checkpoints carry their state, train/eval mode reaches them and sharding finds a reward model.
     """
 
     def __init__(self, rewards: list[Reward], weights: list[float] | None = None, names: list[str] | None = None):
@@ -26,6 +29,7 @@ class Composite(Reward):
             weights: one weight per term (None = all 1.0).
             names: one name per term, for logging and `DynamicSampling(part=...)` (None = each reward's class name).
         """
+        super().__init__()
         if not rewards:
             raise ValueError("Composite: give at least one reward in `rewards`")
         weights = [1.0] * len(rewards) if weights is None else list(weights)
@@ -45,6 +49,7 @@ class Composite(Reward):
                 f"Composite: names must be one distinct name per reward, got {names}; give `names` explicitly"
             )
         self.rewards, self.weights, self.names = list(rewards), [float(w) for w in weights], names
+        self.parts = nn.ModuleDict({str(i): r for i, r in enumerate(self.rewards) if isinstance(r, nn.Module)})
         self.requires = frozenset().union(*(r.requires for r in self.rewards))
 
     def data_columns(self) -> frozenset[str]:

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 
 from .base import Reward, as_scores
 
 
-class MissingEOSPenalty(Reward):
+class MissingEOSPenalty(nn.Module, Reward):
     """R = penalty if the response hit ``max_new_tokens`` without EOS, else the wrapped reward's score.
 
     The "missing EOS" trick of RLHF implementations (Huang et al. 2024, "The N+ implementation
     details of RLHF with PPO"): a reward model scores a cut-off response as if
-    it were finished, so truncation is replaced by a constant the policy learns to avoid.
+    it were finished, so truncation is replaced by a constant the policy learns to avoid. A wrapped reward that is a
+    module (`Shaped`, `RewardModel`) is its submodule: its state is checkpointed with it.
     """
 
     def __init__(self, reward: Reward, penalty: float = -1.0):
@@ -24,6 +25,7 @@ class MissingEOSPenalty(Reward):
             reward: the reward of responses that ended with an EOS.
             penalty: the score of a truncated response.
         """
+        super().__init__()
         self.reward, self.penalty = reward, penalty
         self.requires = reward.requires | frozenset({"truncated"})
 

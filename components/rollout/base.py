@@ -22,6 +22,9 @@ class Rollout(ABC):
         {"prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids"}
     )
     params: SamplingParams
+    truncated_logprobs: bool = True
+    """Whether ``rollout_logprobs`` are renormalised over the tokens top-k / top-p kept, as the trainer's are (vLLM's
+    processed log-probs, `HFRollout`); False where the engine reports them before the truncation (SGLang)."""
     samples_in_process: bool = True
     """True when ``generate`` samples from the policy module it is given; False for a sampler with weights of its own (a server)."""
     releases_memory: bool = False

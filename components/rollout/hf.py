@@ -30,8 +30,8 @@ from .interrupt import check_interrupted
 class HFRollout(Rollout):
     """Sample from the policy with a KV cache, ``max_new_tokens`` steps at most.
 
-    Set ``top_p``/``top_k`` only knowingly: the trainer mirrors the temperature in its log-probs
-    but not a truncation, so with them the ratio's old policy is not the sampler (the module warns).
+    With ``top_p``/``top_k`` the trainer mirrors the truncation in its log-probs as it mirrors the temperature
+    (`lightning_rl.core.truncation`: transformers' warpers keep the tokens vLLM's rule keeps).
     """
 
     def __init__(
@@ -58,8 +58,8 @@ class HFRollout(Rollout):
             stop_token_ids: extra token ids that end a response, besides the tokenizer's EOS.
             greedy_baseline: also decode one greedy response per prompt, appended to its group and
                 flagged ``is_greedy`` (the ReMax baseline); it never enters the loss.
-            return_logprobs: fill ``rollout_logprobs`` with the sampler's log_softmax(z / T) of each
-                sampled token (before top-k/top-p, as SGLang reports them).
+            return_logprobs: fill ``rollout_logprobs`` with the sampler's log-prob of each sampled token:
+                log_softmax(z / T) renormalised over the tokens top-k / top-p kept (vLLM's processed log-probs).
             generation_batch_size: sequences sampled together, in whole groups (at least one prompt's
                 group_size samples; None = all at once).
             drop_finished_rows: stop computing rows whose response has ended (they leave the KV cache once a
@@ -90,16 +90,16 @@ class HFRollout(Rollout):
             + ([TopPLogitsWarper(params.top_p)] if params.top_p < 1.0 else [])
         )
 
-    def _pick(self, logits: Tensor, temperature: float, rows: Tensor, batch: int, truncation) -> Tensor:
-        """Next tokens of the ``rows`` still computed, from their fp32 logits (b, V); pad for the others. Shape: -> (batch,).
+    def _pick(self, logits: Tensor, scores: Tensor | None, rows: Tensor, batch: int) -> Tensor:
+        """Next tokens of the ``rows`` still computed, from their fp32 logits (b, V) and, when sampling, their tempered
+        and truncated scores (b, V; None: greedy); pad for the others. Shape: -> (batch,).
 
         The draw is made for all ``batch`` rows (finished ones on a point mass), so the random numbers each row
         consumes do not depend on which rows are still computed: dropping finished rows leaves the tokens as they were.
         """
         token = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=logits.device)
-        if temperature == 0:
+        if scores is None:
             return token.index_put_((rows,), logits.argmax(-1))
-        scores = truncation(None, logits / temperature)  # the warpers read only the scores
         probs = torch.zeros(batch, logits.shape[-1], device=logits.device)
         probs[:, self.pad_token_id] = 1.0
         probs[rows] = torch.softmax(scores, dim=-1)
@@ -174,19 +174,20 @@ class HFRollout(Rollout):
         running = torch.ones(batch, dtype=torch.bool, device=ids.device)  # (batch,)
         rows = torch.arange(batch, device=ids.device)  # (b,): the rows still in the cache (and in logits)
         tokens, logprobs = [], []
-        t_logprob = temperature if temperature > 0 else 1.0
         step, done = 0, False
         while True:
             if not forward.synced:  # a sharded policy's ranks step together: one cannot leave alone
                 check_interrupted()
             if not done:
                 z = logits.float()  # (b, V)
-                token = torch.where(
-                    running, self._pick(z, temperature, rows, batch, truncation), self.pad_token_id
-                )  # finished rows take pad
+                # tempered, then top-k / top-p (-inf where dropped): the distribution drawn from; greedy: None
+                scores = truncation(None, z / temperature) if temperature > 0 else None  # the warpers read the scores
+                token = torch.where(running, self._pick(z, scores, rows, batch), self.pad_token_id)  # finished: pad
                 tokens.append(token)
-                if self.return_logprobs:
-                    picked = torch.log_softmax(z / t_logprob, dim=-1).gather(-1, token[rows, None]).squeeze(-1)
+                if self.return_logprobs:  # greedy: untempered
+                    picked = torch.log_softmax(z if scores is None else scores, dim=-1).gather(-1, token[rows, None])
+                    # a finished row took pad, which the truncation may have dropped (-inf): 0 there, as on padding
+                    picked = picked.squeeze(-1).masked_fill(~running[rows], 0.0)
                     logprobs.append(z.new_zeros(batch).index_put_((rows,), picked))
                 running &= ~torch.isin(token, eos)
                 step += 1

@@ -36,6 +36,7 @@ PER_TOKEN = (
     "teacher_topk_ids",
     "teacher_topk_logprobs",
     "teacher_logits",
+    "sampling_support",
 )
 PROMPT = ("prompt_ids", "prompt_mask")
 ROWS = ("columns", "score_parts")
@@ -77,6 +78,8 @@ class RolloutBatch:
     teacher_topk_ids: Tensor | None = None  # (B, R, K) long: the teacher's K most likely tokens at each position
     teacher_topk_logprobs: Tensor | None = None  # (B, R, K) their log-probs under the teacher
     teacher_logits: Tensor | None = None  # (b, r, V) a teacher's logits, set on a micro-batch of the update only
+    # (B, R, K) long: the token ids the sampler kept at each position (vLLM's sampling_mask), -1 padded
+    sampling_support: Tensor | None = None
     columns: Columns | None = None  # per row: the data row (prompt, answer, ...), prompts / completions / transcripts
     score_parts: dict[str, Tensor] | None = None  # name -> (B,): a Composite reward's unweighted parts
     images: list | None = None  # per row: the prompt's images (a list of PIL images; empty for a text-only prompt)
@@ -200,7 +203,12 @@ class RolloutBatch:
             if isinstance(values[0], list):  # per row
                 merged[f.name] = [entry for v in values for entry in v]
                 continue
-            if f.name in PER_TOKEN:  # (B, R) or (B, R, K): padded along R
+            if f.name == "sampling_support":  # (B, R, K): K differs between rollouts; -1 lists no token
+                width, k = max(v.shape[1] for v in values), max(v.shape[2] for v in values)
+                values = [
+                    torch.nn.functional.pad(v, (0, k - v.shape[2], 0, width - v.shape[1]), value=-1) for v in values
+                ]
+            elif f.name in PER_TOKEN:  # (B, R) or (B, R, K): padded along R
                 width = max(v.shape[1] for v in values)
                 values = [torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, width - v.shape[1])) for v in values]
             elif f.name in PROMPT:

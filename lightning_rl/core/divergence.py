@@ -8,8 +8,17 @@
 
 `topk_reverse_kl` takes the teacher's k most likely tokens and puts the rest of each distribution in one bucket:
 the KL between the two distributions over those k + 1 events. It never exceeds the full KL (coarsening cannot increase
-a divergence) and equals it when k covers the vocabulary. Both process rows in chunks, each cast to fp32 on its own,
-so the only (N, V) tensors alive are the policy's own logits and their gradient (and, for the exact KL, the teacher's).
+a divergence; here up to rounding) and equals it when k covers the vocabulary. Both process rows in chunks, each cast
+to fp32 on its own, so the only (N, V) tensors alive are the policy's own logits and their gradient (and, for the
+exact KL, the teacher's).
+
+The teacher's rest bucket, 1 - sum_i q_i over its k log-probs x_i, is taken in fp64 as
+``-expm1(x_max) - sum_{i != max} exp(x_i)``: where the top-k mass is within float32 rounding of 1 (a confident teacher,
+the common case on a trained one), ``1 - exp(logsumexp(x))`` in float32 is 0 and its log is meaningless (a clamp to
+float32's tiny made it -87.3 and the value several times the full KL). The bucket is then floored at 2^-24, the
+resolution of a float32 log-softmax near 0: a server's log-prob of exactly 0.0 says only that the rest weighs less
+than that, and the largest mass the rounding allows keeps the value below the full KL (a larger bucket can only lower
+p_rest log(p_rest / q_rest)). A teacher's rest lighter than 2^-24 is therefore counted as 2^-24.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 _EMPTY = -1e30  # a logit for "no such token": exp underflows to 0 with finite gradients (-inf would give NaN ones)
+REST_FLOOR = 2.0**-24  # the least rest-bucket mass of the teacher: float32 log-softmax's resolution near 0
 
 
 def _rows(vocab: int, chunk_rows: int | None) -> int:
@@ -77,9 +87,18 @@ def _topk_rows(z: Tensor, ids: Tensor, teacher_logprobs: Tensor, temperature: fl
     logp = z.gather(-1, ids) - lse  # (c, K): the policy's log-probs of the teacher's top k
     logp_rest = torch.logsumexp(z.scatter(-1, ids, _EMPTY), dim=-1) - lse.squeeze(-1)  # (c,): everything else
     logq = teacher_logprobs.float()
-    mass_q = torch.logsumexp(logq, dim=-1)  # (c,)
-    logq_rest = torch.log((-torch.expm1(mass_q)).clamp_min(torch.finfo(torch.float32).tiny))  # (c,)
+    logq_rest = teacher_rest_logprob(teacher_logprobs).float()  # (c,)
     return (logp.exp() * (logp - logq)).sum(-1) + logp_rest.exp() * (logp_rest - logq_rest)
+
+
+def teacher_rest_logprob(teacher_logprobs: Tensor) -> Tensor:
+    """log(1 - sum_i exp(x_i)) over the last dimension, in fp64, floored at log 2^-24 (module docstring). Shape:
+    (..., K) -> (...)."""
+    x = teacher_logprobs.double()
+    top = x.argmax(-1, keepdim=True)  # (..., 1)
+    others = x.exp().scatter(-1, top, 0.0).sum(-1)  # (...,): every mass but the largest, small terms summed alone
+    rest = -torch.expm1(x.gather(-1, top).squeeze(-1)) - others  # 1 - q_max - others, without forming 1 - ...
+    return rest.clamp_min(REST_FLOOR).log()
 
 
 def topk_reverse_kl(

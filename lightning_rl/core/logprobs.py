@@ -5,7 +5,8 @@ to fp32 on its own, and the backward pass recomputes the softmax chunk by chunk,
 ``(B, R, V)`` tensors alive are the model's own logits and their gradient.
 
 The sampling temperature is mirrored here (``logits / T``): the ratio and the KL must be taken
-under the distribution that actually sampled the tokens (N+ implementation details, Huang et al. 2024).
+under the distribution that actually sampled the tokens (N+ implementation details, Huang et al. 2024). So is a
+top-k / top-p truncation (`Truncation`): the log-probs are then renormalised over the tokens the sampler kept.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from lightning_rl.core.inputs import (
     sequence_inputs,
 )
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
+from lightning_rl.core.truncation import Truncation, kept_normaliser, kept_softmax
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
@@ -35,42 +37,77 @@ def _rows_per_chunk(vocab: int, chunk_rows: int | None) -> int:
 
 
 class _SampledLogProb(torch.autograd.Function):
-    """log softmax(z / T)[target] for rows of z, chunked in both directions."""
+    """log softmax(z / T)[target] for rows of z, chunked in both directions; renormalised over the tokens the sampler
+    kept where it reported them (``support``) or else over those a `Truncation` keeps (the kept set is piecewise
+    constant in z: the gradient treats it as fixed)."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int) -> Tensor:
+    def forward(
+        ctx,
+        logits: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk_rows: int,
+        truncation: Truncation | None,
+        support: Tensor | None,
+    ) -> Tensor:
         out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        plain = truncation is None and support is None
+        floors = None if truncation is None else torch.empty_like(out)
+        norms = None if plain else torch.empty_like(out)
         for i in range(0, logits.shape[0], chunk_rows):
-            z = logits[i : i + chunk_rows].float() / temperature  # (c, V)
-            picked = z.gather(-1, targets[i : i + chunk_rows, None]).squeeze(-1)
-            out[i : i + chunk_rows] = picked - torch.logsumexp(z, dim=-1)
-        ctx.save_for_backward(logits, targets)
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+            rows = slice(i, i + chunk_rows)
+            z = logits[rows].float() / temperature  # (c, V)
+            picked = z.gather(-1, targets[rows, None]).squeeze(-1)
+            if plain:
+                out[rows] = picked - torch.logsumexp(z, dim=-1)
+                continue
+            kept = None if support is None else support[rows]
+            norms[rows], floor = kept_normaliser(z, targets[rows], truncation, kept)
+            if floor is not None:
+                floors[rows] = floor
+            out[rows] = picked - norms[rows]
+        ctx.save_for_backward(logits, targets, floors, norms, support)
+        ctx.temperature, ctx.chunk_rows, ctx.truncation = temperature, chunk_rows, truncation
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        logits, targets = ctx.saved_tensors
+        logits, targets, floors, norms, support = ctx.saved_tensors
         grad = torch.empty_like(logits)
         t = ctx.temperature
         for i in range(0, logits.shape[0], ctx.chunk_rows):
             rows = slice(i, i + ctx.chunk_rows)
             g_out = grad_out[rows].float().unsqueeze(-1)  # (c, 1)
+            z = logits[rows].float() / t  # (c, V)
+            if norms is None:
+                probs = torch.softmax(z, dim=-1)
+            else:  # softmax over the kept tokens only
+                kept, floor = None if support is None else support[rows], None if floors is None else floors[rows]
+                probs = kept_softmax(z, targets[rows], ctx.truncation, kept, floor, norms[rows])
             # d/dz [z_y - logsumexp(z)] = onehot(y) - softmax(z), times 1/T for z = logits / T
-            g = -torch.softmax(logits[rows].float() / t, dim=-1) * g_out
+            g = -probs * g_out
             g.scatter_add_(-1, targets[rows, None], g_out)
             grad[rows] = (g / t).to(logits.dtype)
-        return grad, None, None, None
+        return grad, None, None, None, None, None
 
 
 def sampled_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+    truncation: Truncation | None = None,
+    support: Tensor | None = None,
 ) -> Tensor:
-    """Log-probs of ``targets`` under softmax(logits / T), in fp32. Shapes: (..., V), (...) -> (...)."""
+    """Log-probs of ``targets`` under softmax(logits / T), in fp32, renormalised over the tokens the sampler kept:
+    ``support`` (..., K), the ids it reported (-1 padded; a position of -1 only reports none), else the tokens
+    ``truncation`` keeps (None: the whole vocabulary). Shapes: (..., V), (...) -> (...)."""
     shape = targets.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
     rows = _rows_per_chunk(logits.shape[-1], chunk_rows)
-    out = _SampledLogProb.apply(flat_logits, targets.reshape(-1), float(temperature), rows)
+    flat_support = None if support is None else support.reshape(-1, support.shape[-1])
+    out = _SampledLogProb.apply(flat_logits, targets.reshape(-1), float(temperature), rows, truncation, flat_support)
     return out.reshape(shape)
 
 
@@ -311,14 +348,19 @@ def policy_logprobs(
     entropy_grad: bool = False,
     chunk_rows: int | None = None,
     packed: bool = False,
+    truncation: Truncation | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R), zero on padding.
+    ``truncation``: the sampler's top-k / top-p, which the log-probs are renormalised under, over the kept sets the
+    sampler reported where the batch carries them (``sampling_support``); the entropy is the tempered distribution's.
 
     ``entropy_grad=False`` computes the entropy as a detached metric (no checkpointing cost).
     ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.core.packing) when the model
     allows it; log-probs and entropy are then chunked over the real tokens only. Rows with images are refused there.
     """
-    out = policy_outputs(model, batch, temperature, with_entropy, entropy_grad, chunk_rows, packed)
+    out = policy_outputs(
+        model, batch, temperature, with_entropy, entropy_grad, chunk_rows, packed, truncation=truncation
+    )
     return out.logprobs, out.entropy
 
 
@@ -331,24 +373,27 @@ def policy_outputs(
     chunk_rows: int | None = None,
     packed: bool = False,
     keep_logits: bool = False,
+    truncation: Truncation | None = None,
 ) -> PolicyOutputs:
     """`policy_logprobs`, and with ``keep_logits`` the response logits themselves (`ResponseLogits`)."""
     if packed:
         refuse_images(batch)
+    reported = batch.sampling_support if truncation is not None else None  # the sampler's kept sets: its policy only
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
         row = pack(
             batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model)
         )
         logits = packed_outputs(model, row)  # (N, V)
         targets = batch.response_ids[row.token_mask]  # (N,)
+        support = None if reported is None else reported[row.token_mask]  # (N, K)
         scatter = row.scatter
     else:
         logits = response_logits(
             model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.image_inputs
         )
-        targets = batch.response_ids
+        targets, support = batch.response_ids, reported  # (B, R), (B, R, K) or None
         scatter = None
-    logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows)
+    logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows, truncation, support)
     entropy = None
     if with_entropy:
         if entropy_grad:

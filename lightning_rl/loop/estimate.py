@@ -19,6 +19,8 @@ def estimate(
         rewards = rewards + batch.env_rewards
     if kl is not None:
         rewards = rewards + kl.reward_penalty(batch)
+        if kl.placement == "reward" and kl.active:
+            metrics.add("kl/clamped_frac", masked_mean(kl.clamped(batch.old_logprobs, batch), batch.action_tokens))
     batch = batch.replace(token_rewards=rewards)
     advantages, returns = advantage(batch)
     batch = batch.replace(advantages=advantages, returns=returns)

@@ -46,6 +46,7 @@ from lightning_rl.callbacks import (
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
+from lightning_rl.core.truncation import Truncation
 from lightning_rl.distributed import hf_zero3_config
 from lightning_rl.lightning_compat import count_iteration
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
@@ -235,6 +236,11 @@ class RLModule(LightningModule):
         checked against the record. Call before ``fit``."""
         self.replay = Replay(record, self.loop_state, self, reproduces)
 
+    @property
+    def truncation(self) -> Truncation | None:
+        """The training sampler's top-k / top-p, which the trainer's log-probs mirror (None: it samples untruncated)."""
+        return Truncation.of(self.rollout.params)
+
     # ------------------------------------------------------------------ the loop
     def training_step(self, dataloader_iter: Iterator) -> None:
         with self.loop_state.rng.scope(
@@ -282,6 +288,7 @@ class RLModule(LightningModule):
                     self._trainer,
                     self.temperature,
                     train_policy=not self.critic_pretraining,
+                    truncation=self.truncation,
                     ptx_text=ptx_text,
                 )
         with timer("sync"):

@@ -21,6 +21,7 @@ from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.logprobs import policy_outputs
 from lightning_rl.core.microbatch import micro_batches
 from lightning_rl.core.ops import all_reduce_sum, masked_mean, sequence_kl, world_size
+from lightning_rl.core.truncation import Truncation
 from lightning_rl.distributed import touch, uses_ddp, uses_deepspeed
 from lightning_rl.loop.estimate import add_distill_metrics
 from lightning_rl.loop.health import TrainingHealth
@@ -92,10 +93,12 @@ class PolicyUpdate:
         temperature: float,
         train_policy: bool,
         ptx_text: tuple[Tensor, Tensor] | None = None,
+        truncation: Truncation | None = None,
     ) -> int:
         """Epochs x mini-batches of ``batch``; returns the optimizer steps taken. ``backward`` is the strategy's
         (``LightningModule.manual_backward``); ``train_policy`` is False while the critic pretrains; ``ptx_text``:
-        PPO-ptx's (ids, mask) of this iteration."""
+        PPO-ptx's (ids, mask) of this iteration; ``temperature`` and ``truncation``: the sampler's, which the
+        policy's log-probs mirror."""
         loop, device = self.loop, batch.response_ids.device
         needs_entropy = any(term.needs_entropy for term in self.loss_terms)
         steps, skipped, ddp = 0, 0, uses_ddp(trainer)
@@ -117,7 +120,9 @@ class PolicyUpdate:
                     tokens = micro.loss_mask.sum()
                     loss = torch.zeros((), device=device)
                     if train_policy:
-                        loss = loss + self._policy_loss(micro, total, tokens, temperature, needs_entropy, metrics)
+                        loss = loss + self._policy_loss(
+                            micro, total, tokens, temperature, needs_entropy, metrics, truncation
+                        )
                         policy_loss = policy_loss + loss.detach()
                     elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
                         loss = loss + touch(self.policy)
@@ -158,7 +163,14 @@ class PolicyUpdate:
         return float(total[0] / total[1].clamp_min(1e-12))
 
     def _policy_loss(
-        self, micro: RolloutBatch, total: Tensor, tokens: Tensor, t: float, needs_entropy: bool, metrics: WeightedMeans
+        self,
+        micro: RolloutBatch,
+        total: Tensor,
+        tokens: Tensor,
+        t: float,
+        needs_entropy: bool,
+        metrics: WeightedMeans,
+        truncation: Truncation | None = None,
     ) -> Tensor:
         needs_logits = any(term.needs_logits for term in self.loss_terms)
         logprobs, entropy, logits = policy_outputs(
@@ -170,6 +182,7 @@ class PolicyUpdate:
             chunk_rows=self.loop.logprob_chunk_rows,
             packed=self.loop.max_tokens_per_micro_batch is not None,
             keep_logits=needs_logits,
+            truncation=truncation,
         )
         if self.teacher_logits is not None:  # the teacher's whole distribution, one micro-batch at a time
             micro = micro.replace(teacher_logits=self.teacher_logits(micro))
@@ -192,6 +205,8 @@ class PolicyUpdate:
         per_token, surrogate_metrics = self.surrogate(logprobs, micro)
         if self.kl is not None:
             per_token = per_token + self.kl.loss_term(logprobs, micro)
+            if self.kl.placement == "loss" and self.kl.active:
+                metrics.add("kl/clamped_frac", masked_mean(self.kl.clamped(logprobs, micro), micro.loss_mask), tokens)
         for term in self.loss_terms:
             given = {"logits": logits} if term.needs_logits else {}
             per_token = per_token + term(logprobs, entropy, micro, **given)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from lightning_rl.core.errors import ConfigError, closest_name
 from lightning_rl.core.models import context_length
+from lightning_rl.core.truncation import Truncation
 
 # always produced by the module itself
 MODULE_FIELDS = frozenset({"scores", "sample_mask", "token_rewards", "advantages", "old_logprobs", "ref_logprobs"})
@@ -84,10 +85,15 @@ def check_requirements(module) -> Needs:
             f"prompt, but model.rollout.init_args.group_size={params.group_size}: every advantage would be 0 and nothing would train. "
             "Set group_size >= 2 (GRPO uses 8 to 64), or use an estimator without groups (ReinforceBaseline, ReMax, GAE)"
         )
-    if params is not None and (params.top_p < 1.0 or params.top_k != 0):
+    if (
+        Truncation.of(params) is not None
+        and "rollout_logprobs" in module.rollout.provides
+        and not module.rollout.truncated_logprobs
+    ):
         warnings.warn(
-            "the rollout samples with top_p/top_k but the trainer's log-probs mirror only the temperature: "
-            "the ratio and KL are then taken under a different policy than the sampler's (set top_p=1, top_k=0)"
+            f"model.rollout ({type(module.rollout).__name__}) samples with top_p/top_k and reports its log-probs before "
+            "the truncation, while the trainer's are renormalised over the tokens it kept: rollout/logprob_diff_* and "
+            "TIS/MIS read log(kept mass) as a sampler mismatch (use VLLMRollout or HFRollout, or top_p=1 and top_k=0)"
         )
     inert = module.surrogate.inert_on_policy
     if inert is not None and module.loop.ppo_epochs == 1 and module.loop.num_mini_batches == 1:

@@ -109,6 +109,22 @@ def test_teacher_kl_sampled_is_k2_whose_gradient_is_the_log_ratio():
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.8, -3.6]]), rtol=0, atol=1e-6)
 
 
+def test_teacher_kl_sampled_keeps_its_gradient_where_the_teacher_rejects_the_token():
+    """#46 item 2: log rho was clamped to +-20 before squaring, so d k2 / d log pi was 0.0 exactly where the teacher
+    rejects the student's token most. Student -0.046, teacher -21: d k2 / d log pi = log pi - log pi_T = 20.954;
+    the teacher's -25.03 of the samples table: 0.5 * 24.98^2 = 312.0, gradient 24.98."""
+    logprobs = torch.tensor([[-0.046, -0.05]], requires_grad=True)
+    batch = RolloutBatch(
+        response_ids=torch.zeros(1, 2, dtype=torch.long),
+        response_mask=torch.ones(1, 2),
+        teacher_logprobs=torch.tensor([[-21.0, -25.03]]),
+    )
+    term = TeacherKL(coef=1.0, variant="sampled")(logprobs, None, batch)
+    torch.testing.assert_close(term, torch.tensor([[0.5 * 20.954**2, 0.5 * 24.98**2]]), rtol=1e-6, atol=0)
+    term.sum().backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[20.954, 24.98]]), rtol=0, atol=1e-5)
+
+
 def _distill_batch():
     # two groups of two, one valid token each: scores [1, 0 | 1, 1]; log pi_old - log pi_T = [0.5, 2.0 | 0.0, 1.0]
     batch = batch_from_scores([1.0, 0.0, 1.0, 1.0], group_size=2)

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -21,6 +23,34 @@ def test_estimators_match_independent_formulas_on_random_tensors():
     torch.testing.assert_close(kl_estimate(logp, ref, "k2"), 0.5 * torch.log(rho) ** 2)
     torch.testing.assert_close(kl_estimate(logp, ref, "k3"), rho - 1 - torch.log(rho))
     assert (kl_estimate(logp, ref, "k3") >= 0).all() and (kl_estimate(logp, ref, "k1") < 0).any()
+
+
+def test_only_k3s_exponential_is_capped_and_the_clamp_is_counted():
+    """#46 item 2: log rho was clamped to +-20 for every estimator, zeroing k1's and k2's gradients (and k3's below
+    -20). Now k3 alone caps log rho at +20 (value expm1(20) - 20, gradient 0): log pi = [-30, -1, -1, -1],
+    log ref = [-1, -30, -26, -1] -> log rho = [29, -29, -25, 0]."""
+    logp = torch.tensor([[-30.0, -1.0, -1.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -30.0, -26.0, -1.0]])
+    k2 = kl_estimate(logp, ref, "k2")
+    torch.testing.assert_close(k2, torch.tensor([[420.5, 420.5, 312.5, 0.0]]))
+    (grad,) = torch.autograd.grad(k2.sum(), logp)
+    torch.testing.assert_close(grad, torch.tensor([[-29.0, 29.0, 25.0, 0.0]]))  # d k2 / d log pi = -log rho
+    (grad,) = torch.autograd.grad(kl_estimate(logp, ref, "k1").sum(), logp)
+    torch.testing.assert_close(grad, torch.ones(1, 4))
+    k3 = kl_estimate(logp, ref, "k3")
+    expected = [math.expm1(20.0) - 20.0, math.exp(-29.0) - 1 + 29, math.exp(-25.0) - 1 + 25, 0.0]
+    torch.testing.assert_close(k3, torch.tensor([expected]), rtol=1e-6, atol=0)
+    (grad,) = torch.autograd.grad(k3.sum(), logp)  # d k3 / d log pi = 1 - rho: 0 where capped, ~1 where rho ~ 0
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 1.0, 1.0, 0.0]]), rtol=0, atol=1e-6)
+    batch = RolloutBatch(
+        response_ids=torch.zeros(1, 4, dtype=torch.long), response_mask=torch.ones(1, 4), ref_logprobs=ref,
+        old_logprobs=torch.tensor([[-30.0, -1.0, -22.0, -1.0]]),
+    )  # fmt: skip
+    assert KLRegularizer(coef=0.1, estimator="k3").clamped(logp, batch).tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    assert KLRegularizer(coef=0.1, estimator="k2").clamped(logp, batch).tolist() == [[0.0, 0.0, 0.0, 0.0]]
+    weighted = KLRegularizer(coef=0.1, estimator="k2", importance_weighted=True)  # log pi / pi_old = [0, 0, 21, 0]
+    assert weighted.clamped(logp, batch).tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    assert KLRegularizer(coef=0.0, estimator="k3").clamped(logp, batch).tolist() == [[0.0] * 4]
 
 
 def test_k3_unbiased_on_a_categorical():

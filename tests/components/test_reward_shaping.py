@@ -86,3 +86,32 @@ def test_raw_scores_skip_every_shaping_even_inside_a_composite():
     with raw_scores():
         _call(running, ["half", "two"])
     assert float(running.running_count) == 0  # raw scores are not training's: the statistics do not see them
+
+
+def test_the_running_statistics_of_a_composites_parts_are_state():
+    """#46 item 4: a Composite held its parts in a plain list: Composite([Shaped(running)]) had 0 state_dict keys, so a
+    resumed run restarted its statistics. Its module parts are submodules now, wrapped in a Shaped or a
+    MissingEOSPenalty too, and train / eval mode reaches them."""
+    from components.reward import Composite, MissingEOSPenalty
+
+    def build():
+        return Shaped(
+            Composite([Shaped(FunctionReward(lengths_as_scores), normalize="running"), FunctionReward(fixed_scores)])
+        )
+
+    straight = build()
+    stats = [f"running_{s}" for s in ("count", "mean", "m2")]
+    assert list(straight.state_dict()) == stats + [
+        f"reward.parts.0.{s}" for s in stats
+    ]  # the outer Shaped's, the part's
+    _call(straight, ["two", "half"])  # lengths 3, 4: count 2, mean 3.5, M2 0.5
+    resumed = build()
+    resumed.load_state_dict(straight.state_dict())
+    part = resumed.reward.rewards[0]
+    assert (float(part.running_count), float(part.running_mean), float(part.running_m2)) == (2.0, 3.5, 0.5)
+    resumed.eval()
+    assert not part.training
+    _call(resumed, ["full"])
+    assert float(part.running_count) == 2.0  # eval: the statistics stay
+    wrapped = MissingEOSPenalty(Shaped(FunctionReward(lengths_as_scores), normalize="running"))
+    assert list(wrapped.state_dict()) == [f"reward.{s}" for s in stats]

@@ -67,6 +67,32 @@ def test_samples_carry_the_engines_logprobs_equal_to_the_trainers(engine, policy
         assert gap(policy, batch, 1.0) > 1e-2  # the engine reports the tempered distribution it sampled from
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (4, 1.0), (8, 0.8)])
+def test_vllms_truncated_logprobs_equal_the_trainers_with_the_truncation_mirrored(vllm_server, top_k, top_p):
+    """#46 item 7: vLLM's processed log-probs are renormalised over the tokens top-k / top-p kept; the trainer mirrors
+    the truncation (`Truncation`), where it took the whole vocabulary before (a gap of log(kept mass) per token)."""
+    from lightning_rl.core.truncation import Truncation
+    from tests.support.engines import gaps
+
+    engine = RealVLLM(vllm_server)
+    try:
+        policy = load_causal_lm(ModelSpec(path=engine.model))
+        enc = engine.tokenizer(["12+3=", "4*5=", "71*23=", "9-4="], return_tensors="pt", padding=True)
+        rollout = engine.make(group_size=8, max_new_tokens=12, temperature=1.0, top_k=top_k, top_p=top_p)
+        rollout.sync_weights(policy)  # the launch weights: earlier tests pushed others
+        batch = rollout.generate(make_prompts(enc.input_ids, enc.attention_mask), policy)
+        before, after = gaps(policy, batch), gaps(policy, batch, truncation=Truncation.of(rollout.params))
+        m = batch.response_mask.bool()
+        print(f"top_k {top_k} top_p {top_p}: {int(m.sum())} tokens; |trainer - vLLM| untruncated mean "
+              f"{before[m].mean():.3g} max {before[m].max():.3g}; truncated mean {after[m].mean():.3g} max {after[m].max():.3g}")  # fmt: skip
+        assert float(after.max()) <= 1e-4
+        assert float(before.max()) > 1e-2  # the sampler renormalised: the untruncated log-probs are off
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("weight_sync", ["disk", "distributed"])
 def test_every_update_is_pushed_verified_and_served(engine, policy, prompts, weight_sync):
     """Three iterations: sample, update (a random step: an SGD step on three prompts soon makes the tiny policy

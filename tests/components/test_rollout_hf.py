@@ -197,3 +197,24 @@ def test_dropping_finished_rows_keeps_the_tokens_and_computes_fewer_rows(tiny_mo
     torch.testing.assert_close(dropped.rollout_logprobs, kept.rollout_logprobs, rtol=1e-5, atol=1e-6)
     assert dropped_rows < 0.8 * kept_rows
     assert dropped_rows >= int(lengths.sum()) - lengths.numel()  # every running row was computed at every step
+
+
+def test_sampler_logprobs_equal_the_trainers_with_top_k_and_top_p_mirrored(tiny_model_path, tokenizer):
+    """#46 item 7: the sampler reports its log-probs renormalised over the tokens top-k / top-p kept (vLLM's processed
+    log-probs) and the trainer mirrors the truncation; before, both were the untruncated log_softmax(z / T)."""
+    from lightning_rl.core.truncation import Truncation
+
+    for top_k, top_p in ((0, 0.9), (3, 1.0), (5, 0.8)):
+        torch.manual_seed(0)
+        model, rollout, ids, mask = _setup(
+            tiny_model_path, tokenizer, group_size=4, max_new_tokens=6, temperature=1.3, top_k=top_k, top_p=top_p,
+            return_logprobs=True,
+        )  # fmt: skip
+        batch = rollout.generate(prompts(ids, mask), model)
+        with torch.no_grad():
+            trainer, _ = policy_logprobs(model, batch, 1.3, truncation=Truncation.of(rollout.params))
+            untruncated, _ = policy_logprobs(model, batch, 1.3)
+        m = batch.response_mask.bool()
+        assert (batch.rollout_logprobs[~m] == 0).all()  # finished rows sample pad, which the truncation may drop
+        torch.testing.assert_close(trainer[m], batch.rollout_logprobs[m], atol=1e-5, rtol=0)
+        assert (trainer[m] - untruncated[m]).max() > 0.05, (top_k, top_p)  # renormalised: the kept mass is < 1

@@ -334,6 +334,24 @@ def test_a_staged_push_is_verified_against_the_weights_it_staged(server, policy,
     assert rollout._push_failed
 
 
+def test_a_staged_push_is_checked_exactly_too(server, policy, make_rollout):
+    """#46 item 6: a mutant that skipped the checksums of a staged push survived (the test above fails on the probe
+    too). A stale norm weight, which the probe at its default tolerance does not see: only the checksums name it."""
+    stale = "model.layers.1.post_attention_layernorm.weight"
+    rollout = make_rollout(base_url=server.url, verify_every=1)  # verify_tolerance 0.1
+    rollout.prepare(policy, max_staleness=1)
+    _perturb(policy, 0.02)
+    rollout.stage_weights(policy)()  # checked exactly against version 1: passes
+    server.keep_stale = {stale}
+    _perturb(policy, 0.02, seed=1)
+    push = rollout.stage_weights(policy)
+    with pytest.raises(
+        SGLangError,
+        match=rf"\(version 3\): 1 of the \d+ tensors the trainer changed kept their checksum on the server: {stale}\.",
+    ):
+        push()
+
+
 def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
     def probes() -> int:
         return sum(1 for c in server.generate_calls if c["sampling_params"].get("ignore_eos"))

@@ -40,6 +40,20 @@ PPO_RLHF = [
     "--model.reward.init_args.normalize=running",
     "--model.loop.ppo_epochs=2",
 ]
+# Dr. GRPO (no division by the group's std, so the parts' running scales reach the advantages) on a Composite of two
+# running-normalised parts (#46 item 4: the parts' statistics were in no state_dict)
+SHAPED_PART = '{"class_path": "components.reward.Shaped", "init_args": {"reward": %s, "normalize": "running"}}'
+COMPOSITE = [
+    "--model.rollout.init_args.temperature=3.0",
+    "--model.rollout.init_args.group_size=2",
+    "--model.advantage.init_args.scale=none",
+    '--model.reward={"class_path": "components.reward.Composite", "init_args": {"rewards": [%s, %s]}}'
+    % (
+        SHAPED_PART
+        % '{"class_path": "components.reward.FunctionReward", "init_args": {"fn": "tests.lightning_rl.rewards.digit_count"}}',
+        SHAPED_PART % '{"class_path": "components.reward.ExactMatch"}',
+    ),
+]
 # VC-PPO with critic pretraining that ends after the stop (iterations 0-2 train only the critic)
 VC_PPO = [*DENSE_REWARD, "--model.rollout.init_args.group_size=2", "--model.critic.init_args.pretrain_steps=3"]
 
@@ -79,3 +93,14 @@ def test_resume_ppo_rlhf_keeps_the_reward_models_running_statistics(tmp_path, ti
     assert not any(
         k.startswith(("reference.", "reward.model.")) for k in final["state_dict"]
     )  # frozen weights stay out
+
+
+@pytest.mark.slow
+def test_resume_with_a_composite_of_running_normalised_parts(tmp_path, tiny_model_path):
+    """#46 item 4: a Composite held its parts in a plain list, so their running statistics were in no checkpoint and
+    the resumed run restarted them from zero (running mean 0.0426 straight, 0.0515 resumed at step 4)."""
+    final, middle = resume_matches_straight(tmp_path, tiny_model_path, "configs/grpo.yaml", COMPOSITE)
+    state, before = final["state_dict"], middle["state_dict"]
+    assert state["reward.parts.0.running_count"] == 16 and before["reward.parts.0.running_count"] == 8
+    assert not torch.equal(state["reward.parts.0.running_mean"], before["reward.parts.0.running_mean"])
+    assert state["reward.parts.1.running_count"] == 16

@@ -92,3 +92,58 @@ def test_dry_run_lists_the_teacher(tmp_path, capsys):
     assert "model.teacher     HFTeacher" in out
     assert "  teacher    593,792 parameters (0 trainable)" in out
     assert "  policy     " in out and "reference" not in out
+
+
+def test_a_reward_model_is_sharded_wherever_it_sits_in_the_reward(tmp_path):
+    """#46 item 4: the roster looked for a RewardModel at the top level only (``getattr(reward, "model")``): inside a
+    Composite or a Shaped it was silently not sharded under FSDP2."""
+    from components.reward import Composite, ExactMatch, MissingEOSPenalty, RewardModel, Shaped
+    from components.reward.model import scalar_head
+    from lightning_rl.recipes.reward_model import save_tiny_reward_model
+    from lightning_rl.roster import REWARD
+
+    path = save_tiny_reward_model(tmp_path / "rm", seed=3)
+    model = RewardModel(path=path)
+    model.setup(None)
+    backbone = scalar_head(model.model)[0]
+    for reward in (
+        model,
+        Composite([ExactMatch(), Shaped(model, normalize="running")]),
+        Shaped(Composite([model, ExactMatch()])),
+        MissingEOSPenalty(model),
+    ):
+        holder = type("Module", (), {"reward": reward})()
+        assert REWARD.shard(holder) == [(backbone, None)], reward.name
+    assert REWARD.shard(type("Module", (), {"reward": Composite([ExactMatch()])})()) == []
+
+
+def test_a_checkpoint_keeps_a_nested_reward_models_statistics_and_leaves_its_weights_out(tmp_path, tiny_model_path):
+    """#46 item 4, the round trip: a RewardModel inside a Composite is saved like one at the top level (its frozen
+    weights left out and reloaded from its path, its running statistics stored) and a fresh module loads it strictly."""
+    from components.reward import Composite, ExactMatch, RewardModel
+    from lightning_rl.core.models import ModelSpec
+    from lightning_rl.loop.module import RLModule
+    from lightning_rl.recipes.reward_model import save_tiny_reward_model
+
+    path = save_tiny_reward_model(tmp_path / "rm", seed=3)
+
+    def build():
+        reward = Composite([ExactMatch(), RewardModel(path=path, normalize="running")])
+        module = RLModule(policy=ModelSpec(path=tiny_model_path), reward=reward)
+        module.configure_model()
+        return module
+
+    saved = build()
+    part = saved.reward.rewards[1]
+    part.running_count.fill_(8), part.running_mean.fill_(0.25), part.running_m2.fill_(3.5)
+    ckpt = {"state_dict": saved.state_dict()}
+    checkpoint.save(saved, ckpt)
+    stored = {k for k in ckpt["state_dict"] if k.startswith("reward.")}
+    assert stored == {f"reward.parts.1.running_{s}" for s in ("count", "mean", "m2")}  # no weight of the model
+    assert any(k.startswith("reward.parts.1.model.") for k in checkpoint.left_out(saved))
+
+    loaded = build()
+    checkpoint.load(loaded, ckpt)  # fills in the left-out weights from the model as loaded
+    loaded.load_state_dict(ckpt["state_dict"], strict=True)
+    part = loaded.reward.rewards[1]
+    assert (float(part.running_count), float(part.running_mean), float(part.running_m2)) == (8.0, 0.25, 3.5)

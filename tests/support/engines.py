@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from lightning_rl.core.logprobs import policy_logprobs
 
@@ -127,11 +128,17 @@ class RealVLLM(Engine):
         self.shared.restart()
 
 
-def gap(policy, batch, temperature: float = 1.0) -> float:
-    """Largest |trainer - engine| log-prob over the sampled tokens (fp32 both)."""
+def gaps(policy, batch, temperature: float = 1.0, truncation=None) -> Tensor:
+    """|trainer - engine| log-prob of each sampled token (fp32 both; 0 on padding), the trainer's under the sampler's
+    ``truncation`` (None: untruncated). Shape: (B, R)."""
     with torch.no_grad():
-        trainer = policy_logprobs(policy.eval(), batch, temperature)[0]
-    return float(((trainer - batch.rollout_logprobs) * batch.response_mask).abs().max())
+        trainer = policy_logprobs(policy.eval(), batch, temperature, truncation=truncation)[0]
+    return ((trainer - batch.rollout_logprobs) * batch.response_mask).abs()
+
+
+def gap(policy, batch, temperature: float = 1.0, truncation=None) -> float:
+    """Largest |trainer - engine| log-prob over the sampled tokens (fp32 both)."""
+    return float(gaps(policy, batch, temperature, truncation).max())
 
 
 def perturb(policy, scale: float, seed: int = 0) -> None:

@@ -15,7 +15,7 @@ from .http import ServerError
 from .probe import Probe, check_version, probe_finding, server_continuation, trainer_scores
 from .ranks import agree, rank, share
 from .settings import Verification
-from .verify import checksum_finding, verdict
+from .verify import Checksums, checksum_finding, verdict
 
 
 class Checks:
@@ -26,7 +26,7 @@ class Checks:
         self.tokenizer = None
         self._probe: Probe | None = None
 
-    def before(self, engine: Engine, urls: list[str]) -> dict[str, dict[str, str]]:
+    def before(self, engine: Engine, urls: list[str]) -> dict[str, Checksums]:
         """Every server's checksums, read before a push."""
         return {url: engine.checksums(url) for url in urls}
 

@@ -25,6 +25,7 @@ from .launch import Command
 from .samples import Answer, Request, Scored
 from .served import Served
 from .settings import WeightPush
+from .verify import Checksums
 
 
 class ScoringEngine(ABC):
@@ -130,9 +131,9 @@ class Engine(ScoringEngine):
     def unload_adapter(self, urls: list[str], name: str) -> None: ...
 
     @abstractmethod
-    def checksums(self, url: str) -> dict[str, str]:
-        """{the server's tensor name: a digest of what it holds}, from the engine's own weight checker (several
-        tensor-parallel ranks: each rank's digests of a name joined in one string, which changes when any does)."""
+    def checksums(self, url: str) -> Checksums:
+        """{the server's tensor name: {rank: a digest of what that rank holds}}, from the engine's own weight checker:
+        every tensor-parallel, pipeline and data-parallel rank of the server, each compared on its own (`verify`)."""
 
     @abstractmethod
     def pause(self, urls: list[str], abort: bool) -> None:

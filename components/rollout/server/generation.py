@@ -60,9 +60,11 @@ def _continue(
             raise engine.client.fail(
                 url, f": a partial response was aborted {stalls} times in a row without a new token"
             )
+        support = None if sample_.support is None or part.support is None else sample_.support + part.support
         sample_ = Sample(
-            sample_.ids + part.ids, sample_.logprobs + part.logprobs, part.finish, sample_.versions + part.versions
-        )
+            sample_.ids + part.ids, sample_.logprobs + part.logprobs, part.finish, sample_.versions + part.versions,
+            support,
+        )  # fmt: skip
     return sample_
 
 
@@ -78,4 +80,4 @@ def _stamp(engine: Engine, url: str, answer: Answer, version: int, check_version
             "it missed a weight update (restarted, or not listed in weight_update_urls)",
         )
     stamp = number if number is not None and check_version else version
-    return Sample(answer.ids, answer.logprobs, answer.finish, [stamp] * len(answer.ids))
+    return Sample(answer.ids, answer.logprobs, answer.finish, [stamp] * len(answer.ids), answer.support)

@@ -39,6 +39,7 @@ class Answer(NamedTuple):
     logprobs: list[float]
     finish: str  # stop | length | abort (interrupted by a weight push: the tokens so far)
     weight_version: str | None  # the server's weight version, when its answers carry one
+    support: list[list[int]] | None = None  # per token: the ids the sampler kept (vLLM's sampling_mask), if reported
 
 
 class Scored(NamedTuple):
@@ -55,6 +56,7 @@ class Sample(NamedTuple):
     logprobs: list[float]
     finish: str  # stop | length (| abort, before a partial response is continued)
     versions: list[int]  # per token: the weight version that sampled it
+    support: list[list[int]] | None = None  # per token: the ids the sampler kept, if reported
 
 
 def image_data(images: list) -> list[str]:
@@ -99,6 +101,7 @@ def to_batch(
     response_mask = eos_mask * (torch.arange(width)[None, :] < lengths[:, None]).long()  # (B, R)
     truncated = torch.tensor([s.finish == "length" for s in samples]) & no_eos  # (B,)
     is_greedy = (torch.arange(rows) == rows - 1).repeat(n_prompts) if greedy_last else None  # (B,)
+    support = _support(samples, width)
     device = prompts.prompt_ids.device
     return RolloutBatch(
         **prompts.per_row(rows),
@@ -111,4 +114,18 @@ def to_batch(
         sample_mask=None if is_greedy is None else (is_greedy == 0).float().to(device),
         versions=torch.tensor([min(s.versions, default=version) for s in samples], dtype=torch.long, device=device),
         token_versions=token_versions.to(device),
+        sampling_support=None if support is None else support.to(device),
     )
+
+
+def _support(samples: list[Sample], width: int) -> torch.Tensor | None:
+    """The kept sets the server reported, as a (B, R, K) long tensor, -1 padded (a sample or token without one lists
+    none); None when no sample reports one."""
+    if all(s.support is None for s in samples):
+        return None
+    k = max((len(kept) for s in samples for kept in s.support or ()), default=1)
+    support = torch.full((len(samples), width, max(k, 1)), -1, dtype=torch.long)
+    for i, s in enumerate(samples):
+        for t, kept in enumerate(s.support or ()):
+            support[i, t, : len(kept)] = torch.tensor(kept, dtype=torch.long)
+    return support

@@ -5,8 +5,11 @@ An engine hashes its weights as it holds them (SGLang's ``/weights_checker``, vL
 and v in one ``qkv_proj``; gate and up in one ``gate_up_proj``), split over tensor-parallel ranks, the vocabulary
 padded, in the server's dtype, with a GPU hash on GPUs; no digest the trainer computes equals those. What can be checked
 exactly is change: every tensor whose value the trainer changed since the push before (`fingerprints`) must have
-changed on the server, under the name the server gives it. A tensor the server did not load keeps its checksum and is
-named in the error.
+changed on the server, under the name the server gives it, on every rank that holds it: each tensor-parallel,
+pipeline and data-parallel rank of a server hashes its own copy (`Checksums`), and a rank that did not load the push
+keeps its checksum however the others moved. A tensor the server did not load is named in the error, with the rank
+where the server has several. (A tensor sharded over ranks whose change touched one shard only, e.g. embedding rows
+of tokens one rank holds, reads as not loaded on the others: the error names them.)
 
 Names are matched through the engine's fusions (``layers.0.self_attn.k_proj`` is the server's
 ``layers.0.self_attn.qkv_proj``; with LoRA enabled vLLM holds it as ``qkv_proj.base_layer``) and then by the longest
@@ -24,6 +27,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .http import ServerError
+
+Checksums = dict[str, dict[str, str]]
+"""A server's checksums: {its tensor name: {rank: digest}}, one digest per rank that holds the tensor (a rank as the
+engine names it, e.g. vLLM's ``dp0:pp0:pcp0:tp1``)."""
 
 
 class ServerNames:
@@ -61,18 +68,21 @@ def _wrapped(name: str) -> str:
 
 
 def stale_tensors(
-    changed: list[str], before: dict[str, str], after: dict[str, str], fusions: dict[str, str]
-) -> tuple[list[tuple[str, str]], list[str]]:
-    """(pushed name, server name) of every changed tensor whose server checksum did not change, and the changed
-    tensors the server reports no checksum for."""
+    changed: list[str], before: Checksums, after: Checksums, fusions: dict[str, str]
+) -> tuple[list[tuple[str, str, list[str]]], list[str]]:
+    """(pushed name, server name, the ranks where it kept its checksum) of every changed tensor that some rank of the
+    server did not load, and the changed tensors the server reports no checksum for."""
     names = ServerNames(after, fusions)
     stale, unknown = [], []
     for pushed in changed:
         served = names(pushed)
         if served is None:
             unknown.append(pushed)
-        elif before.get(served) == after[served]:
-            stale.append((pushed, served))
+            continue
+        held = before.get(served, {})
+        kept = [rank for rank, digest in after[served].items() if held.get(rank) == digest]
+        if kept:
+            stale.append((pushed, served, kept))
     return stale, unknown
 
 
@@ -80,8 +90,8 @@ def checksum_finding(
     error: type[ServerError],
     url: str,
     changed: list[str],
-    before: dict[str, str],
-    after: dict[str, str],
+    before: Checksums,
+    after: Checksums,
     fusions: dict[str, str],
 ) -> str | None:
     """What the server's checksums say is missing from the push (None: nothing); ``error`` naming ``url`` when a
@@ -95,7 +105,13 @@ def checksum_finding(
         )
     if not stale:
         return None
-    shown = ", ".join(p if p == s else f"{p} (the server's {s})" for p, s in stale[:5])
+    several = len({rank for digests in after.values() for rank in digests}) > 1
+
+    def shown_one(pushed: str, served: str, ranks: list[str]) -> str:
+        named = pushed if pushed == served else f"{pushed} (the server's {served})"
+        return f"{named} on rank {', '.join(ranks)}" if several else named
+
+    shown = ", ".join(shown_one(*entry) for entry in stale[:5])
     return (
         f"{len(stale)} of the {len(changed)} tensors the trainer changed kept their checksum on the server: {shown}"
         f"{' ...' if len(stale) > 5 else ''}"
@@ -103,8 +119,8 @@ def checksum_finding(
 
 
 ADVICE = {
-    "checksums": "It did not load them (a loader that skips a name, a server restarted mid-push, a weight_update_urls "
-    "list that misses it).",
+    "checksums": "It did not load them (a loader that skips a name, a server or one of its ranks restarted mid-push, a "
+    "weight_update_urls list that misses it).",
     "probe": "A weight it did not load, an adapter it did not take, or a restarted server. If the probe's gap is only "
     "numerics (a bf16 sampler), set verify_tolerance a few times rollout/logprob_diff_mean.",
 }

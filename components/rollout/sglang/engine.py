@@ -9,10 +9,13 @@ push          ``/update_weights_from_disk`` (`weights`); ``/update_weights_from_
               (``/init_weights_update_group``, ``/update_weights_from_distributed``: `group`) while the servers are
               paused (``/pause_generation`` mode abort or retract, ``/continue_generation``)
 adapters      ``/load_lora_adapter_from_tensors``, ``/unload_lora_adapter`` (`adapters`)
-checksums     ``POST /weights_checker {action: checksum}`` -> ``{success, ranks: [{checksums: {name: hash}, ...}]}``:
-              per tensor-parallel rank, each parameter and buffer of the server's model under SGLang's own names
-              (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``), hashed as held (sha256 of the bytes on CPU,
-              a Triton hash on GPUs: ``sglang/srt/utils/weight_checker.py``)
+checksums     ``POST /weights_checker {action: checksum}`` -> ``{success, ranks: [{checksums: {name: hash},
+              per_gpu_checksum, parallelism_info: {role, tp_rank, dp_rank, pp_rank, ...}}]}``: one entry per rank of
+              every data-parallel replica (``managers/tokenizer_control_mixin.py`` gathers them), each parameter and
+              buffer of the server's model under SGLang's own names (q/k/v fused in ``qkv_proj``, gate/up in
+              ``gate_up_proj``), hashed as held (sha256 of the bytes on CPU, a Triton hash on GPUs:
+              ``sglang/srt/utils/weight_checker.py``); a speculative draft model's ranks (role ``draft...``) hold
+              no weight the trainer pushes and are left out
 health        ``GET /health_generate`` (runs a one-token generation)
 served        ``GET /model_info`` (``model_path``, ``architectures``): the checkpoint it serves, checked against the policy
 memory        ``/release_memory_occupation``, ``/resume_memory_occupation`` (``--enable-memory-saver``)
@@ -32,6 +35,7 @@ from ..server.ranks import rank
 from ..server.samples import Answer, Request
 from ..server.served import Served
 from ..server.session import paused
+from ..server.verify import Checksums
 from . import adapters, generation, server, weights
 from .client import SGLangClient, SGLangError
 from .group import WeightGroup
@@ -112,16 +116,20 @@ class SGLangEngine(Engine):
     def unload_adapter(self, urls: list[str], name: str) -> None:
         adapters.unload_adapter(self.client, urls, name)
 
-    def checksums(self, url: str) -> dict[str, str]:
+    def checksums(self, url: str) -> Checksums:
         answer = self.client.request(url, "/weights_checker", {"action": "checksum"}, check=weights.succeeded(url))
         ranks = (answer or {}).get("ranks") if isinstance(answer, dict) else None
         if not ranks:
             raise SGLangError(f"SGLang server at {url}: /weights_checker answered no checksums: {str(answer)[:300]}")
-        joined: dict[str, list[str]] = {}
-        for entry in ranks:
+        per_name: Checksums = {}
+        for i, entry in enumerate(ranks):
+            where = entry.get("parallelism_info")
+            if where is not None and where["role"] != "target":
+                continue
+            rank = f"dp{where['dp_rank']}:pp{where['pp_rank']}:tp{where['tp_rank']}" if where else f"rank {i}"
             for name, digest in entry["checksums"].items():
-                joined.setdefault(name, []).append(str(digest))
-        return {name: ",".join(digests) for name, digests in joined.items()}
+                per_name.setdefault(name, {})[rank] = str(digest)
+        return per_name
 
     def release_memory(self, urls: list[str]) -> None:
         for url in urls:

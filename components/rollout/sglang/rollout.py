@@ -14,10 +14,12 @@ class SGLangRollout(ServerRollout):
     """Sample ``group_size`` responses per prompt from SGLang servers; push the policy's weights after every update.
 
     ``rollout_logprobs`` are the sampler's own: the trainer/sampler mismatch is logged as ``rollout/logprob_diff_*``
-    and TIS/MIS can correct for it.
+    and TIS/MIS can correct for it. With top-k / top-p SGLang reports them before the truncation (log_softmax(z / T)
+    over the whole vocabulary), where the trainer's are renormalised over the kept tokens: the module warns.
     """
 
     engine_type = SGLangEngine
+    truncated_logprobs = False
 
     def __init__(
         self,

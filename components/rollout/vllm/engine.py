@@ -13,8 +13,10 @@ push          disk: ``/collective_rpc {method: reload_weights, kwargs: {weights_
 adapters      ``/v1/load_lora_adapter {lora_name, lora_path}`` (a peft folder: vLLM loads no adapter from memory, so
               the adapter is written to one first), ``/v1/unload_lora_adapter``; ``"model": <name>`` samples with it
 checksums     ``POST /weight_checker {action: checksum}`` -> ``{checksums: {"dp0:pp0:pcp0:tp0:<name>": sha256}}``: each
-              parameter as the server holds it (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the
-              embedding padded to 64 rows, with LoRA enabled under ``<layer>.base_layer.``)
+              parameter as every worker holds it, keyed by the worker's rank (``v1/worker/gpu_worker.py``'s
+              ``_weight_checksum_prefix``: data-parallel index, pipeline, context- and tensor-parallel ranks) and the
+              name (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the embedding padded to 64 rows, with
+              LoRA enabled under ``<layer>.base_layer.``)
 health        ``GET /health``; at set-up ``GET /server_info?config_format=json``: ``--logprobs-mode processed_logprobs``,
               and ``--weight-transfer-config`` for ``weight_sync: distributed``, or one line naming the flag
 served        ``GET /v1/models`` (``root``: the checkpoint it loaded), checked against the policy
@@ -37,6 +39,7 @@ from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
 from ..server.session import paused
+from ..server.verify import Checksums
 from . import generation, launch
 from .client import VLLMClient, VLLMError
 from .transfer import TransferGroups
@@ -157,15 +160,16 @@ class VLLMEngine(Engine):
             self.client.request(url, "/v1/unload_lora_adapter", {"lora_name": name})
         shutil.rmtree(self._adapter_folder(name), ignore_errors=True)
 
-    def checksums(self, url: str) -> dict[str, str]:
+    def checksums(self, url: str) -> Checksums:
         answer = self.client.request(url, "/weight_checker", {"action": "checksum"})
         checksums = answer.get("checksums") if isinstance(answer, dict) else None
         if not checksums:
             raise VLLMError(f"vLLM server at {url}: /weight_checker answered no checksums: {str(answer)[:300]}")
-        joined: dict[str, list[str]] = {}
+        per_name: Checksums = {}
         for key, digest in checksums.items():
-            joined.setdefault(key.rsplit(":", 1)[-1], []).append(str(digest))  # "dp0:pp0:pcp0:tp0:<name>"
-        empty = sorted(name for name, digests in joined.items() if EMPTY in digests)
+            rank, _, name = key.rpartition(":")  # "dp0:pp0:pcp0:tp0:<name>"
+            per_name.setdefault(name, {})[rank] = str(digest)
+        empty = sorted(name for name, digests in per_name.items() if EMPTY in digests.values())
         if empty:
             raise VLLMError(
                 f"vLLM server at {url}: its /weight_checker hashes no bytes for {empty[:3]} (vLLM's CPU build hands "
@@ -173,7 +177,7 @@ class VLLMEngine(Engine):
                 "LIGHTNING_RL_VLLM_PLAIN_LINEAR=1 and the plugin on its PYTHONPATH (launch: does both), or set "
                 "verify_checksums: false"
             )
-        return {name: ",".join(digests) for name, digests in joined.items()}
+        return per_name
 
     def close(self) -> None:
         self._drop_groups()

@@ -8,7 +8,9 @@ always explicit (left out, vLLM fills the context). Answer: ``choices`` (``index
 (a stop token or EOS that ended it included), ``logprobs.content[i].logprob`` (the sampled token's: with
 ``--logprobs-mode processed_logprobs`` log_softmax(logits / T); greedy: untempered), ``finish_reason`` stop | length
 | abort and ``weight_versions``: ``[{version, start, end}]`` spans of output tokens and the weights that sampled them.
-A non-finite log-prob comes as -9999.0. ``/pause?mode=abort`` ends the requests in flight with finish ``abort``, the
+A non-finite log-prob comes as -9999.0. A server started with ``--return-sampling-mask`` (Model Runner V2 only:
+Triton, so not the CPU build) adds ``sampling_mask``: per output token, the ids top-k / top-p / min-p left samplable
+(vLLM's ``SamplingMask.token_ids``); the trainer then renormalises its log-probs over exactly those. ``/pause?mode=abort`` ends the requests in flight with finish ``abort``, the
 tokens so far and their log-probs (the server layer continues them: partial rollouts).
 
 Scoring given tokens: ``sampling_params: {prompt_logprobs: k, max_tokens: 1}`` answers ``prompt_logprobs``: entry i
@@ -79,7 +81,21 @@ def _parse(url: str, choice: dict) -> Answer:
     spans = choice.get("weight_versions") or []
     # the oldest weights that sampled a token of it (an answer spans several versions only when paused in mode keep)
     version = str(spans[0]["version"]) if spans else None
-    return Answer(ids, logprobs, choice.get("finish_reason") or "stop", version)
+    return Answer(ids, logprobs, choice.get("finish_reason") or "stop", version, _support(url, choice, ids))
+
+
+def _support(url: str, choice: dict, ids: list[int]) -> list[list[int]] | None:
+    """``sampling_mask``: each output token's kept ids (None when the server reports none)."""
+    mask = choice.get("sampling_mask")
+    if mask is None:
+        return None
+    support = [[int(t) for t in kept] for kept in mask]
+    if len(support) != len(ids) or any(t not in kept for t, kept in zip(ids, support)):
+        raise VLLMError(
+            f"vLLM server at {url}: sampling_mask lists {len(support)} kept sets for {len(ids)} tokens, or a sampled "
+            "token outside its own"
+        )
+    return support
 
 
 def score(

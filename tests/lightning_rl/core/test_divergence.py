@@ -89,3 +89,73 @@ def test_topk_reverse_kl_gradient_through_its_checkpointed_chunks():
     z.grad = None
     exact_reverse_kl(z, teacher, 0.9).sum().backward()
     torch.testing.assert_close(full, z.grad, rtol=0, atol=1e-5)
+
+
+def _topk_kl_fp64(z: torch.Tensor, teacher: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The k + 1-bucket KL re-derived in fp64 from the teacher's full logits (its rest bucket 1 - sum of its top k,
+    floored as the module documents), for autograd."""
+    from lightning_rl.core.divergence import REST_FLOOR
+
+    logp, logq = torch.log_softmax(z, dim=-1), torch.log_softmax(teacher.double(), dim=-1)
+    top_p, top_q = logp.gather(-1, ids), logq.gather(-1, ids)
+    logp_rest = torch.logsumexp(logp.scatter(-1, ids, -torch.inf), dim=-1)
+    logq_rest = torch.logsumexp(logq.scatter(-1, ids, -torch.inf), dim=-1).clamp_min(math.log(REST_FLOOR))
+    return (top_p.exp() * (top_p - top_q)).sum(-1) + logp_rest.exp() * (logp_rest - logq_rest)
+
+
+def _confident_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """#46 item 1's case: 64 rows over 1000 tokens, the teacher sure of token 0 (logit + 25: its top-20 mass is 1 - ~4e-8,
+    1 in float32), the student less so (+ 12)."""
+    generator = torch.Generator().manual_seed(seed)
+    student, teacher = torch.randn(64, 1000, generator=generator), torch.randn(64, 1000, generator=generator)
+    student[:, 0] += 12
+    teacher[:, 0] += 25
+    return student, teacher
+
+
+def test_topk_reverse_kl_of_a_confident_teacher_equals_the_fp64_k_plus_1_bucket_kl_values_and_gradients():
+    """#46 item 1: the rest bucket was log((1 - exp(logsumexp(top k))).clamp_min(float32 tiny)) = -87.3 where the top-k
+    mass rounds to 1 in float32: the value was 1.30 where the exact KL is 0.25. Teacher log-probs exact to float32
+    (log-softmax in fp64, then rounded): the value and its gradient are the fp64 k + 1-bucket ones."""
+    student, teacher = _confident_rows()
+    values, ids = torch.log_softmax(teacher.double(), dim=-1).float().topk(20, dim=-1)
+    z = student.clone().requires_grad_(True)
+    weights = torch.rand(64, generator=torch.Generator().manual_seed(1))
+    kl = topk_reverse_kl(z, ids, values, chunk_rows=16)
+    (kl * weights).sum().backward()
+    reference = student.double().requires_grad_(True)
+    expected = _topk_kl_fp64(reference, teacher, ids)
+    (expected * weights.double()).sum().backward()
+    torch.testing.assert_close(kl.double(), expected.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(z.grad.double(), reference.grad, rtol=0, atol=1e-5)
+    assert 0.2 < kl.mean().item() < closed_form(student, teacher, 1.0).mean().item()
+
+
+def test_topk_reverse_kl_from_float32_log_softmax_never_exceeds_the_exact_kl():
+    """The issue's repro as a teacher in float32 gives it: the top log-prob is exactly 0.0 (or a few ulps off it), so
+    the rest's mass is below the rounding; the value stays under the exact KL at every position."""
+    student, teacher = _confident_rows()
+    values, ids = torch.log_softmax(teacher, dim=-1).topk(20, dim=-1)
+    assert bool((values[:, 0] == 0).any())
+    kl, exact = topk_reverse_kl(student, ids, values), closed_form(student, teacher, 1.0)
+    assert bool((kl.double() <= exact).all()) and bool((kl >= 0).all())
+    # where the teacher's rest is lighter than the floor, both are the floored fp64 value; above it, float32 rounding
+    # of the top log-prob (its ulp is ~6e-8, the size of the rest) decides
+    from lightning_rl.core.divergence import REST_FLOOR
+
+    light = torch.log_softmax(teacher.double(), dim=-1).exp().scatter(-1, ids, 0.0).sum(-1) < REST_FLOOR
+    assert int(light.sum()) > 32
+    expected = _topk_kl_fp64(student.double(), teacher, ids)
+    torch.testing.assert_close(kl.double()[light], expected[light], rtol=0, atol=1e-5)
+
+
+def test_the_teachers_rest_bucket_by_hand():
+    from lightning_rl.core.divergence import REST_FLOOR, teacher_rest_logprob
+
+    # 1 - (0.5 + 0.3) = 0.2; 1 - (1 - 1e-9) = 1e-9 (below the floor); 1 - (1 - 1e-4 + 4e-5 + 2e-5) = 4e-5
+    x = torch.tensor([[math.log(0.5), math.log(0.3), -math.inf]])
+    assert teacher_rest_logprob(x).item() == pytest.approx(math.log(0.2), abs=1e-7)
+    assert teacher_rest_logprob(torch.tensor([[-1e-9, -30.0]])).item() == pytest.approx(math.log(REST_FLOOR))
+    assert teacher_rest_logprob(torch.tensor([[0.0]])).item() == pytest.approx(math.log(REST_FLOOR))  # a server's 0.0
+    x = torch.tensor([[math.log1p(-1e-4), math.log(4e-5), math.log(2e-5)]])
+    assert teacher_rest_logprob(x).item() == pytest.approx(math.log(4e-5), rel=1e-5)
