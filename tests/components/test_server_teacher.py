@@ -204,7 +204,7 @@ def test_a_teacher_server_that_dies_fails_the_scoring_with_one_error_naming_its_
     from tests.fixtures.sglang_server import ServerProcess
 
     process = ServerProcess(TINY_TEACHER_PATH, env={"OMP_NUM_THREADS": "1"})
-    teacher = SGLangTeacher(base_url=process.url, max_retries=1, backoff=0.01)
+    teacher = SGLangTeacher(base_url=process.url, max_retries=1, backoff=0.01, server_wait_s=0)
     try:
         teacher.setup(student)
         process.process.kill()

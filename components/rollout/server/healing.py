@@ -112,6 +112,8 @@ class Healing:
         others_up = len(self.live_urls()) > len(down)
         for url in down:
             server = self.connection.launched_at(url)
+            if server is None and self.settings.server_wait_s == 0:
+                raise failure
             if server is None:
                 self._wait_for(url, failure)
             else:
@@ -166,7 +168,8 @@ class Healing:
             if time.monotonic() >= deadline:
                 raise error(
                     f"{self.who}: the {error.engine} server at {url} did not come back within server_wait_s="
-                    f"{s.server_wait_s:g} s; the run stops here (resume from its last checkpoint once it serves again)"
+                    f"{s.server_wait_s:g} s; the run stops here (resume from its last checkpoint once it serves again). "
+                    f"It failed with: {failure}"
                 ) from failure
             time.sleep(1.0)
         self.pending[url] = in_background(lambda: None)  # back, with unknown weights: rejoins through a whole push
