@@ -145,13 +145,14 @@ def test_a_base_url_server_is_waited_for(tiny_model_path, make_rollout, policy, 
         batch = rollout.generate(asked, policy)  # waited for, pushed the policy again, sampled
         assert batch.batch_size == 6 and rollout.healing.restarts == 0
         assert "waiting up to server_wait_s=120 s" in capfd.readouterr().err
-        rollout = make_rollout(base_url=process.url, server_wait_s=1, max_retries=0, group_size=2, max_new_tokens=4)
-        rollout.generate(asked, policy)
+        waits = make_rollout(base_url=process.url, server_wait_s=1, max_retries=0, group_size=2, max_new_tokens=4)
+        waits.generate(asked, policy)
+        fails = make_rollout(base_url=process.url, server_wait_s=0, max_retries=0, group_size=2, max_new_tokens=4)
+        fails.generate(asked, policy)
         process.stop()
         with pytest.raises(Exception, match=r"did not come back within server_wait_s=1 s; the run stops here"):
-            rollout.generate(asked, policy)
-        rollout = make_rollout(base_url=process.url, server_wait_s=0, max_retries=0, group_size=2, max_new_tokens=4)
+            waits.generate(asked, policy)
         with pytest.raises(Exception, match=rf"SGLang server at {process.url}: POST /generate failed"):
-            rollout.generate(asked, policy)  # 0: no wait, the request's own error
+            fails.generate(asked, policy)  # 0: no wait, the request's own error
     finally:
         process.stop()
