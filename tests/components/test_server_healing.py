@@ -156,3 +156,51 @@ def test_a_base_url_server_is_waited_for(tiny_model_path, make_rollout, policy, 
             fails.generate(asked, policy)  # 0: no wait, the request's own error
     finally:
         process.stop()
+
+
+def test_a_launched_vllm_server_killed_between_rollouts_mid_push_or_stopped_is_restarted(tmp_path):
+    """The real vLLM server (its API server, engine core and worker: the whole group goes), weights over a process
+    group, which the restarted server joins anew."""
+    from components.rollout import VLLMRollout
+    from lightning_rl.core.models import load_tokenizer
+    from tests.fixtures.vllm_server import SERVER_ARGS, TINY_CALC, unavailable, widen_heads
+    from tests.support.engines import gap, perturb
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no real vLLM server: {reason}")
+    model = str(widen_heads(TINY_CALC, tmp_path / "tiny-calc-wide"))
+    policy = load_causal_lm(ModelSpec(path=model))
+    tokenizer = load_tokenizer(model)
+    enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
+    asked = make_prompts(enc.input_ids, enc.attention_mask)
+    rollout = VLLMRollout(
+        launch=dict(SERVER_ARGS, model=model), weight_sync="distributed", verify_every=1, group_size=2,
+        max_new_tokens=4, backoff=0.05, health_deadline_s=10.0,
+    )  # fmt: skip
+    rollout.setup(tokenizer)
+    try:
+        rollout.generate(asked, policy)
+        os.killpg(pid(rollout), signal.SIGKILL)  # between rollouts
+        perturb(policy, 0.05)
+        batch = rollout.generate(asked, policy)
+        assert rollout.healing.restarts == 1 and gap(policy, batch) <= 1e-4
+        engine = rollout.pusher.engine
+        original = engine.push_buckets
+
+        def dying(*args, **kwargs):
+            engine.push_buckets = original
+            os.killpg(pid(rollout), signal.SIGKILL)
+            return original(*args, **kwargs)
+
+        engine.push_buckets = dying  # mid-push
+        perturb(policy, 0.05, seed=1)
+        rollout.sync_weights(policy)
+        assert rollout.healing.restarts == 2
+        batch = rollout.generate(asked, policy)
+        assert gap(policy, batch) <= 1e-4 and set(batch.versions.tolist()) == {rollout.weight_version}
+        os.kill(pid(rollout), signal.SIGSTOP)  # hung
+        batch = rollout.generate(asked, policy)
+        assert rollout.healing.restarts == 3 and gap(policy, batch) <= 1e-4
+    finally:
+        rollout.close()
