@@ -664,9 +664,11 @@ def _stand_in_connection(**settings):
     return connection, Healing(connection, "Rollout")
 
 
-def test_server_killed(capfd):
+def test_server_killed(capfd, monkeypatch):
+    from components.rollout.server import healing as module
     from components.rollout.server.healing import ServerDown
 
+    monkeypatch.setattr(module, "HEALTH_EVERY_S", 0.0)  # every watch asks for health
     connection, healing = _stand_in_connection(health_deadline_s=1.0, max_restarts=2)
     try:
         first = connection.launched[0].process.pid
@@ -680,7 +682,6 @@ def test_server_killed(capfd):
         assert second != first and connection.launched[0].url == connection.urls[0]  # in place: same address
         os.kill(second, signal.SIGSTOP)  # hung: its process runs, nothing answers
         start = time.monotonic()
-        healing._checked = 0.0
         with pytest.raises(ServerDown) as down:
             healing.watch()
         assert 1.0 <= time.monotonic() - start < 10  # the health deadline, not a request's timeout

@@ -66,7 +66,7 @@ class Collector:
             batch, metrics = self.agent.generate(
                 self.rollout, prompts, policy, params
             )  # whole episodes, with transcripts
-        metrics = {**metrics, **getattr(self.rollout, "metrics", dict)()}  # e.g. servers/restarts
+        metrics = {**metrics, **self.rollout.metrics()}  # e.g. servers/restarts
         columns = batch.columns or {}
         if "prompts" not in columns:
             batch = batch.with_columns(

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import ServerProcess, fake_sglang_package
@@ -156,6 +157,32 @@ def test_a_base_url_server_is_waited_for(tiny_model_path, make_rollout, policy, 
             fails.generate(asked, policy)  # 0: no wait, the request's own error
     finally:
         process.stop()
+
+
+def test_a_launched_teacher_server_killed_or_stopped_is_restarted_and_the_scoring_retried(launch):
+    from components.rollout import HFRollout
+    from components.teacher import TINY_TEACHER_PATH, SGLangTeacher
+    from lightning_rl.core.models import TINY_MODEL_PATH, load_tokenizer
+
+    student = load_tokenizer(TINY_MODEL_PATH)
+    sampler = HFRollout(group_size=2, max_new_tokens=6)
+    sampler.setup(student)
+    enc = student(["12+3=", "4*5="], return_tensors="pt", padding=True)
+    batch = sampler.generate(
+        make_prompts(enc.input_ids, enc.attention_mask), load_causal_lm(ModelSpec(path=TINY_MODEL_PATH))
+    )
+    teacher = SGLangTeacher(launch={"model_path": TINY_TEACHER_PATH}, backoff=0.01, health_deadline_s=2.0)
+    teacher.setup(student)
+    try:
+        before = teacher.score(batch).logprobs
+        first = teacher.connection.launched[0].process.pid
+        os.kill(first, signal.SIGKILL)
+        after = teacher.score(batch).logprobs  # restarted, scored again: the same teacher, the same numbers
+        assert teacher.healing.restarts == 1 and torch.equal(before, after)
+        os.kill(teacher.connection.launched[0].process.pid, signal.SIGSTOP)
+        assert torch.equal(teacher.score(batch).logprobs, before) and teacher.healing.restarts == 2
+    finally:
+        teacher.close()
 
 
 def test_a_launched_vllm_server_killed_between_rollouts_mid_push_or_stopped_is_restarted(tmp_path):

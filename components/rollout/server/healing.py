@@ -139,7 +139,7 @@ class Healing:
                 f"max_restarts={s.max_restarts} restarts; the run stops here (resume from its last checkpoint). "
                 f"Log: {old.log_path}"
             ) from failure
-        old.close(grace_s=5.0)  # SIGTERM, then SIGKILL: a stopped (SIGSTOP) process ends too
+        old.close(grace_s=0.0)  # its whole group, SIGKILL: a stopped (SIGSTOP) or hung process ends too
         new = LaunchedServer(old.command, type(self.connection.client), str(old.log_path.parent), old.owner)
         self.connection.launched[self.connection.launched.index(old)] = new
         self.restarts += 1
