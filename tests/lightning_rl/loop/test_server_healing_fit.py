@@ -85,3 +85,31 @@ def test_two_launched_sglang_servers_one_killed_mid_run(tmp_path, monkeypatch, c
     )  # fmt: skip
     assert len(seen["pending_after_retry"]) == 1  # the retried rollout sampled on the other while this one started
     assert capfd.readouterr().err.count("restarting the SGLang server") == 1
+
+
+def test_past_max_restarts_the_run_stops_with_a_checkpoint_that_resumes(tmp_path, monkeypatch):
+    import torch
+
+    fake_sglang_package(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    generate, calls = ServerRollout.generate, []
+
+    def generating(self, prompts, policy, params=None):
+        calls.append(1)
+        if len(calls) == 4:  # iteration 4 (0-based 3): after the checkpoint of iteration 2, before that of 4
+            os.killpg(self.connection.launched[0].process.pid, signal.SIGKILL)
+        return generate(self, prompts, policy, params)
+
+    monkeypatch.setattr(ServerRollout, "generate", generating)
+    args = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url=null",
+            f"--model.rollout.init_args.launch={json.dumps({'model_path': MODEL})}",
+            "--model.rollout.init_args.max_restarts=0", "--model.rollout.init_args.backoff=0.05",
+            "--trainer.limit_val_batches=0"]  # fmt: skip
+    with pytest.raises(Exception, match="max_restarts=0 restarts; the run stops here"):
+        run_cli("fit", cli_args(tmp_path, MODEL, 6, *args))
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 3  # the iterations completed before the server went down
+    monkeypatch.setattr(ServerRollout, "generate", generate)
+    cli = run_cli("fit", [*cli_args(tmp_path, MODEL, 6, *args), f"--ckpt_path={tmp_path}/checkpoints/last.ckpt"])
+    assert cli.trainer.global_step == 6
