@@ -174,13 +174,13 @@ def test_a_launched_teacher_server_killed_or_stopped_is_restarted_and_the_scorin
     teacher = SGLangTeacher(launch={"model_path": TINY_TEACHER_PATH}, backoff=0.01, health_deadline_s=2.0)
     teacher.setup(student)
     try:
-        before = teacher.score(batch).logprobs
+        before = teacher.score(batch).teacher_logprobs
         first = teacher.connection.launched[0].process.pid
         os.kill(first, signal.SIGKILL)
-        after = teacher.score(batch).logprobs  # restarted, scored again: the same teacher, the same numbers
+        after = teacher.score(batch).teacher_logprobs  # restarted, scored again: the same teacher, the same numbers
         assert teacher.healing.restarts == 1 and torch.equal(before, after)
         os.kill(teacher.connection.launched[0].process.pid, signal.SIGSTOP)
-        assert torch.equal(teacher.score(batch).logprobs, before) and teacher.healing.restarts == 2
+        assert torch.equal(teacher.score(batch).teacher_logprobs, before) and teacher.healing.restarts == 2
     finally:
         teacher.close()
 
