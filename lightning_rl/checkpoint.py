@@ -35,6 +35,7 @@ from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import check_base, is_lora
+from lightning_rl.digests import CheckpointError, check_not_empty, checked, unreadable, with_digests
 from lightning_rl.rng import IterationRNG, gather_rng_states, restore_rng_states
 from lightning_rl.roster import ROSTER, policy_export_info  # noqa: F401 (the supervised recipe's policy entry)
 
@@ -49,6 +50,9 @@ class LoopState:
     shuffle: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     optimizer_steps: dict[str, int] = field(default_factory=lambda: {"policy": 0, "critic": 0})
     totals: dict[str, float] = field(default_factory=lambda: {"samples": 0.0, "tokens": 0.0})
+    trained: bool = False
+    """Whether the iteration under way has completed its update (not saved): a failure after it saves that iteration
+    as it is (lightning_rl.callbacks.fault), since its optimizer steps are done."""
 
     def snapshot(self) -> dict[str, Any]:
         """The state now (an iteration's start, to go back to when it is interrupted)."""
@@ -226,9 +230,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     clusters), copies it into place: a crash during that copy leaves a truncated ``last.ckpt``.
     Remote paths (``s3://`` ...) are left to Lightning's default. Temporary files of this naming left by
     a process that was killed mid-save are removed at the next save into the same folder.
+
+    Every tensor is written with its digest and checked when the file is read (lightning_rl.digests): a damaged
+    tensor is named, never trained on; an empty file is one line.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        checkpoint = with_digests(checkpoint)
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
@@ -248,6 +256,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
             raise
         _fsync_dir(path.parent)
+
+    def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only=None) -> dict[str, Any]:
+        source = f"checkpoint {str(path)!r}"
+        if isinstance(get_filesystem(path), LocalFileSystem):
+            check_not_empty(Path(path))
+        try:
+            checkpoint = super().load_checkpoint(path, map_location, weights_only)
+        except RuntimeError as err:
+            raise unreadable(source, err) from None
+        return checked(checkpoint, source)
 
 
 def with_atomic_checkpoints(plugins) -> list:
@@ -323,15 +341,21 @@ SAFE_GLOBALS = [pathlib.PosixPath, pathlib.PurePosixPath]
 """Types besides tensors and plain containers a checkpoint may hold (a path in a callback's state)."""
 
 
-def safe_load(path: Path) -> dict[str, Any]:
+def safe_load(path: Path, digested: bool = True) -> dict[str, Any]:
+    """A checkpoint file read as plain data; ``digested``: written by `AtomicCheckpointIO`, its tensors checked against
+    their digests (a file of Lightning's own writing, an FSDP2 folder's metadata, holds none)."""
+    check_not_empty(path)
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise ValueError(
+        raise CheckpointError(
             f"{str(path)!r} holds Python objects that are not plain data, so it is not loaded (unpickling could run code). "
             f"Checkpoints written by lightning_rl never do; this one came from elsewhere or was altered. Details: {str(err).splitlines()[0]}"
         ) from None
+    except RuntimeError as err:
+        raise unreadable(f"checkpoint {str(path)!r}", err) from None
+    return checked(checkpoint, f"checkpoint {str(path)!r}") if digested else checkpoint
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -353,13 +377,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
             no_dist=True,
         )
-        return {**safe_load(path / "meta.pt"), "state_dict": weights["state_dict"]}
+        return {**safe_load(path / "meta.pt", digested=False), "state_dict": weights["state_dict"]}
     if (path / "latest").is_file() or (path / "checkpoint").is_dir():  # DeepSpeed
         from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
         with tempfile.TemporaryDirectory() as tmp:
             convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "consolidated.ckpt")
-            return safe_load(Path(tmp) / "consolidated.ckpt")
+            return safe_load(Path(tmp) / "consolidated.ckpt", digested=False)
     raise ValueError(
         f"{str(path)!r} is a folder but neither an FSDP2Strategy checkpoint (meta.pt, .metadata) nor a DeepSpeed one (latest)"
     )

@@ -1,6 +1,6 @@
-"""`lightning-rl`: one command, a subcommand per job. fit, validate and --dry_run are the CLI's (lightning_rl.cli);
-distill is fit on configs/distill.yaml; sft and reward-model are the recipes' programs; export and components are the
-CLI's own. Above the CLI and the recipes: neither imports it."""
+"""`lightning-rl`: one command, a subcommand per job. fit, validate, replay and --dry_run are the CLI's (lightning_rl.cli);
+distill is fit on configs/distill.yaml; sft and reward-model are the recipes' programs; export, components and rollouts
+are the CLI's own. Above the CLI and the recipes: neither imports it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def _lightning_rl() -> None:
         from lightning_rl.cli.catalog import main as components
 
         components()
+    elif command == ["rollouts"]:  # a rollout record's iterations and samples (lightning_rl.rollouts)
+        from lightning_rl.cli.rollouts import main as rollouts
+
+        rollouts(rest)
+    elif command == ["replay"]:  # fit from a rollout record; the record's config.yaml unless --config is given
+        from lightning_rl.cli.replay import with_recorded_config
+
+        _as_argv(["replay", *with_recorded_config(rest)])
+        main()
     elif command == ["sft"]:
         from lightning_rl.recipes.sft import main as sft
 

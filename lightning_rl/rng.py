@@ -14,14 +14,16 @@ from torch import Tensor
 from lightning_rl.core.ops import dist_ready
 
 
-def _global_state() -> dict[str, Tensor]:
+def global_random_state() -> dict[str, Tensor]:
+    """torch's global random state now: ``torch`` (the CPU generator) and, once CUDA is initialized, ``cuda``."""
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def _set_global_state(state: dict[str, Any]) -> None:
+def set_global_random_state(state: dict[str, Any]) -> None:
+    """Set what `global_random_state` returned (other keys are ignored)."""
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]  # older checkpoints hold every device's state
@@ -44,20 +46,20 @@ class IterationRNG:
 
     @contextmanager
     def scope(self, rank: int):
-        outside = _global_state()
+        outside = global_random_state()
         if self.state is not None:
-            _set_global_state(self.state)
+            set_global_random_state(self.state)
         elif rank > 0:
             torch.manual_seed((torch.initial_seed() + rank) % 2**63)
         try:
             yield
         finally:
-            self.state = _global_state()
-            _set_global_state(outside)
+            self.state = global_random_state()
+            set_global_random_state(outside)
 
     def current(self) -> dict[str, Tensor]:
         """The state the next iteration starts from."""
-        return self.state if self.state is not None else _global_state()
+        return self.state if self.state is not None else global_random_state()
 
 
 def gather_rng_states(stream: IterationRNG, generators: dict[str, torch.Generator]) -> list[dict[str, Tensor]]:

@@ -8,6 +8,7 @@
     val_reward  Reward.setup, when not ``reward`` no      reloaded                          -                 a RewardModel's body  -         -
     teacher     Teacher.setup                     no      reloaded                          -                 the LM, in process    -         teacher_logprobs (+ top-k)
 
+The rewards score during the collect phase only: a replay of recorded rollouts (lightning_rl.loop.replay) builds neither.
 A server teacher (components.teacher.ServerTeacher) holds no model here: its servers score, and it has no FSDP2 unit.
 "Reloaded": checkpoints leave the model's frozen weights out and it is built again from its path; a LoRA model's
 frozen base is reloaded the same way and checked against a fingerprint. Checkpointing (lightning_rl.checkpoint), FSDP2
@@ -24,6 +25,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import Tensor, nn
 
 from components.reward.model import scalar_head
@@ -81,6 +83,8 @@ class Slot:
     """The trainer forward's pass with this model over a micro-batch, or None when the run needs none."""
     note: Callable[[Any], str | None] = lambda m: None
     """What ``--dry_run`` says of the slot besides its parameter count (e.g. a reference without a model of its own)."""
+    collects: bool = False
+    """It serves the collect phase only (it scores responses): a replay from recorded rollouts builds none."""
 
     def model(self, module) -> Any:
         """The object the module holds in this slot (a model or a component), or None."""
@@ -222,13 +226,20 @@ def _reward_units(reward) -> list[ShardUnit]:
     return [(scalar_head(reward.model)[0], None)] if isinstance(getattr(reward, "model", None), nn.Module) else []
 
 
-REWARD = Slot("reward", "model.reward", lambda m: m.reward.setup(m.tokenizer), shard=lambda m: _reward_units(m.reward))
+REWARD = Slot(
+    "reward",
+    "model.reward",
+    lambda m: m.reward.setup(m.tokenizer),
+    shard=lambda m: _reward_units(m.reward),
+    collects=True,
+)
 VAL_REWARD = Slot(
     "val_reward",
     "model.val_reward",
     # the same object as ``reward`` unless configured: set up (and sharded) once
     lambda m: m.val_reward.setup(m.tokenizer) if m.val_reward is not m.reward else None,
     shard=lambda m: _reward_units(m.val_reward) if m.val_reward is not m.reward else [],
+    collects=True,
 )
 
 
@@ -267,6 +278,21 @@ ROSTER: tuple[Slot, ...] = (POLICY, REFERENCE, CRITIC, REWARD, VAL_REWARD, TEACH
 def trained(module) -> list[tuple[Slot, nn.Module]]:
     """(slot, model) of every trained slot the module holds, in roster order (the optimizer's parameter groups)."""
     return [(slot, slot.model(module)) for slot in ROSTER if slot.trains and slot.model(module) is not None]
+
+
+def training_modes(module) -> Tensor:
+    """(M,) bool: the training flag of every submodule of the trained models, in roster order (dropout in the update
+    depends on them, and a sampler that switches the policy to eval mode and back changes them)."""
+    return torch.tensor([m.training for _, model in trained(module) for m in model.modules()], dtype=torch.bool)
+
+
+def set_training_modes(module, modes: Tensor) -> None:
+    """Set what `training_modes` returned (on a module holding the same models)."""
+    submodules = [m for _, model in trained(module) for m in model.modules()]
+    if len(submodules) != len(modes):
+        raise ValueError(f"{len(modes)} training flags for {len(submodules)} submodules of the trained models")
+    for submodule, mode in zip(submodules, modes.tolist()):
+        submodule.training = mode
 
 
 def scorers(module) -> list[Scorer]:

@@ -6,13 +6,16 @@
 - atomic checkpoint files (lightning_rl.checkpoint) unless the run brings its own CheckpointIO;
 - the run folder chosen before anything is written (lightning_rl.runs): ``latest`` in a checkpoint path resolved first,
   a run's own checkpoint continues that run (with the policy it was trained from), else a new version is claimed;
-- the prompts tokenised with the policy's tokenizer (``model.policy.path`` -> ``data.tokenizer``).
+- the prompts tokenised with the policy's tokenizer (``model.policy.path`` -> ``data.tokenizer``);
+- a run a SIGTERM stopped ends with exit status 143 once it has saved (`ending_on_sigterm`), never 0.
 """
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import yaml
 from lightning.pytorch.cli import instantiate_class
@@ -24,6 +27,34 @@ from lightning_rl.runs import check_continued_policy, resolve_checkpoint, start_
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
 TOKENIZER_LINK = ("model.policy.path", "data.tokenizer")
 """The prompts are tokenised with the policy's tokenizer: the CLI links these two config keys."""
+
+
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""The exit status of a run a SIGTERM stopped, as a shell reports a process the signal ended: a scheduler that
+pre-empted the run never reads it as a success."""
+
+T = TypeVar("T")
+
+
+def ending_on_sigterm(trainer, run: Callable[[], T]) -> T:
+    """``run()`` (the Trainer's fit or validate), ending with `SIGTERM_EXIT` when a SIGTERM arrived meanwhile: Lightning
+    ends the iteration, the fault callbacks write last.ckpt, then it raises a ``SystemExit`` without a status (0)."""
+    try:
+        result = run()
+    except BaseException as err:
+        if not trainer.received_sigterm:
+            raise
+        _say_stopped(trainer, f" ({type(err).__name__} on the way out)" if not isinstance(err, SystemExit) else "")
+        raise SystemExit(SIGTERM_EXIT) from err
+    if trainer.received_sigterm:  # it arrived in the last iteration: the run is saved, and was still stopped
+        _say_stopped(trainer, "")
+        raise SystemExit(SIGTERM_EXIT)
+    return result
+
+
+def _say_stopped(trainer, detail: str) -> None:
+    if trainer.is_global_zero:
+        print(f"stopped by SIGTERM{detail}: exit status {SIGTERM_EXIT}", file=sys.stderr, flush=True)
 
 
 def trainer_defaults(name: str = "default", save_dir: str = "runs") -> dict[str, Any]:

@@ -58,6 +58,12 @@
 | 256 (1,024 in benchmarks/agent_episodes_at_once.py) episodes connecting at once, busy CPUs | none lost (agent/error_frac 0)                          | components/test_openai_tito.py::test_a_round_of_many_episodes_connecting_at_once_loses_none |
 | server keeps one old tensor below the probe's tolerance (a norm, the vision tower) | the exact check (checksums before/after the push) names tensor and server | test_stale_tensor_named / components/test_server_verify.py |
 | server loads a push but keeps its old weight_version     | verification fails naming the server and both versions              | test_version_not_applied / components/test_server_verify.py                               |
+| server serving another model than the policy (vocabulary 22 vs 18, architecture, a weight's name or shape) | one line naming server, checkpoint and difference before any request or push | test_served_model / components/test_server_served.py, components/test_rollout_contract.py (both engines) |
+| `launch: {port: P}` on a port another run's server holds (or takes before the launched one binds it) | one line before anything is sent: the port is in use, or the socket on it is not the launched process group's | test_launch_port_taken / components/test_server_connection.py (both engines) |
+| hand-started vLLM without `--logprobs-mode processed_logprobs` (log-probs of the raw logits at temperature 0.5) | refused at set-up, one line naming the flag | components/test_vllm_server_checks.py::test_log_probs_of_the_raw_logits_are_refused_naming_the_flag (real vLLM) |
+| hand-started vLLM without `--weight-transfer-config`, `weight_sync: distributed` | one line naming the flag before any weight group, exit status 1 (was 134) | components/test_vllm_server_checks.py::test_a_distributed_push_to_a_server_without_the_transfer_engine_is_one_line_and_status_1 |
+| a server refusing to join the weight group at once (either engine)  | its one-line error and exit status 1: the group's store is made on the calling thread (was 134) | components/test_server_weight_group.py |
+| teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
 | launched server killed (kill -9) mid-generation, mid-push, between iterations (SGLang, vLLM) | restarted in place (max_restarts), the work retried, the whole policy pushed and verified before it samples; one line, servers/restarts | test_server_killed / components/test_server_healing.py, lightning_rl/loop/test_server_healing_fit.py |
 | launched server stopped (SIGSTOP)                        | down after health_deadline_s: killed and restarted, the work retried | test_server_killed / components/test_server_healing.py                                    |
 | launched server down past max_restarts; base_url server gone past server_wait_s | one line, the run stops (last.ckpt resumes it)           | test_server_killed / components/test_server_healing.py                                    |
@@ -630,6 +636,65 @@ def test_endpoint_deep_nesting(capfd):
     answers, metrics = _scripted_agent_round("tests.support.endpoint.deeply_nested_agent", "deep_hermes")
     assert [status for status, _ in answers] == [400] * 5 + [200]  # RecursionError ended the run
     assert float(metrics["agent/error_frac"]) == 0 and "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "fault, problem",
+    [
+        ({"logprobs": [float("nan"), -1.0]}, "log-prob nan for the given token at position 0"),
+        ({"logprobs": [-0.5, 0.7]}, "log-prob 0.7 for the given token at position 1"),
+        ({"top_ids": [[3, 3], [5, 6]]}, "token id 3 twice in the top 2 at position 0"),
+        ({"top_ids": [[3, 4], [5, 40]]}, "top-k token id 40 at position 1, outside the policy's vocabulary (0..17)"),
+        ({"top_logprobs": [[-0.5, float("inf")], [-0.6, -1.1]]}, "top-2 log-probs [-0.5, inf] at position 0"),
+    ],
+)
+def test_teacher_answer(fault, problem):
+    from components.rollout.server.samples import Scored
+    from components.teacher.answers import check_scored
+
+    answer = Scored([-0.5, -1.0], None, [[3, 4], [5, 6]], [[-0.5, -1.2], [-0.6, -1.1]])
+    check_scored(SGLangError, "http://teacher:30000", "model.teacher.init_args", answer, 2, 2, 18)  # a model's answer
+    with pytest.raises(
+        SGLangError, match=r"^SGLang server at http://teacher:30000 \(model.teacher.init_args\) "
+    ) as err:
+        check_scored(SGLangError, "http://teacher:30000", "model.teacher.init_args", answer._replace(**fault), 2, 2, 18)
+    assert problem in str(err.value)
+
+
+@pytest.mark.server
+def test_served_model(tiny_model_path, tokenizer):
+    from components.rollout import SGLangRollout
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    calc = str(Path(__file__).resolve().parents[1] / "lightning_rl/assets/tiny-calc")  # 22 tokens
+    server = FakeSGLangServer(calc).start()
+    rollout = SGLangRollout(base_url=server.url, backoff=0.01)
+    try:
+        rollout.setup(tokenizer)
+        with pytest.raises(SGLangError, match=r"serves .*tiny-calc, not the policy's: its vocabulary has 22 tokens"):
+            rollout.sync_weights(load_causal_lm(ModelSpec(path=tiny_model_path)))  # 18 tokens
+        assert server.weight_version == "default" and not server.generate_calls  # nothing was sent
+    finally:
+        rollout.close()
+        server.stop()
+
+
+@pytest.mark.server
+def test_launch_port_taken(tiny_model_path, tokenizer):
+    from components.rollout import SGLangRollout
+    from tests.fixtures.sglang_server import FakeSGLangServer
+
+    other = FakeSGLangServer(tiny_model_path).start()  # another run's server
+    port = other.httpd.server_address[1]
+    rollout = SGLangRollout(launch={"model_path": tiny_model_path, "port": port}, backoff=0.01)
+    try:
+        with pytest.raises(SGLangError, match=f"another process already listens on port {port}"):
+            rollout.setup(tokenizer)
+    finally:
+        rollout.close()
+        other.stop()
+    assert not other.generate_calls and other.weight_version == "default"  # nothing was sent to it
 
 
 STAND_IN = """

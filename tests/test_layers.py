@@ -18,15 +18,18 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("data", ["lightning_rl.data"]),  # prompts, tasks, row sources, preference pairs
     (
         "state",  # what a run holds and writes: the model roster, random streams, the checkpoint format, the
-        # strategies, run folders, Hugging Face export, and the one module that touches Lightning's internals
+        # strategies, run folders, Hugging Face export, rollout records, and the one module that touches Lightning's
+        # internals
         [
             "lightning_rl.roster",
             "lightning_rl.rng",
+            "lightning_rl.digests",
             "lightning_rl.checkpoint",
             "lightning_rl.distributed",
             "lightning_rl.runs",
             "lightning_rl.export",
             "lightning_rl.lightning_compat",
+            "lightning_rl.rollouts",
         ],
     ),
     ("callbacks", ["lightning_rl.callbacks"]),  # every Lightning callback we give (RLModule adds most)

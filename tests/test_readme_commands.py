@@ -50,6 +50,7 @@ RUN = {
     ("docs/agents.md", "[reasoning-gym]", 0): "test_the_reasoning_gym_preset_as_printed",
     ("docs/vision-language.md", "# Vision-language", 0): "test_the_vision_language_preset_as_printed",
     ("docs/lora.md", "# LoRA", 0): "test_the_lora_commands_as_printed",
+    ("docs/rollouts.md", "# Record and replay rollouts", 0): "test_the_rollout_record_commands_as_printed",
     ("docs/servers.md", "## vLLM rollout", 0): "test_the_vllm_rollout_as_printed",
     ("docs/servers.md", "On a CPU, without SGLang", 0): "test_the_asynchronous_cpu_route_as_printed",
     ("docs/development.md", "Some tests, in one process", 0): "test_some_tests_in_one_process_as_printed",
@@ -189,7 +190,17 @@ def test_help_lists_every_subcommand_in_one_line_each(run, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")  # a terminal's width
     printed = run(command)
     listed = dict(re.findall(r"^    ([\w-]+) +(\S.*)$", printed, flags=re.M))
-    assert list(listed) == ["fit", "validate", "distill", "sft", "reward-model", "export", "components"], printed
+    assert list(listed) == [
+        "fit",
+        "validate",
+        "distill",
+        "sft",
+        "reward-model",
+        "export",
+        "components",
+        "replay",
+        "rollouts",
+    ], printed
     assert listed == SUBCOMMANDS, printed  # each whole on its line
 
 
@@ -405,6 +416,38 @@ def test_the_lora_commands_as_printed(scratch, run):
     runs = sorted((scratch / "runs").glob("*/version_*/config.yaml"))
     assert len(runs) == 2 and all("rank:" in c.read_text() for c in runs)
     assert all(_last_step(c.parent) == 2 for c in runs)
+
+
+@pytest.mark.slow
+def test_the_rollout_record_commands_as_printed(scratch, run, monkeypatch):
+    """Record 2 iterations, show them, replay them (the run's parameters bit for bit) and replay them with another
+    estimator (other parameters); then the page's Python snippet reads the record."""
+    monkeypatch.setenv("COLUMNS", "200")
+    fit, summary, samples, replay, other = bash_block("docs/rollouts.md", "# Record and replay rollouts", 0)
+    run(fit)
+    assert "2 iterations, 1 rank(s)" in run(summary)
+    assert "iteration 2 (rank 0): 32 samples trained by policy version 1, staleness 0..0" in run(samples)
+    run(replay)
+    run(other)
+    recorded, replayed, estimated = (
+        torch.load(scratch / f"runs/grpo/version_{n}/checkpoints/last.ckpt", weights_only=False)["state_dict"]
+        for n in range(3)
+    )
+    assert all(torch.equal(recorded[k], replayed[k]) for k in recorded) and set(recorded) == set(replayed)
+    weight = "policy.model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(recorded[weight], estimated[weight])
+    assert "LeaveOneOut" in (scratch / "runs/grpo/version_2/config.yaml").read_text()
+    code = python_block("docs/rollouts.md", "## Reading")
+    (scratch / "snippet.py").write_text(code + "\nprint(table.num_rows, table.column_names)\n")
+    done = subprocess.run(
+        [sys.executable, "snippet.py"], cwd=scratch, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # iteration, version, mean reward, largest staleness per iteration; then the table's rows and columns
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] + [line.split()[3]] for line in lines[:2]] == [["1", "0", "0"], ["2", "1", "0"]]
+    assert lines[2] == "32 ['columns.prompts', 'columns.completions', 'scores', 'staleness']"
 
 
 @pytest.mark.slow

@@ -24,6 +24,9 @@ class Rollout(ABC):
     params: SamplingParams
     samples_in_process: bool = True
     """True when ``generate`` samples from the policy module it is given; False for a sampler with weights of its own (a server)."""
+    releases_memory: bool = False
+    """True when the sampler gives its memory back between rollouts (a colocated server's ``release_memory``): it
+    cannot sample while the trainer trains, so asynchronous training refuses it."""
     weight_version: int = 0
     """The policy version the sampler holds: the number of ``sync_weights`` calls. Every batch stamps its samples
     with the version that produced them (``RolloutBatch.versions``), which bounds staleness in asynchronous training."""
@@ -72,11 +75,14 @@ def configured_params(
     top_k: int,
     stop_token_ids: list[int] | None,
     greedy_baseline: bool,
+    ignore_eos: bool = False,
 ) -> SamplingParams:
     """A rollout's own sampling settings from its constructor's arguments; a bad value is an error naming ``who``."""
     try:
         stop = tuple(stop_token_ids or ())
-        return SamplingParams(group_size, max_new_tokens, temperature, top_p, top_k, stop, False, greedy_baseline)
+        return SamplingParams(
+            group_size, max_new_tokens, temperature, top_p, top_k, stop, False, greedy_baseline, ignore_eos
+        )
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
 

@@ -46,6 +46,7 @@ class HFRollout(Rollout):
         return_logprobs: bool = False,
         generation_batch_size: int | None = None,
         drop_finished_rows: bool = True,
+        ignore_eos: bool = False,
     ):
         """
         Args:
@@ -63,10 +64,13 @@ class HFRollout(Rollout):
                 group_size samples; None = all at once).
             drop_finished_rows: stop computing rows whose response has ended (they leave the KV cache once a
                 quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
+            ignore_eos: the tokenizer's EOS does not end a response (benchmarks: every response ``max_new_tokens``
+                long unless a stop token ends it).
         """
         self.params = configured_params(
-            "HFRollout", group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline
-        )
+            "HFRollout", group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline,
+            ignore_eos,
+        )  # fmt: skip
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows
@@ -164,7 +168,7 @@ class HFRollout(Rollout):
             cache.batch_repeat_interleave(repeats)
         attention = mask.repeat_interleave(repeats, dim=0)  # (b, P + t)
         position = last_positions(positions).repeat_interleave(repeats, dim=-2)  # (b, 1) or (3, b, 1)
-        eos = torch.tensor(params.eos_ids(self.eos_token_id), device=ids.device)
+        eos = torch.tensor(params.eos_ids(self.eos_token_id), dtype=torch.long, device=ids.device)
         truncation = self._truncation(params)
         batch = attention.shape[0]
         running = torch.ones(batch, dtype=torch.bool, device=ids.device)  # (batch,)

@@ -8,6 +8,8 @@ Every engine returns the raw log-probs of given tokens, log_softmax(z): SGLang's
 log-probs take no temperature. That is `HFTeacher`'s distribution at temperature 1; at another temperature
 log_softmax(z / T) needs the whole distribution's normaliser, which a server does not return, so a server teacher
 refuses any temperature but 1. The top k are the k most likely tokens of the same distribution, most likely first.
+Every answer is checked before it reaches the loss (`components.teacher.answers`): one no model gives (NaN, +inf or a
+positive log-prob, a top-k id twice or past the policy's vocabulary) fails naming the server.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from components.rollout.sglang.engine import SGLangEngine
 from components.rollout.vllm.engine import VLLMEngine
 from lightning_rl.core.batch import RolloutBatch
 
+from .answers import check_scored
 from .base import Teacher, TeacherScores
 from .hf import TINY_TEACHER_PATH
 from .vocabulary import check_served_tokenizer
@@ -99,6 +102,7 @@ class ServerTeacher(Teacher):
         self.connection = Connection(self.servers, self.engine_type, WeightPush(), KEY, self._configure)
         self.connection.default_model = TINY_TEACHER_PATH
         self.healing = Healing(self.connection, who)
+        self.vocabulary: int | None = None  # the policy's, set at setup: top-k ids must be below it
 
     def _configure(self, engine: ScoringEngine) -> None:
         """Engine settings before its servers are checked (a subclass's)."""
@@ -111,6 +115,7 @@ class ServerTeacher(Teacher):
         """Connect (start the server if asked to), then refuse a teacher that reads the policy's token ids otherwise."""
         if self.connection.open:
             return
+        self.vocabulary = len(tokenizer)
         self.connection.connect(type(self).__name__, release_memory=False)
         engine, url, launch = self.connection.engine, self.connection.urls[0], self.servers.launch
         served = (launch.get(engine.model_key) or self.connection.default_model) if launch is not None else None
@@ -154,7 +159,7 @@ class ServerTeacher(Teacher):
             for j, (prompt, response, images) in enumerate(jobs)
         ]  # fmt: skip
         try:
-            return wait_for_answers(
+            answers = wait_for_answers(
                 futures, self.servers.deadline_s, self.servers.progress_every_s, urls, connection.client.error,
                 self.healing.watch,
             )  # fmt: skip
@@ -162,6 +167,10 @@ class ServerTeacher(Teacher):
             for f in futures:
                 f.cancel()
             raise
+        for j, ((_, response, _), answer) in enumerate(zip(jobs, answers)):  # every answer one a model can give
+            check_scored(connection.client.error, urls[j % len(urls)], KEY, answer, len(response), self.top_k,
+                         self.vocabulary)  # fmt: skip
+        return answers
 
     def _tensors(self, batch: RolloutBatch, rows: list[int], answers: list[Scored]) -> TeacherScores:
         shape, k = batch.response_ids.shape, self.top_k

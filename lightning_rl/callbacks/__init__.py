@@ -1,6 +1,6 @@
 """Every Lightning callback lightning_rl gives, one file per concern. `RLModule` adds the first six itself
 (``configure_callbacks``); the progress bar comes with every run (lightning_rl.run_setup); `HFExport` is added in a
-config (``trainer.callbacks``). The CLI's ``SaveConfigBeside`` is LightningCLI's config writer and stays in
+config (``trainer.callbacks``), `RecordRollouts` by ``record_rollouts: true``. The CLI's ``SaveConfigBeside`` is LightningCLI's config writer and stays in
 lightning_rl.cli.
 
     fault.py           ResumableCheckpoints, FiniteCheckpoints, TeardownOnException: what a failure leaves behind
@@ -9,12 +9,14 @@ lightning_rl.cli.
     validation.py      ValidateBeforeAndAfter: a validation point before the first iteration and after the last
     progress.py        RLProgressBar (terminal), LineProgress (log file or pipe): RL iterations and their metrics
     export.py          HFExport: Hugging Face folders at the end of fit
+    record.py          RecordRollouts: every trained batch in the run's folder (record_rollouts: true)
 """
 
 from lightning_rl.callbacks.context_length import ContextLengthCheck
 from lightning_rl.callbacks.export import HFExport
 from lightning_rl.callbacks.fault import FiniteCheckpoints, ResumableCheckpoints, TeardownOnException
 from lightning_rl.callbacks.progress import LineProgress, RLProgressBar
+from lightning_rl.callbacks.record import RecordRollouts
 from lightning_rl.callbacks.run_folders import RunFolders
 from lightning_rl.callbacks.validation import ValidateBeforeAndAfter
 
@@ -24,6 +26,7 @@ __all__ = [
     "HFExport",
     "LineProgress",
     "RLProgressBar",
+    "RecordRollouts",
     "ResumableCheckpoints",
     "RunFolders",
     "TeardownOnException",

@@ -12,7 +12,8 @@ gaps, writing through the configured ModelCheckpoint (its ``dirpath``, its ``las
 - when ``fit`` is interrupted: the weights and optimizer state are those of the last completed
   iteration as long as no optimizer step of the interrupted one ran, and the random streams and the
   prompt stream's position are set back to where that iteration started, so the resumed run redoes
-  the interrupted iteration exactly. SIGTERM is turned into an exception by Lightning at an iteration
+  the interrupted iteration exactly; once the interrupted iteration's update is done (``LoopState.trained``: the
+  failure came after it, in the weight push or the report), that iteration is saved as it is. SIGTERM is turned into an exception by Lightning at an iteration
   boundary on every rank at once; other interrupts are saved in single-process runs only (a collective
   save started by one rank of several would hang).
 
@@ -95,7 +96,10 @@ class ResumableCheckpoints(Callback):
             )
             return
         start = self._start
-        if (
+        state = getattr(pl_module, "loop_state", None)  # any LightningModule; RLModule's loop state
+        if state is not None and state.trained:  # its update is done (the failure came after it, e.g. in the push)
+            start = None  # saved as it is: nothing to go back to
+        elif (
             start is not None
             and start["loop"] is not None
             and start["loop"]["optimizer_steps"] != pl_module.loop_state.optimizer_steps

@@ -55,6 +55,8 @@ import torch  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
+from lightning_rl.callbacks.record import RecordRollouts  # noqa: E402
+from lightning_rl.cli.replay import add_arguments as add_replay_arguments  # noqa: E402
 from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
 from lightning_rl.console import quiet, results_table  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
@@ -64,6 +66,7 @@ from lightning_rl.run_setup import (  # noqa: E402
     TOKENIZER_LINK,
     as_list,
     begin_run,
+    ending_on_sigterm,
     progress_bar,
     with_run_plugins,
 )
@@ -77,6 +80,8 @@ SUBCOMMANDS = {
     "reward-model": "Train a Bradley-Terry reward model on preference pairs",
     "export": "Write a checkpoint as Hugging Face model folders",
     "components": "List every component a config can name",
+    "replay": "Train from a run's recorded rollouts, with no engine",
+    "rollouts": "Show a rollout record: lightning-rl rollouts show DIR",
 }
 """`lightning-rl --help`: each subcommand in one line of an 80-column terminal."""
 DESCRIPTIONS = {
@@ -88,8 +93,18 @@ DESCRIPTIONS = {
     "is given); lightning-rl reward-model --help lists every option",
     "export": "lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)",
     "components": "Every component a config can name, by kind, with the first line of its formula",
+    "rollouts": "lightning-rl rollouts show DIR [--iteration N]: a record's iterations, or one iteration's samples "
+    "(see lightning-rl rollouts --help)",
 }
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
+RECORD_HELP = (
+    "Record every trained batch into the run's folder (rollouts/), for lightning-rl replay and lightning-rl rollouts "
+    "show: true, or {keep_last: N} to keep the newest N iterations"
+)
+REPLAY_DESCRIPTION = (
+    "fit from a rollout record instead of sampling: lightning-rl replay --rollouts runs/<name>/version_N/rollouts "
+    "(--config defaults to the record's config.yaml; fit's options change the training)"
+)
 NEW_RUN_HELP = (
     "With --ckpt_path: start a new version folder from the checkpoint's weights instead of continuing the run "
     "the checkpoint belongs to (runs/<name>/version_N)"
@@ -212,7 +227,7 @@ class RunCLI(LightningCLI):
             new_run=bool(config.get("new_run")),
             policy_path=spec.path if spec is not None else None,
         )
-        super()._run_subcommand(subcommand)
+        ending_on_sigterm(self.trainer, lambda: super(RunCLI, self)._run_subcommand(subcommand))
 
     def validate(self, verbose: bool = True, **kwargs) -> list[dict]:
         """``Trainer.validate``, its results table with rounded numbers (Lightning prints 0.3100000023841858)."""
@@ -244,28 +259,62 @@ class RunCLI(LightningCLI):
 
 
 class RLCLI(RunCLI):
-    """`lightning-rl`: `RunCLI` over `RLModule`, with ``--dry_run`` and the `export` and `components` subcommands."""
+    """`lightning-rl`: `RunCLI` over `RLModule`, with ``--dry_run``, ``--record_rollouts``, the `replay` subcommand
+    (fit from a rollout record: lightning_rl.cli.replay) and the `export`, `components` and `rollouts` subcommands."""
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
         subcommands = parser._subcommands_action
         for choice in subcommands._choices_actions:  # Lightning's help is the Trainer method's ("Runs the full ...")
             choice.help = SUBCOMMANDS[choice.dest]
+        # `replay` is fit's parser (a recorded run's config.yaml parses) with --rollouts; run by `_run_subcommand`
+        trainer_class = self.trainer_class
+        replay = self._prepare_subcommand_parser(
+            trainer_class, "fit", **{**kwargs.get("fit", {}), "description": REPLAY_DESCRIPTION}
+        )
+        add_replay_arguments(replay)
+        self._subcommand_parsers["replay"] = replay
+        self._subcommand_method_arguments["replay"] = self._subcommand_method_arguments["fit"]
         # listed in --help, each with a parser of its own; `entry` runs them (the recipes' and lightning_rl.cli's modules)
-        for name, description in DESCRIPTIONS.items():
-            subcommands.add_subcommand(name, self.parser_class(description=description), help=SUBCOMMANDS[name])
+        for name in SUBCOMMANDS:
+            if name == "replay":
+                subcommands.add_subcommand(name, replay, help=SUBCOMMANDS[name])
+            elif name in DESCRIPTIONS:
+                subcommands.add_subcommand(
+                    name, self.parser_class(description=DESCRIPTIONS[name]), help=SUBCOMMANDS[name]
+                )
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "fit":
             parser.add_argument("--dry_run", action="store_true", help=DRY_RUN_HELP)
+            parser.add_argument("--record_rollouts", type=bool | RecordRollouts, default=False, help=RECORD_HELP)
         return parser
+
+    def instantiate_trainer(self, **kwargs):
+        if self.subcommand == "replay":
+            from lightning_rl.cli.replay import trainer_settings
+
+            kwargs = {**trainer_settings(self.config_init["replay"]), **kwargs}
+        return super().instantiate_trainer(**kwargs)
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        recording = self._get(self.config_init, "record_rollouts", default=False) if self.subcommand == "fit" else False
+        if recording is True:
+            recording = RecordRollouts()
+        return super()._instantiate_trainer(config, [*callbacks, *([recording] if recording else [])])
 
     def _run_subcommand(self, subcommand: str) -> None:
         if subcommand == "fit" and self.config_init[subcommand].get("dry_run"):
             from lightning_rl.cli.dry_run import describe
 
             print(describe(self))
+            return
+        if subcommand == "replay":
+            from lightning_rl.cli.replay import replay
+
+            dumped = self._subcommand_parsers["replay"].dump(self.config["replay"], skip_none=False)
+            replay(self.model, self.trainer, self.config_init["replay"], dumped)
             return
         super()._run_subcommand(subcommand)
 
@@ -345,8 +394,9 @@ def _said_in_one_line() -> tuple[type[BaseException], ...]:
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
     from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError
     from lightning_rl.data.checks import DataError
+    from lightning_rl.digests import CheckpointError
 
-    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError)
+    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError, CheckpointError)
 
 
 def command_line(command: Callable[[], object]) -> None:

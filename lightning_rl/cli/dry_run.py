@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_rl.callbacks.record import FOLDER, RecordRollouts
 from lightning_rl.roster import ROSTER
 from lightning_rl.runs import LATEST, continued_run, follows_run, resolve_checkpoint, shown_path, versioned
 
@@ -89,4 +90,8 @@ def _folders(trainer, ckpt_path: str | None, new_run: bool) -> list[str]:
         moved = run is not None and follows_run(checkpoint.dirpath, logger)
         if moved or checkpoint.dirpath is not None:
             lines.append(f"  checkpoints  {shown_path(run / 'checkpoints' if moved else Path(checkpoint.dirpath))}")
+    for recorder in (c for c in trainer.callbacks if isinstance(c, RecordRollouts)):  # record_rollouts
+        kept = "every iteration" if recorder.keep_last is None else f"the last {recorder.keep_last} iterations"
+        where = shown_path(run / FOLDER) if run is not None else f"{trainer.default_root_dir}/{FOLDER}"
+        lines.append(f"  rollouts     {where} ({kept}; lightning-rl replay --rollouts trains from it)")
     return lines

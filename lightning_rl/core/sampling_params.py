@@ -33,6 +33,10 @@ class SamplingParams:
     """One temperature-0 response per prompt (validation): ``group_size``, ``temperature`` and ``greedy_baseline`` are not used."""
     greedy_baseline: bool = False
     """Also decode one greedy response per prompt, appended to its group and flagged ``is_greedy`` (ReMax's baseline)."""
+    ignore_eos: bool = False
+    """The tokenizer's EOS does not end a response (it is sampled and counted like any token): every response runs to
+    ``max_new_tokens`` unless one of ``stop_token_ids`` ends it. For benchmarks that need every sampler to generate
+    the same number of tokens; a trained policy's EOS means the answer ended."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -64,5 +68,5 @@ class SamplingParams:
         return 0.0 if self.greedy else self.temperature
 
     def eos_ids(self, eos_token_id: int) -> list[int]:
-        """Every id that ends a response: the tokenizer's EOS and the stop tokens."""
-        return [eos_token_id, *self.stop_token_ids]
+        """Every id that ends a response: the tokenizer's EOS (unless ``ignore_eos``) and the stop tokens."""
+        return [*(() if self.ignore_eos else (eos_token_id,)), *self.stop_token_ids]

@@ -10,6 +10,7 @@ import lightning_rl.data.reasoning_gym  # noqa: F401 (registers reasoning_gym:)
 from lightning_rl.core.errors import closest_name
 from lightning_rl.core.sources import find_source, row_source
 from lightning_rl.data.checks import DataError
+from lightning_rl.data.json_files import as_written, check_utf8, read_json_list, read_jsonl
 from lightning_rl.data.tasks import BUILTIN_TASKS
 
 
@@ -35,11 +36,16 @@ def load_rows(source: str, split: str):
     if ext in suffix:
         if not os.path.exists(path):
             raise FileNotFoundError(f"data file {source!r} does not exist")
+        if ext == ".jsonl":  # read as written (lightning_rl.data.json_files), not by datasets' Json type
+            return as_written(read_jsonl(path))
+        listed = read_json_list(path) if ext == ".json" else None
+        if listed is not None:
+            return as_written(listed)
         try:
             rows = datasets.load_dataset(suffix[ext], data_files=path, split="train")
         except Exception as err:
-            if ext == ".jsonl":
-                check_jsonl(path)  # names the file, the line and the fix
+            if ext != ".parquet":
+                check_utf8(path)  # names the file and the line
             if os.path.getsize(path) == 0:
                 raise ValueError(f"data file {source!r} is empty; it needs one prompt per row") from None
             raise ValueError(
@@ -62,30 +68,9 @@ def load_rows(source: str, split: str):
 
 
 def check_jsonl(path: str) -> None:
-    """Fail naming the file, the line and the fix when a .jsonl file is empty or a line is not one JSON object
-    (run when `datasets` cannot read it: its own error names neither)."""
-    import json
-
-    example = '{"prompt": "What is 2+3?", "answer": "5"}'
-    rows = 0
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}): {line.strip()[:80]!r}. "
-                    f"Each line of a .jsonl file must be one complete JSON object, e.g. {example}"
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(
-                    f"{path}, line {number}: a JSON {type(row).__name__}, not an object. Each line must be one JSON object, e.g. {example}"
-                )
-            rows += 1
-    if rows == 0:
-        raise ValueError(f"data file {path!r} is empty: a .jsonl file needs one JSON object per line, e.g. {example}")
+    """Fail naming the file, the line and the fix when a .jsonl file is empty, not UTF-8, or a line is not one JSON
+    object (lightning_rl.data.json_files)."""
+    read_jsonl(path)
 
 
 def check_columns(rows, mapping: dict[str, str], source: str, key: str = "data.columns") -> None:

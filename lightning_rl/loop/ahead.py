@@ -210,7 +210,7 @@ def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> Non
             "model.loop.max_staleness > 0 with model.agent on several ranks: the episodes' turns are a collective "
             "(every rank takes as many turns as the busiest), which cannot run beside the update; use one rank, or max_staleness: 0"
         )
-    if getattr(rollout, "release_memory", False):
+    if rollout.releases_memory:
         raise ValueError(
             "model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
             "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0"

@@ -158,6 +158,18 @@ class Collector:
         batch, scored = self.score(batch)
         return data, batch, {**extra, **staleness, **scored}, waited
 
+    @property
+    def version(self) -> int:
+        """The policy version being trained: the weight pushes so far (the sampler's, or the rounds sampled ahead's)."""
+        return self.ahead.version if self.ahead is not None else self.rollout.weight_version
+
+    def push(self, policy: nn.Module) -> None:
+        """The weights just updated to the sampler (to the rounds sampled ahead, in asynchronous training)."""
+        if self.ahead is not None:
+            self.ahead.push(policy)
+        else:
+            self.rollout.sync_weights(policy)
+
     @torch.no_grad()
     def produce(
         self, prompts: Prompts, policy: nn.Module, device: torch.device

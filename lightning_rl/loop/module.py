@@ -37,6 +37,7 @@ from lightning_rl import checkpoint
 from lightning_rl.callbacks import (
     ContextLengthCheck,
     FiniteCheckpoints,
+    RecordRollouts,
     ResumableCheckpoints,
     RunFolders,
     TeardownOnException,
@@ -54,6 +55,8 @@ from lightning_rl.loop.forward import TrainerForward
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.optimize import PolicyUpdate
+from lightning_rl.loop.recording import IterationRecorder
+from lightning_rl.loop.replay import Replay
 from lightning_rl.loop.reporting import Reporter
 from lightning_rl.loop.requirements import (
     check_data_columns,
@@ -62,6 +65,7 @@ from lightning_rl.loop.requirements import (
 )
 from lightning_rl.loop.sharding import shard_models
 from lightning_rl.loop.validation import Validator
+from lightning_rl.rollouts import Record
 from lightning_rl.roster import ROSTER, scorers, trained
 
 
@@ -144,6 +148,8 @@ class RLModule(LightningModule):
         self.update: PolicyUpdate | None = None
         self.reporter: Reporter | None = None
         self.validator: Validator | None = None
+        self.replay: Replay | None = None  # lightning-rl replay: batches from a rollout record (replay_from)
+        self.recording: IterationRecorder | None = None  # record_rollouts: the RecordRollouts callback's loop side
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -152,10 +158,13 @@ class RLModule(LightningModule):
             return
         self.tokenizer = load_tokenizer(self.policy_spec.path)
         self._hf_zero3 = hf_zero3_config(self._trainer)  # DeepSpeed ZeRO-3: models load into partitioned parameters
+        replaying = self.replay is not None  # a replay samples and scores nothing: no sampler, reward model or agent
         for slot in ROSTER:  # policy, reference, critic, rewards, teacher (lightning_rl.roster)
-            slot.build(self)
-        self.rollout.setup(self.tokenizer)
-        if self.agent is not None:
+            if not (replaying and slot.collects):
+                slot.build(self)
+        if not replaying:
+            self.rollout.setup(self.tokenizer)
+        if self.agent is not None and not replaying:
             self.agent.setup(self.tokenizer, self.rollout)
             longest = getattr(getattr(self._trainer, "datamodule", None), "longest_prompt", None)
             said = derived_token_limit(self.agent, self.policy.config, longest)
@@ -220,6 +229,12 @@ class RLModule(LightningModule):
         """The training sampler's temperature, which the trainer's log-probs mirror."""
         return self.rollout.params.temperature or 1.0
 
+    def replay_from(self, record: Record, reproduces: bool = True) -> None:
+        """Train on ``record``'s batches instead of sampling and scoring them (``lightning-rl replay``,
+        lightning_rl.loop.replay). ``reproduces``: the config trains as the recorded run did, so each iteration is
+        checked against the record. Call before ``fit``."""
+        self.replay = Replay(record, self.loop_state, self, reproduces)
+
     # ------------------------------------------------------------------ the loop
     def training_step(self, dataloader_iter: Iterator) -> None:
         with self.loop_state.rng.scope(
@@ -229,20 +244,29 @@ class RLModule(LightningModule):
 
     def _iteration(self, dataloader_iter: Iterator) -> None:
         timer, metrics = PhaseTimer(), WeightedMeans(self.device)
+        self.loop_state.trained = False
         iterations_done = self.global_step + 1  # read now: Lightning advances global_step at every optimizer step below
         max_steps = self.trainer.max_steps
         rounds_left = (
             max_steps - self.global_step if max_steps > 0 else None
         )  # the final validation waits for every round queued
+        source = self.collector if self.replay is None else self.replay
         with timer("rollout"):
-            batch, data = self.collector.collect(
+            batch, data = source.collect(
                 lambda: next(dataloader_iter)[0], self.policy, metrics, self.device, self.global_step, rounds_left
             )
             ptx_text = self._ptx_text(data)
+        if self.recording is not None:
+            self.recording.collected(batch, metrics, self)
         with timer("score"):
             batch = self.trainer_forward(batch, self.temperature)
         with timer("estimate"):
             batch = estimate(batch, self.advantage, self.kl, metrics)
+        if self.recording is not None:
+            with timer("record"):  # the loop's share: the file is encoded and written on the writer's thread
+                self.recording.trained(iterations_done, batch, source.version, self, ptx_text)
+        if self.replay is not None:
+            self.replay.check(batch, self)
         steps = 0
         worth = bool(batch.batch_size) and self.update.worth_optimizing(batch, self.global_step)
         metrics.add(
@@ -261,18 +285,18 @@ class RLModule(LightningModule):
                     ptx_text=ptx_text,
                 )
         with timer("sync"):
-            if steps and self.collector.ahead is not None:
-                self.collector.ahead.push(self.policy)
-            elif steps:
-                self.rollout.sync_weights(self.policy)
             if self.kl is not None and self.kl.refresh_due(iterations_done):
                 self.reference.load_state_dict(self.policy.state_dict())  # the iterative variant's new anchor
             if self.kl is not None and self.kl.target is not None:
                 self.update.update_kl(batch)
-        count_iteration(self.trainer, steps)  # global_step counts RL iterations (lightning_rl.lightning_compat)
+            # the iteration is trained: a failure from here on (a push to a dead server) saves it, never loses it
+            count_iteration(self.trainer, steps)  # global_step counts RL iterations (lightning_rl.lightning_compat)
+            if self.collector.ahead is not None:
+                self.collector.ahead.trained()  # an exception before here resamples this iteration's rounds after a resume
+            self.loop_state.trained = True
+            if steps:
+                source.push(self.policy)
         self.reporter.iteration(self.trainer, batch, metrics, timer, self.optimizers().param_groups[0]["lr"], self.log)
-        if self.collector.ahead is not None:
-            self.collector.ahead.trained()  # last: an exception before here resamples this iteration's rounds after a resume
 
     def _ptx_text(self, data: dict):
         """PPO-ptx: this iteration's pretraining text (ids, mask), which the data module attaches to the prompts."""
@@ -318,6 +342,11 @@ class RLModule(LightningModule):
         )
 
     def on_load_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
+        if self.replay is not None:  # the reward models' state (running statistics) has no model to go to in a replay
+            collects = tuple(f"{slot.name}." for slot in ROSTER if slot.collects)
+            state = checkpoint_.get("state_dict") or {}
+            for key in [k for k in state if k.startswith(collects)]:
+                del state[key]
         checkpoint.load(self, checkpoint_)
         self.restored_step = int(
             checkpoint_.get("global_step", 0)
@@ -344,7 +373,11 @@ class RLModule(LightningModule):
     def on_fit_start(self) -> None:
         """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.loop.ahead): the rounds sampled ahead. They start
         at the first iteration, once every strategy has restored the checkpoint's weights."""
-        if self.loop.max_staleness > 0:
+        recorders = [c for c in self.trainer.callbacks if isinstance(c, RecordRollouts)]
+        if recorders and self.replay is None:  # lightning_rl.callbacks.record; a replay records nothing again
+            world = self.trainer.world_size
+            self.recording = IterationRecorder(recorders[0], self.loop_state, self.global_rank, world)
+        if self.loop.max_staleness > 0 and self.replay is None:
             check_asynchronous(self.rollout, self.trainer, self.agent)
             produce = lambda prompts, policy: self.collector.produce(prompts, policy, self.device)  # noqa: E731
             self.collector.ahead = RolloutAhead(self.rollout, produce, self.loop.max_staleness, self.trainer.datamodule)
@@ -354,8 +387,9 @@ class RLModule(LightningModule):
             # a round sampling ahead ends its episodes and tool calls now, not after every tool's timeout
             self.collector.ahead.close(interrupt=self.agent.cancel if self.agent is not None else None)
             self.collector.ahead = None
-        self.rollout.close()
-        if self.agent is not None:
+        if self.replay is None:  # a replay set up no sampler or agent
+            self.rollout.close()
+        if self.agent is not None and self.replay is None:
             self.agent.close()
         if self.teacher is not None:  # a server teacher's connections and the server it launched
             self.teacher.close()

@@ -133,6 +133,22 @@ def test_a_killed_server_is_named_and_a_restarted_one_gets_the_whole_policy(engi
     assert gap(policy, batch) <= 1e-4 and set(batch.versions.tolist()) == {rollout.weight_version}
 
 
+@pytest.mark.parametrize("weight_sync", ["disk", "distributed"])
+def test_a_server_that_serves_another_model_is_refused_before_anything_is_sent(engine, weight_sync):
+    """The servers serve tiny-calc (22 tokens); a tiny-arith policy (18) is refused in one line at its first push,
+    before anything is sent (before, nothing was checked: the push failed with an HTTP 500 and 'check base_url')."""
+    from lightning_rl.core.models import TINY_MODEL_PATH
+
+    other = load_causal_lm(ModelSpec(path=TINY_MODEL_PATH))
+    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync=weight_sync)
+    with pytest.raises(engine.error) as err:
+        rollout.sync_weights(other)
+    message = str(err.value)
+    assert message.startswith(f"{engine.error.engine} server at {engine.url} serves {engine.model}, not the policy's: ")
+    assert "its vocabulary has 22 tokens, the policy's 18" in message and "\n" not in message
+    assert rollout.weight_version == 0 and rollout.pusher.state.view().needs_sync  # nothing pushed
+
+
 def test_the_widened_policy_vllm_serves_computes_the_same_function(tmp_path):
     """vLLM's CPU attention has no kernel for head_dim 16: its server gets tiny-calc with 32-dimension heads."""
     from tests.fixtures.vllm_server import TINY_CALC, widen_heads

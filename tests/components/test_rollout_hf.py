@@ -25,6 +25,26 @@ def _setup(tiny_model_path, tokenizer, **kwargs):
     return model, rollout, enc["input_ids"], enc["attention_mask"]
 
 
+def test_ignore_eos_runs_every_response_to_the_cap_on_the_same_draws(tiny_model_path, tokenizer):
+    """With ``ignore_eos`` an EOS is one more sampled token: every response is ``max_new_tokens`` long and counts in
+    full, and up to its first EOS it is the response the default sampler draws for the same seed."""
+    model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=12, temperature=1.5)
+    torch.manual_seed(0)
+    stopped = rollout.generate(prompts(ids, mask), model)
+    model, ignoring, ids, mask = _setup(
+        tiny_model_path, tokenizer, group_size=4, max_new_tokens=12, temperature=1.5, ignore_eos=True
+    )
+    torch.manual_seed(0)
+    full = ignoring.generate(prompts(ids, mask), model)
+    assert full.response_ids.shape == (12, 12) and full.response_mask.all() and full.truncated.all()
+    eos = tokenizer.eos_token_id
+    assert bool((full.response_ids[:, :-1] == eos).any())  # an EOS sampled inside a response, and sampling went on
+    lengths = stopped.response_lengths
+    assert lengths.min() < 12  # the default sampler ended some responses at their EOS
+    for row, n in enumerate(lengths.tolist()):
+        assert full.response_ids[row, :n].tolist() == stopped.response_ids[row, :n].tolist()
+
+
 def test_groups_are_contiguous_and_masks_consistent(tiny_model_path, tokenizer):
     torch.manual_seed(0)
     model, rollout, ids, mask = _setup(tiny_model_path, tokenizer, group_size=4, max_new_tokens=5, temperature=2.0)

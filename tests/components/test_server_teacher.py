@@ -184,6 +184,33 @@ def test_a_server_whose_path_is_not_here_is_compared_through_its_tokenize(
     assert "Set model.teacher.init_args.tokenizer" in str(err.value)
 
 
+@pytest.mark.server
+@pytest.mark.parametrize(
+    "fault, problem",
+    [
+        ("positive", r"log-prob 0\.7 for the given token at position 0"),
+        ("null", r"top-5 log-probs \[[^]]*nan[^]]*\] at position 0"),  # SGLang writes NaN and inf as null
+        ("duplicate", r"token id \d+ twice in the top 5 at position 0"),
+        ("outside", r"top-k token id 21 at position 0, outside the policy's vocabulary \(0\.\.17\)"),
+    ],
+)
+def test_a_teacher_answer_no_model_gives_fails_naming_the_server(loopback, student, batch, fault, problem):
+    """Before, each was taken as it came: NaN in the KL, mass counted twice, an index error deep in the loss."""
+    server = loopback[0]
+    teacher = SGLangTeacher(base_url=server.url, top_k=K)
+    teacher.setup(student)
+    server.corrupt_scores = fault
+    try:
+        with pytest.raises(SGLangError, match=problem) as err:
+            teacher.score(batch)
+    finally:
+        server.corrupt_scores = None
+        teacher.close()
+    assert str(err.value).startswith(
+        f"SGLang server at {server.url} (model.teacher.init_args) answered scores no teacher can give: "
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

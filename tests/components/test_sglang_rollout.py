@@ -317,6 +317,13 @@ def test_stop_token_ids_end_responses_on_the_server_and_in_the_mask(server, poli
     assert batch.response_ids.shape[1] == 1 and batch.response_mask.all() and not batch.truncated.any()
 
 
+def test_ignore_eos_reaches_the_server_and_every_response_runs_to_the_cap(server, policy, prompts, make_rollout):
+    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, temperature=1.5, ignore_eos=True)
+    batch = rollout.generate(make_prompts(*prompts), policy)
+    assert all(c["sampling_params"]["ignore_eos"] is True for c in server.generate_calls)
+    assert batch.response_ids.shape == (6, 6) and batch.response_mask.all() and batch.truncated.all()
+
+
 def test_without_first_sync_or_flush_the_server_keeps_its_weights(server, policy, prompts, make_rollout):
     rollout = make_rollout(
         base_url=server.url, group_size=1, max_new_tokens=2, sync_before_first_rollout=False, flush_cache=False

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -63,6 +64,7 @@ def test_requests_and_answers_map_to_vllms_fields():
     request = Request([4, 5], n=3, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=6, stop_token_ids=[9])
     assert sampling_params(request) == {"n": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "max_tokens": 6,
                                         "stop_token_ids": [9], "logprobs": 0}  # fmt: skip
+    assert sampling_params(replace(request, ignore_eos=True))["ignore_eos"] is True
     choice = {"index": 0, "finish_reason": "abort", "token_ids": [7, 9],
               "logprobs": {"content": [{"token_id": 7, "logprob": -0.5}, {"token_id": 9, "logprob": -1.5}]},
               "weight_versions": [{"version": "3", "start": 0, "end": 2}]}  # fmt: skip

@@ -74,10 +74,10 @@ class Connection:
                     self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
                 )
             owner = self.key.split(".")[1]
-            for _ in range(s.launch_servers):  # each command picks a free port of its own
-                command = self.engine_type.command(launch, s.launch_python)
-                self.launched.append(LaunchedServer(command, self.engine_type.client_type, owner=owner))
             try:
+                for _ in range(s.launch_servers):  # each command picks a free port of its own
+                    command = self.engine_type.command(launch, s.launch_python)
+                    self.launched.append(LaunchedServer(command, self.engine_type.client_type, owner=owner))
                 for server in self.launched:
                     server.wait_ready(s.launch_timeout_s)
             except BaseException:

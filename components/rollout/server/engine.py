@@ -23,6 +23,7 @@ from .buckets import WeightBuckets
 from .http import HTTPClient
 from .launch import Command
 from .samples import Answer, Request, Scored
+from .served import Served
 from .settings import WeightPush
 
 
@@ -93,6 +94,15 @@ class Engine(ScoringEngine):
     fusions: ClassVar[dict[str, str]] = {}
     """Module names the engine fuses on load, trainer name -> the engine's (``q_proj`` -> ``qkv_proj``): a checksum
     of the fused tensor stands for each of its parts."""
+
+    def check_setup(self, url: str) -> None:
+        """Refuse, in one line naming what is missing, a server started without what the rollout needs (engines whose
+        servers report their configuration override it)."""
+
+    def served(self, url: str) -> Served:
+        """What the server at ``url`` says it serves (its checkpoint, from ``/v1/models``; engines that say more
+        override it)."""
+        return Served(self.model_path(url))
 
     # ------------------------------------------------------------------ sampling
     @abstractmethod

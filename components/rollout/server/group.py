@@ -44,14 +44,21 @@ def in_background(fn: Callable[..., Any], *args, **kwargs) -> Future:
     return future
 
 
-def join_as_rank_zero(backend: str, address: str, port: int, world_size: int, name: str, timeout: timedelta):
-    """Rank 0 of a group the servers create the way SGLang's ``init_custom_process_group`` does: a TCP rendezvous at
-    address:port, the store prefixed with the group's name, then torch's own prefixes."""
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+def master_store(address: str, port: int, world_size: int, timeout: timedelta):
+    """The rendezvous' TCP store at address:port, this process its master. Made on the calling thread, before the
+    rendezvous goes to the background: a store still starting its server thread on a daemon thread when the process
+    exits (a server that refused to join at once, then the run's one-line error) aborts it, "terminate called without
+    an active exception", status 134."""
+    from torch.distributed import TCPStore
 
-    host = f"[{address}]" if ":" in address else address
-    store, _, _ = next(rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    return TCPStore(address, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def join_as_rank_zero(backend: str, store, world_size: int, name: str, timeout: timedelta):
+    """Rank 0 of a group the servers create the way SGLang's ``init_custom_process_group`` does: a TCP rendezvous at
+    `master_store`, the store prefixed with the group's name, then torch's own prefixes."""
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+
     group, _ = _new_process_group_helper(
         world_size, 0, [], Backend(backend), PrefixStore(name, store), group_name=name, timeout=timeout
     )

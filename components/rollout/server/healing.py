@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from .group import in_background
 from .http import ServerError
-from .launch import LaunchedServer
+from .launch import LaunchedServer, port_taken
 from .ranks import several_ranks
 
 if TYPE_CHECKING:
@@ -140,6 +140,9 @@ class Healing:
                 f"Log: {old.log_path}"
             ) from failure
         old.close(grace_s=0.0)  # its whole group, SIGKILL: a stopped (SIGSTOP) or hung process ends too
+        freed = time.monotonic() + 30.0
+        while port_taken(old.url) and time.monotonic() < freed:  # the group's last process lets go of the port
+            time.sleep(0.2)
         new = LaunchedServer(old.command, type(self.connection.client), str(old.log_path.parent), old.owner)
         self.connection.launched[self.connection.launched.index(old)] = new
         self.restarts += 1

@@ -4,17 +4,24 @@ An engine pins its own torch (and CUDA stack), so ``python`` is usually the inte
 has the engine installed. The server and the processes it spawns (scheduler, detokenizer, engine core) share a new
 process group, which `LaunchedServer.close` terminates as a whole; a watchdog (`watchdog`) terminates it when the
 trainer dies without closing it (SIGKILL).
+
+A launched server must be the one started here before anything is sent to it: a port another process listens on
+(another run's server) is refused before the launch, and once the port answers, the socket listening on it must belong
+to the launched process group (Linux: ``/proc/net/tcp*`` and ``/proc/<pid>/fd``), or the answer came from another
+server, which would be sampled and sent this run's weights.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +76,13 @@ class LaunchedServer:
         port = command.url.rsplit(":", 1)[-1]
         folder = log_dir or tempfile.mkdtemp(prefix=f"lightning_rl_{engine.lower()}_")
         self.log_path = Path(folder) / f"{engine.lower()}_{port}.log"
+        taken = port_taken(command.url)
+        if taken:
+            raise client.error(
+                f"{engine} server at {command.url}: another process already listens on port {port} (another run's "
+                f"server?), and the {owner} would sample there and push its weights into it. Leave launch.port out (a "
+                "free port is picked) or choose a free one"
+            )
         self._log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(
@@ -114,7 +128,6 @@ class LaunchedServer:
                 raise probe.fail(self.url, f" did not start. {note}")
             try:
                 probe.request(self.url, path, method="GET")
-                return
             except ServerError:
                 if time.monotonic() > deadline:
                     raise probe.fail(
@@ -122,7 +135,16 @@ class LaunchedServer:
                         f" did not answer {path} within launch_timeout_s={timeout_s}; "
                         f"log {self.log_path}, last lines:\n{self.log_tail()}",
                     ) from None
-            time.sleep(1.0)
+                time.sleep(1.0)
+                continue
+            if listens_here(self.url, self.process.pid) is False:
+                raise probe.fail(
+                    self.url,
+                    f" answered {path}, but the process listening on it is not the server the {self.owner} launched "
+                    "(another run's server took the port first?): nothing was sent to it. Leave launch.port out (a free "
+                    f"port is picked) or choose a free one; log {self.log_path}",
+                )
+            return
 
     def close(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the whole process group, SIGKILL to what is left after ``grace_s`` seconds."""
@@ -144,3 +166,51 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.hostname or "127.0.0.1", int(parts.port or 80)
+
+
+def port_taken(url: str) -> bool:
+    """Whether a process already listens on ``url``'s port on this machine (a bind with SO_REUSEADDR, as servers do,
+    fails only then); False for an address this machine cannot bind (another host's)."""
+    host, port = _address(url)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            return err.errno == errno.EADDRINUSE
+    return False
+
+
+def listens_here(url: str, group: int) -> bool | None:
+    """Whether the socket listening on ``url``'s port belongs to a process of process group ``group`` (None: this
+    system cannot tell, no ``/proc``)."""
+    _, port = _address(url)
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    if not Path("/proc/net/tcp").exists():
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            if any(os.readlink(fd) in inodes for fd in (entry / "fd").iterdir()):
+                return True
+        except OSError:  # gone, or not ours to read
+            continue
+    return False

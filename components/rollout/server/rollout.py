@@ -29,6 +29,7 @@ from .generation import sample
 from .healing import Healing
 from .push import Pusher
 from .samples import Request, Sample, image_data, to_batch
+from .served import check_served
 from .settings import Servers, Verification, WeightPush
 
 
@@ -77,6 +78,7 @@ class ServerRollout(Rollout):
         deadline_s: float = 1800.0,
         progress_every_s: float = 60.0,
         partial_rollouts: bool = False,
+        ignore_eos: bool = False,
         max_restarts: int = 3,
         server_wait_s: float = 300.0,
         health_deadline_s: float = 60.0,
@@ -140,6 +142,8 @@ class ServerRollout(Rollout):
                 requests in flight, which then continue with the new weights; each token keeps the version that
                 sampled it (``token_versions``) and its log-prob under that version, so the off-policy correction is
                 per token. False: a push waits for the requests in flight, and every response comes from one version.
+            ignore_eos: the tokenizer's EOS does not end a response (the engine's ``ignore_eos``; benchmarks: every
+                response ``max_new_tokens`` long unless a stop token ends it).
             max_restarts: launched servers that die or hang are restarted in place, up to this many times per run (the
                 rollout or push in flight is retried; the restarted server gets the whole policy, verified, before it
                 samples); past it the run stops (last.ckpt resumes it). Synchronous training on one process.
@@ -151,7 +155,7 @@ class ServerRollout(Rollout):
         """
         who = type(self).__name__
         self.params = configured_params(
-            who, group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline
+            who, group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline, ignore_eos
         )
         self.servers = Servers(
             Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
@@ -171,6 +175,7 @@ class ServerRollout(Rollout):
         self.connection = Connection(self.servers, self.engine_type, self.weights)
         self.healing = Healing(self.connection, who)
         self.pusher = Pusher(self.weights, self.verification, self, f"lightning_rl_{who.lower()}_weights_")
+        self._served_checked = False  # whether the connected servers were checked to serve the policy
 
     # ------------------------------------------------------------------ life
     def setup(self, tokenizer) -> None:
@@ -182,13 +187,21 @@ class ServerRollout(Rollout):
             self._connect()
 
     def _connect(self) -> None:
+        self._served_checked = False
         fresh = self.connection.connect(type(self).__name__, self.weights.release_memory)
+        try:
+            for url in self.connection.urls:  # before any request: a server that cannot give what the rollout needs
+                self.connection.engine.check_setup(url)
+        except BaseException:
+            self.connection.close()
+            raise
         if fresh:
             self.pusher.forget_servers()
         self.pusher.engine = self.connection.engine
         self.pusher.urls = list(self.weights.weight_update_urls or self.connection.urls)
 
-    def _connected(self) -> None:
+    def _connected(self, policy: nn.Module | None = None) -> None:
+        """Connect again after ``close``; with the policy, check once per connection that every server serves it."""
         if not self.connection.open:
             if not hasattr(self, "eos_token_id"):
                 raise RuntimeError(
@@ -196,13 +209,18 @@ class ServerRollout(Rollout):
                     "(RLModule.configure_model calls it)"
                 )
             self._connect()  # used again after close() (e.g. trainer.validate after trainer.fit)
+        if policy is not None and not self._served_checked:
+            engine = self.connection.engine
+            for url in self.connection.urls:  # before any request or push reaches them
+                check_served(engine, url, policy, f"{self.connection.key}.base_url")
+            self._served_checked = True
 
     def prepare(self, policy: nn.Module, max_staleness: int = 1) -> None:
         """Asynchronous training: connect and push the first weights here, on the trainer's thread; from now until
         ``close`` requests may be in flight during a push (no separate cache flush; partial rollouts interrupt them).
         A LoRA adapter push keeps the ``max_staleness + 1`` newest adapters loaded: requests in flight finish on theirs."""
         self.pusher.adapters.keep = max_staleness + 1
-        self._connected()
+        self._connected(policy)
         if self.pusher.state.view().needs_sync and self.weights.sync_before_first_rollout:
             self.sync_weights(policy)
         self.pusher.overlapping = True
@@ -215,7 +233,7 @@ class ServerRollout(Rollout):
     # ------------------------------------------------------------------ weights
     def sync_weights(self, policy: nn.Module) -> None:
         """Push ``policy``'s weights to every server as ``weight_version + 1`` (rank 0 pushes, all ranks wait)."""
-        self._connected()
+        self._connected(policy)
         while True:
             if self.healing.rejoin(wait=True):
                 self._fresh_servers()
@@ -234,8 +252,12 @@ class ServerRollout(Rollout):
         self.pusher.verify_next = True
 
     def stage_weights(self, policy: nn.Module):
-        self._connected()
+        self._connected(policy)
         return self.pusher.stage(policy)
+
+    @property
+    def releases_memory(self) -> bool:
+        return self.weights.release_memory
 
     @property
     def weight_version(self) -> int:
@@ -245,7 +267,7 @@ class ServerRollout(Rollout):
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
         params = params or self.params
-        self._connected()
+        self._connected(policy)
         n_prompts = len(prompts)
         # left padding stripped
         unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
@@ -304,7 +326,7 @@ class ServerRollout(Rollout):
         for i, (input_ids, n, temperature, images) in enumerate(jobs):
             request = Request(
                 input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
-                list(params.stop_token_ids), images,
+                list(params.stop_token_ids), images, params.ignore_eos,
             )  # fmt: skip
             url = urls[i % len(urls)]
             futures.append(

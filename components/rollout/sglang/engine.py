@@ -14,6 +14,7 @@ checksums     ``POST /weights_checker {action: checksum}`` -> ``{success, ranks:
               (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``), hashed as held (sha256 of the bytes on CPU,
               a Triton hash on GPUs: ``sglang/srt/utils/weight_checker.py``)
 health        ``GET /health_generate`` (runs a one-token generation)
+served        ``GET /model_info`` (``model_path``, ``architectures``): the checkpoint it serves, checked against the policy
 memory        ``/release_memory_occupation``, ``/resume_memory_occupation`` (``--enable-memory-saver``)
 """
 
@@ -29,6 +30,7 @@ from ..server.engine import Engine
 from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
+from ..server.served import Served
 from ..server.session import paused
 from . import adapters, generation, server, weights
 from .client import SGLangClient, SGLangError
@@ -62,6 +64,11 @@ class SGLangEngine(Engine):
     def model_path(self, url: str) -> str | None:
         info = self.client.request(url, "/model_info", method="GET", retries=0)
         return (info.get("tokenizer_path") or info.get("model_path")) if isinstance(info, dict) else None
+
+    def served(self, url: str) -> Served:
+        info = self.client.request(url, "/model_info", method="GET", retries=0)
+        info = info if isinstance(info, dict) else {}
+        return Served(info.get("model_path"), info.get("architectures"))
 
     # ------------------------------------------------------------------ weights
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:

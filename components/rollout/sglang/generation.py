@@ -136,7 +136,11 @@ def score(
             f"SGLang server at {url}: /generate answered no top {top_k} log-probs for some of the "
             f"{len(continuation)} given tokens (input_top_logprobs: {str(meta.get('input_top_logprobs'))[:200]})"
         )
-    ranked = [sorted(top, key=lambda e: -float(e[0]))[:top_k] for top in tops]
+    nan = float("nan")  # JSON null: a non-finite log-prob, which the teacher's check names (components.teacher.answers)
+    ranked = [sorted(top, key=lambda e: -(nan if e[0] is None else float(e[0])))[:top_k] for top in tops]
     return Scored(
-        logprobs, version, [[int(e[1]) for e in top] for top in ranked], [[float(e[0]) for e in top] for top in ranked]
+        logprobs,
+        version,
+        [[int(e[1]) for e in top] for top in ranked],
+        [[nan if e[0] is None else float(e[0]) for e in top] for top in ranked],
     )

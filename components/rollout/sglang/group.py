@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..server.buckets import Weight, drain
-from ..server.group import address_towards, in_background, join_as_rank_zero, rank_layout
+from ..server.group import address_towards, in_background, join_as_rank_zero, master_store, rank_layout
 from ..server.launch import free_port
 from .buckets import metadata
 from .client import SGLangClient, SGLangError
@@ -84,6 +84,13 @@ class WeightGroup:
         """One group: the trainer (rank 0, hosting the rendezvous) and ``urls``' tensor-parallel ranks."""
         offsets, world_size = rank_layout(tp_sizes)
         timeout = timedelta(seconds=self.client.timeout_s)
+        try:
+            store = master_store(address, port, world_size, timeout)  # before any server is asked to join it
+        except Exception as err:  # noqa: BLE001 (the port is taken, the address is not this host's)
+            raise SGLangError(
+                f"The trainer could not host the weight update group at {address}:{port} (backend {backend}): {err}. "
+                "Set model.rollout.init_args.master_address / master_port to an address and free port of this host"
+            ) from err
         joins = [
             in_background(
                 self.client.request,
@@ -102,7 +109,7 @@ class WeightGroup:
             )  # fmt: skip
             for url, offset in zip(urls, offsets)
         ]
-        mine = in_background(join_as_rank_zero, backend, address, port, world_size, name, timeout)
+        mine = in_background(join_as_rank_zero, backend, store, world_size, name, timeout)
         wait([mine, *joins], return_when=FIRST_EXCEPTION)
         failed = [(url, f.exception()) for url, f in zip(urls, joins) if f.done() and f.exception() is not None]
         if failed or (mine.done() and mine.exception() is not None):

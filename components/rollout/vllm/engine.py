@@ -15,7 +15,9 @@ adapters      ``/v1/load_lora_adapter {lora_name, lora_path}`` (a peft folder: v
 checksums     ``POST /weight_checker {action: checksum}`` -> ``{checksums: {"dp0:pp0:pcp0:tp0:<name>": sha256}}``: each
               parameter as the server holds it (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the
               embedding padded to 64 rows, with LoRA enabled under ``<layer>.base_layer.``)
-health        ``GET /health``
+health        ``GET /health``; at set-up ``GET /server_info?config_format=json``: ``--logprobs-mode processed_logprobs``,
+              and ``--weight-transfer-config`` for ``weight_sync: distributed``, or one line naming the flag
+served        ``GET /v1/models`` (``root``: the checkpoint it loaded), checked against the policy
 """
 
 from __future__ import annotations
@@ -68,6 +70,36 @@ class VLLMEngine(Engine):
         if images:
             raise VLLMError(f"vLLM server at {url}: prompts with images are not sent to vLLM by this rollout yet")
         return generation.score(self.client, url, prompt, continuation, adapter, top_k)
+
+    def check_setup(self, url: str) -> None:
+        """Refuse a server whose sampled log-probs are not those of the distribution it samples from, or that cannot
+        take a ``distributed`` push (its configuration, ``GET /server_info?config_format=json``: dev mode)."""
+        answer = self.client.request(url, "/server_info?config_format=json", method="GET", retries=0)
+        config = answer.get("vllm_config") if isinstance(answer, dict) else None
+        if not isinstance(config, dict):
+            raise self.client.fail(
+                url,
+                f": /server_info answered no configuration ({str(answer)[:200]}): start it with VLLM_SERVER_DEV_MODE=1",
+            )
+        missing = []
+        mode = (config.get("model_config") or {}).get("logprobs_mode")
+        if mode != "processed_logprobs":
+            missing.append(
+                f"--logprobs-mode processed_logprobs (it returns {mode}, not the log-probs of the distribution it "
+                "samples from at the run's temperature, which the off-policy correction reads)"
+            )
+        transfer = config.get("weight_transfer_config") or {}
+        if self.push.weight_sync == "distributed" and transfer.get("backend") != "lightning_rl":
+            missing.append(
+                f'--weight-transfer-config \'{{"backend": "lightning_rl"}}\' (it has {transfer or None}; '
+                "weight_sync: distributed pushes through it, with the plugin on its PYTHONPATH)"
+            )
+        if missing:
+            raise self.client.fail(
+                url,
+                f" was started without {' and '.join(missing)}. Start it as the vLLM rollout's launch does, or set "
+                "launch instead of base_url",
+            )
 
     # ------------------------------------------------------------------ weights
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:

@@ -15,18 +15,18 @@ from typing import Iterator
 
 import torch
 from torch import Tensor
-from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
+from torch.distributed import BroadcastOptions, PrefixStore
 
-from ..server.group import address_towards, in_background
+from ..server.group import address_towards, in_background, master_store
 from ..server.launch import free_port
 from .client import VLLMClient, VLLMError
 
 STORE_PREFIX = "lightning_rl-weights"  # as the plugin's side
 
 
-def _group(backend: str, address: str, port: int, world_size: int, timeout: timedelta):
-    store = PrefixStore(STORE_PREFIX, TCPStore(address, port, world_size, is_master=True, timeout=timeout,
-                                               wait_for_workers=False))  # fmt: skip
+def _group(backend: str, address: str, master, world_size: int, timeout: timedelta):
+    """Rank 0 of the group at ``master`` (a `master_store`: made on the calling thread, see there)."""
+    store = PrefixStore(STORE_PREFIX, master)
     if backend == "nccl":
         from torch.distributed import ProcessGroupNCCL
 
@@ -58,9 +58,10 @@ class TransferGroups:
                 port = master_port + i if master_port else free_port(address)
                 info = {"master_address": address, "master_port": port, "world_size": world, "rank_offset": 1,
                         "timeout_s": client.timeout_s, "backend": backend}  # fmt: skip
+                store = master_store(address, port, world, timeout)  # before the server is asked to join it
                 joined = in_background(client.request, url, "/init_weight_transfer_engine", {"init_info": info},
                                        retries=0)  # fmt: skip
-                mine = in_background(_group, backend, address, port, world, timeout)
+                mine = in_background(_group, backend, address, store, world, timeout)
                 wait([joined, mine], return_when=FIRST_EXCEPTION)  # a refused join never comes to the rendezvous
                 joined.result()
                 self.groups.append(mine.result())

@@ -81,15 +81,62 @@ def test_component_error_saves_the_last_completed_iteration_and_the_resumed_run_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, step", [("interrupt", 2), ("sigterm", 3)])
-def test_ctrl_c_and_sigterm_save_last_ckpt_before_exiting(tmp_path, tiny_model_path, fault, step):
-    """Ctrl-C in iteration 3 keeps iteration 2; a SIGTERM during iteration 3 lets it finish, then saves iteration 3."""
+def test_a_failure_after_the_update_saves_that_iteration_and_the_resumed_run_is_exact(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    """The weight push after iteration 3's update fails (a server that died after iteration 2), no cadence save so far:
+    iteration 3's optimizer steps are done, so last.ckpt holds iteration 3 (before: none was written, and iterations
+    1-3 were lost although their updates completed), and resuming from it equals a straight run."""
+    from components.rollout import HFRollout
+
+    dense = [*DENSE, "--model.reward.fn=tests.lightning_rl.rewards.digit_count"]
+    fit(tmp_path / "straight", tiny_model_path, 4, dense)
+
+    pushes = []
+    sync = HFRollout.sync_weights
+
+    def dies_at_the_third_push(self, policy):
+        pushes.append(1)
+        if len(pushes) == 3:
+            raise RuntimeError("the server at http://gen1:30000 went away")
+        sync(self, policy)
+
+    monkeypatch.setattr(HFRollout, "sync_weights", dies_at_the_third_push)
+    with pytest.raises(RuntimeError, match="went away"):
+        fit(tmp_path / "failed", tiny_model_path, 4, dense)
+    monkeypatch.undo()
+    saved = last(tmp_path / "failed")
+    assert saved["global_step"] == 3 and saved["PromptDataModule"]["position"]["batch"] == 3
+
+    fit(tmp_path / "failed", tiny_model_path, 4, dense, ckpt_path=tmp_path / "failed" / "checkpoints" / "last.ckpt")
+    assert_same(training_state(last(tmp_path / "straight")), training_state(last(tmp_path / "failed")))
+
+
+ASYNC = ["--config", str(Path(__file__).resolve().parents[3] / "configs/loop/async.yaml"),
+         "--model.rollout.init_args.return_logprobs=true"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault, loop, step, status",
+    [("interrupt", "sync", 2, 1), ("sigterm", "sync", 3, 143), ("sigterm", "async", 3, 143)],
+)
+def test_ctrl_c_and_sigterm_save_last_ckpt_before_exiting(tmp_path, tiny_model_path, fault, loop, step, status):
+    """Ctrl-C in iteration 3 keeps iteration 2, exit status 1; a SIGTERM during iteration 3 lets it finish, saves
+    iteration 3, then exits with status 143 (128 + SIGTERM), in the synchronous and the asynchronous loop: a scheduler
+    that pre-empted the run must not read it as a success (Lightning's SIGTERMException exits with 0)."""
     sigint = signal.getsignal(signal.SIGINT)
     try:
-        with pytest.raises(SystemExit):
-            fit(tmp_path, tiny_model_path, 4, faulty(f"signal-{fault}", fault, 3))
+        with pytest.raises(SystemExit) as ended:
+            fit(
+                tmp_path,
+                tiny_model_path,
+                4,
+                [*faulty(f"signal-{fault}-{loop}", fault, 3), *(ASYNC if loop == "async" else [])],
+            )
     finally:
         signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C while it shuts down
+    assert ended.value.code == status
     assert last(tmp_path)["global_step"] == step
 
 

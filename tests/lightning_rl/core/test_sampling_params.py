@@ -57,3 +57,11 @@ def test_a_rollout_keeps_its_configured_settings_as_a_value():
         group_size=4, max_new_tokens=6, temperature=0.5, top_k=3, stop_token_ids=[9], greedy_baseline=True
     )
     assert rollout.params == SamplingParams(4, 6, 0.5, 1.0, 3, (9,), False, True)
+
+
+def test_ignore_eos_leaves_only_the_stop_tokens_to_end_a_response():
+    params = SamplingParams(stop_token_ids=[5], ignore_eos=True)
+    assert params.eos_ids(2) == [5] and SamplingParams(ignore_eos=True).eos_ids(2) == []
+    assert dataclasses.replace(params, ignore_eos=False).eos_ids(2) == [2, 5]
+    assert HFRollout(ignore_eos=True).params.ignore_eos and not HFRollout().params.ignore_eos
+    assert SGLangRollout(base_url="http://127.0.0.1:1", ignore_eos=True).params.ignore_eos

@@ -65,6 +65,22 @@ def test_staleness_without_a_correction_warns_and_a_negative_bound_is_refused():
 
 
 @pytest.mark.slow
+def test_a_server_rollout_that_releases_its_memory_is_refused_before_the_first_round():
+    """release_memory: true gives the servers' memory back between rollouts, so they cannot sample ahead while the
+    trainer trains: refused when fit starts (the guard read rollout.release_memory, which had moved to
+    rollout.weights, and its default let every such run through to fail at iteration 3)."""
+    from types import SimpleNamespace
+
+    from components.rollout import SGLangRollout
+    from lightning_rl.loop.ahead import check_asynchronous
+
+    trainer = SimpleNamespace(world_size=1, strategy=None)
+    rollout = SGLangRollout(base_url="http://127.0.0.1:9", release_memory=True)  # nothing is contacted here
+    with pytest.raises(ValueError, match=r"release_memory: true\): set release_memory: false, or max_staleness: 0"):
+        check_asynchronous(rollout, trainer)
+    check_asynchronous(SGLangRollout(base_url="http://127.0.0.1:9"), trainer)
+
+
 def test_max_staleness_zero_is_the_synchronous_loop(tmp_path, tiny_model_path):
     run_cli("fit", cli_args(tmp_path / "sync", tiny_model_path, 3, *KEEP, "--model.rollout.init_args.temperature=3.0"))
     run_cli(

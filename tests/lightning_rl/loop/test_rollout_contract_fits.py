@@ -57,3 +57,24 @@ def test_agents_sample_on_the_engine(engine, tmp_path, agent):
     assert metrics["agent/tool_calls_mean"] > 0
     gaps = _gaps(scalars(tmp_path))
     assert len(gaps) == 3 and max(gaps) < 1e-4
+
+
+def test_a_sigterm_ends_the_run_with_status_143_after_saving(engine, tmp_path):
+    """A SIGTERM during iteration 2 (the reward sends it): the iteration finishes, last.ckpt holds it, and the run
+    exits with 143, not 0 (a scheduler would read a pre-emption as a success)."""
+    import signal
+
+    import torch
+
+    extra = [*engine.fit_args(), "--model.rollout.init_args.backoff=0.05", "--model.reward=components.reward.FunctionReward",
+             "--model.reward.fn=tests.lightning_rl.rewards.digit_count_then_fault",
+             f"--model.reward.kwargs={{fault_at: 2, key: sigterm-{engine.name}, fault: sigterm}}",
+             "--trainer.callbacks.every_n_train_steps=5", "--data.val_data=null"]  # fmt: skip
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            run_cli("fit", cli_args(tmp_path, engine.model, 4, *extra))
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert ended.value.code == 143
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
