@@ -756,7 +756,7 @@ def test_server_killed(capfd, monkeypatch):
         time.sleep(0.5)
         with pytest.raises(ServerDown) as down:
             healing.watch()
-        with pytest.raises(Exception, match=r"down again .* after max_restarts=2 restarts; the run stops here"):
+        with pytest.raises(Exception, match=r"is down .*\(2 of max_restarts=2\); the run stops here"):
             healing.recover(down.value)
         lines = [line for line in capfd.readouterr().err.splitlines() if "restarting the Rollout server" in line]
         assert len(lines) == 2

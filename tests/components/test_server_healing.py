@@ -113,7 +113,7 @@ def test_past_max_restarts_the_run_stops_with_one_line(launch, policy, prompts):
     asked = make_prompts(*prompts)
     rollout.generate(asked, policy)
     os.kill(pid(rollout), signal.SIGKILL)
-    with pytest.raises(Exception, match=r"down again .*max_restarts=0 restarts; the run stops here") as err:
+    with pytest.raises(Exception, match=r"is down .*\(0 of max_restarts=0\); the run stops here") as err:
         rollout.generate(asked, policy)
     assert "\n" not in str(err.value).split("Log:")[0]
 

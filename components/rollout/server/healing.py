@@ -135,9 +135,9 @@ class Healing:
         reason = (old.death_note() or "").split(";")[0] or f"no answer to {LIVENESS} within {s.health_deadline_s:g} s"
         if self.restarts >= s.max_restarts:
             raise error(
-                f"{self.who}: the {error.engine} server at {old.url} is down again ({reason}) after "
-                f"max_restarts={s.max_restarts} restarts; the run stops here (resume from its last checkpoint). "
-                f"Log: {old.log_path}"
+                f"{self.who}: the {error.engine} server at {old.url} is down ({reason}) and its restarts are spent "
+                f"({self.restarts} of max_restarts={s.max_restarts}); the run stops here (resume from its last "
+                f"checkpoint). Log: {old.log_path}"
             ) from failure
         old.close(grace_s=0.0)  # its whole group, SIGKILL: a stopped (SIGSTOP) or hung process ends too
         freed = time.monotonic() + 30.0
