@@ -87,6 +87,7 @@ def gone_within(group: int, seconds: float) -> list[int]:
     return left
 
 
+@pytest.mark.slow  # a trainer process and its server each: ~30 s (the fast row: test_fault_matrix.py::test_trainer_killed)
 @pytest.mark.parametrize("how", ["sigkill", "sigterm", "sigint", "exception"])
 def test_no_launched_sglang_server_outlives_its_trainer(tmp_path, tiny_model_path, how):
     fake_sglang_package(tmp_path)
