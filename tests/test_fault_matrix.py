@@ -64,6 +64,10 @@
 | hand-started vLLM without `--weight-transfer-config`, `weight_sync: distributed` | one line naming the flag before any weight group, exit status 1 (was 134) | components/test_vllm_server_checks.py::test_a_distributed_push_to_a_server_without_the_transfer_engine_is_one_line_and_status_1 |
 | a server refusing to join the weight group at once (either engine)  | its one-line error and exit status 1: the group's store is made on the calling thread (was 134) | components/test_server_weight_group.py |
 | teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
+| launched server killed (kill -9) mid-generation, mid-push, between iterations (SGLang, vLLM) | restarted in place (max_restarts), the work retried, the whole policy pushed and verified before it samples; one line, servers/restarts | test_server_killed / components/test_server_healing.py, lightning_rl/loop/test_server_healing_fit.py |
+| launched server stopped (SIGSTOP)                        | down after health_deadline_s: killed and restarted, the work retried | test_server_killed / components/test_server_healing.py                                    |
+| launched server down past max_restarts; base_url server gone past server_wait_s | one line, the run stops (last.ckpt resumes it)           | test_server_killed / components/test_server_healing.py                                    |
+| trainer killed (SIGKILL, SIGTERM, Ctrl-C, exception) with launched servers | no server process remains (a watchdog per server)  | test_trainer_killed / components/test_server_watchdog.py (loopback SGLang; vLLM slow)     |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
 checkpoint rows, the components themselves for the rest) and bounds its time where a hang is the fault.
@@ -691,3 +695,88 @@ def test_launch_port_taken(tiny_model_path, tokenizer):
         rollout.close()
         other.stop()
     assert not other.generate_calls and other.weight_version == "default"  # nothing was sent to it
+
+
+STAND_IN = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def _stand_in_connection(**settings):
+    """A connection to one launched stand-in server (a stdlib HTTP server that answers every GET with 200)."""
+    import sys
+
+    from components.rollout.server.connection import Connection
+    from components.rollout.server.healing import Healing
+    from components.rollout.server.http import HTTPClient
+    from components.rollout.server.launch import Command, LaunchedServer, free_port
+    from components.rollout.server.settings import Servers, WeightPush
+
+    port = free_port()
+    command = Command([sys.executable, "-c", STAND_IN, str(port)], f"http://127.0.0.1:{port}", "/health")
+    connection = Connection(Servers(urls=("http://unused",), **settings), None, WeightPush())
+    connection.urls, connection.client = [command.url], HTTPClient(5.0, 0, 0.01, death_note=connection._death_note)
+    connection.launched = [LaunchedServer(command, HTTPClient)]
+    connection.launched[0].wait_ready(60)
+    return connection, Healing(connection, "Rollout")
+
+
+def test_server_killed(capfd, monkeypatch):
+    from components.rollout.server import healing as module
+    from components.rollout.server.healing import ServerDown
+
+    monkeypatch.setattr(module, "HEALTH_EVERY_S", 0.0)  # every watch asks for health
+    connection, healing = _stand_in_connection(health_deadline_s=1.0, max_restarts=2)
+    try:
+        first = connection.launched[0].process.pid
+        os.kill(first, signal.SIGKILL)  # kill -9: its process is gone at once
+        time.sleep(0.5)
+        with pytest.raises(ServerDown) as down:
+            healing.watch()
+        healing.recover(down.value)
+        assert healing.rejoin(wait=True) and healing.restarts == 1
+        second = connection.launched[0].process.pid
+        assert second != first and connection.launched[0].url == connection.urls[0]  # in place: same address
+        os.kill(second, signal.SIGSTOP)  # hung: its process runs, nothing answers
+        start = time.monotonic()
+        with pytest.raises(ServerDown) as down:
+            healing.watch()
+        assert 1.0 <= time.monotonic() - start < 10  # the health deadline, not a request's timeout
+        healing.recover(down.value)
+        assert healing.rejoin(wait=True) and healing.restarts == 2 and connection.launched[0].process.pid != second
+        os.kill(connection.launched[0].process.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(ServerDown) as down:
+            healing.watch()
+        with pytest.raises(Exception, match=r"is down .*\(2 of max_restarts=2\); the run stops here"):
+            healing.recover(down.value)
+        lines = [line for line in capfd.readouterr().err.splitlines() if "restarting the Rollout server" in line]
+        assert len(lines) == 2
+    finally:
+        connection.close()
+
+
+def test_trainer_killed(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.components.test_server_watchdog import gone_within, group_alive
+
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from tests.test_fault_matrix import _stand_in_connection; "
+         "print(_stand_in_connection()[0].launched[0].process.pid, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    group = int(trainer.stdout.readline())
+    assert group_alive(group)
+    trainer.kill()
+    trainer.wait()
+    assert gone_within(group, 15) == []

@@ -64,6 +64,10 @@ class Rollout(ABC):
     def close(self) -> None:
         """Release what the rollout started (servers, threads)."""
 
+    def metrics(self) -> dict:
+        """The rollout's own counters, logged every iteration (a server rollout: ``servers/restarts``)."""
+        return {}
+
 
 def configured_params(
     who: str,

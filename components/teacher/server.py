@@ -22,6 +22,7 @@ from components.rollout.completions import CompletionsEngine
 from components.rollout.server.connection import Connection
 from components.rollout.server.engine import ScoringEngine
 from components.rollout.server.fanout import wait_for_answers
+from components.rollout.server.healing import Healing
 from components.rollout.server.samples import Scored, image_data
 from components.rollout.server.settings import Servers, WeightPush
 from components.rollout.sglang.engine import SGLangEngine
@@ -56,6 +57,9 @@ class ServerTeacher(Teacher):
         max_concurrency: int = 64,
         launch_timeout_s: float = 900.0,
         deadline_s: float = 1800.0,
+        max_restarts: int = 3,
+        server_wait_s: float = 300.0,
+        health_deadline_s: float = 60.0,
     ):
         """
         Args:
@@ -74,6 +78,10 @@ class ServerTeacher(Teacher):
             max_concurrency: requests in flight at once, over all servers.
             launch_timeout_s: seconds to wait for a launched server to answer its health check.
             deadline_s: seconds the scoring of one micro-batch may take before it fails.
+            max_restarts: a launched server that dies or hangs is restarted in place up to this many times per run
+                (the scoring in flight is retried); past it the run stops.
+            server_wait_s: a ``base_url`` server that stops answering is waited for this long, then the run stops.
+            health_deadline_s: a launched server that does not answer ``GET /health`` within this long is down.
         """
         who = type(self).__name__
         if temperature != 1.0:
@@ -86,12 +94,14 @@ class ServerTeacher(Teacher):
             raise ValueError(f"{who}: top_k must be >= 0, got {top_k}")
         self.servers = Servers(
             Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
-            max_concurrency, deadline_s,
+            max_concurrency, deadline_s, max_restarts=max_restarts, server_wait_s=server_wait_s,
+            health_deadline_s=health_deadline_s,
         )  # fmt: skip
         self.servers.check(who)
         self.top_k, self.temperature, self.tokenizer_path = top_k, temperature, tokenizer
         self.connection = Connection(self.servers, self.engine_type, WeightPush(), KEY, self._configure)
         self.connection.default_model = TINY_TEACHER_PATH
+        self.healing = Healing(self.connection, who)
         self.vocabulary: int | None = None  # the policy's, set at setup: top-k ids must be below it
 
     def _configure(self, engine: ScoringEngine) -> None:
@@ -128,27 +138,39 @@ class ServerTeacher(Teacher):
         prompts, responses = batch.prompt_ids.cpu(), batch.response_ids.cpu()
         masks = batch.prompt_mask.cpu().bool()
         rows = [i for i, n in enumerate(lengths) if n > 0]
-        futures = []
-        for j, i in enumerate(rows):
+        jobs = []
+        for i in rows:
             images = image_data(batch.images[i]) if batch.images is not None and batch.images[i] else None
-            url = connection.urls[j % len(connection.urls)]
-            prompt, response = prompts[i][masks[i]].tolist(), responses[i, : int(lengths[i])].tolist()
-            futures.append(
-                connection.pool.submit(connection.engine.score, url, prompt, response, images, None, self.top_k)
-            )
+            jobs.append((prompts[i][masks[i]].tolist(), responses[i, : int(lengths[i])].tolist(), images))
+        while True:  # a launched teacher server that dies or hangs is restarted and the whole batch scored again
+            try:
+                answers = self._score(connection, jobs)
+                break
+            except Exception as failure:
+                self.healing.recover(failure)
+        return self._tensors(batch, rows, answers)
+
+    def _score(self, connection: Connection, jobs: list) -> list[Scored]:
+        self.healing.rejoin(wait=not self.healing.live_urls())  # a teacher's weights never change: nothing to push
+        urls = self.healing.live_urls()
+        futures = [
+            connection.pool.submit(connection.engine.score, urls[j % len(urls)], prompt, response, images, None,
+                                   self.top_k)
+            for j, (prompt, response, images) in enumerate(jobs)
+        ]  # fmt: skip
         try:
-            answers: list[Scored] = wait_for_answers(
-                futures, self.servers.deadline_s, self.servers.progress_every_s, connection.urls,
-                connection.client.error,
+            answers = wait_for_answers(
+                futures, self.servers.deadline_s, self.servers.progress_every_s, urls, connection.client.error,
+                self.healing.watch,
             )  # fmt: skip
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
-        for j, (i, answer) in enumerate(zip(rows, answers)):  # every answer one a model can give, before the loss
-            url = connection.urls[j % len(connection.urls)]
-            check_scored(connection.client.error, url, KEY, answer, int(lengths[i]), self.top_k, self.vocabulary)
-        return self._tensors(batch, rows, answers)
+        for j, ((_, response, _), answer) in enumerate(zip(jobs, answers)):  # every answer one a model can give
+            check_scored(connection.client.error, urls[j % len(urls)], KEY, answer, len(response), self.top_k,
+                         self.vocabulary)  # fmt: skip
+        return answers
 
     def _tensors(self, batch: RolloutBatch, rows: list[int], answers: list[Scored]) -> TeacherScores:
         shape, k = batch.response_ids.shape, self.top_k

@@ -66,6 +66,7 @@ class Collector:
             batch, metrics = self.agent.generate(
                 self.rollout, prompts, policy, params
             )  # whole episodes, with transcripts
+        metrics = {**metrics, **self.rollout.metrics()}  # e.g. servers/restarts
         columns = batch.columns or {}
         if "prompts" not in columns:
             batch = batch.with_columns(

@@ -147,7 +147,7 @@ def test_a_lora_adapter_is_pushed_and_sampled(engine, prompts):
 
 
 def test_a_killed_server_is_named_and_a_restarted_one_gets_the_whole_policy(engine, policy, prompts):
-    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed", max_retries=1)
+    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed", max_retries=1, server_wait_s=0)
     rollout.sync_weights(policy)
     engine.kill()
     with pytest.raises(engine.error, match=engine.url):

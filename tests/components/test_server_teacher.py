@@ -231,7 +231,7 @@ def test_a_teacher_server_that_dies_fails_the_scoring_with_one_error_naming_its_
     from tests.fixtures.sglang_server import ServerProcess
 
     process = ServerProcess(TINY_TEACHER_PATH, env={"OMP_NUM_THREADS": "1"})
-    teacher = SGLangTeacher(base_url=process.url, max_retries=1, backoff=0.01)
+    teacher = SGLangTeacher(base_url=process.url, max_retries=1, backoff=0.01, server_wait_s=0)
     try:
         teacher.setup(student)
         process.process.kill()
@@ -336,14 +336,16 @@ def test_a_launched_vllm_teacher_that_dies_is_one_error_naming_its_url_and_its_l
     """Last in this file: it ends the module's server."""
     import os
     import signal
+    from dataclasses import replace
 
     url = vllm_teacher.urls[0]
     vllm_teacher.connection.client.max_retries, vllm_teacher.connection.client.backoff = 1, 0.01
+    vllm_teacher.connection.settings = replace(vllm_teacher.connection.settings, max_restarts=0)  # no restart
     os.killpg(vllm_teacher.connection.server.process.pid, signal.SIGKILL)
     vllm_teacher.connection.server.process.wait()
     with pytest.raises(Exception) as err:
         vllm_teacher.score(batch)
     message = str(err.value)
-    assert type(err.value).__name__ == "VLLMError"
-    assert message.startswith(f"vLLM server at {url}: POST /inference/v1/generate failed after 2 attempt(s)")
-    assert "The vLLM server launched by the teacher exited with code -9; log " in message
+    assert type(err.value).__name__ == "VLLMError" and "\n" not in message
+    assert message.startswith(f"VLLMTeacher: the vLLM server at {url} is down (The vLLM server launched by the teacher")
+    assert "exited with code -9) and its restarts are spent (0 of max_restarts=0)" in message and "Log: " in message

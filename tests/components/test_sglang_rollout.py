@@ -205,7 +205,9 @@ def test_aborted_requests_are_sent_again(server, policy, prompts, make_rollout):
 
 
 def test_server_death_mid_rollout_names_the_server(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4, max_retries=1, max_concurrency=1)
+    rollout = make_rollout(
+        base_url=server.url, group_size=2, max_new_tokens=4, max_retries=1, max_concurrency=1, server_wait_s=0
+    )
     rollout.sync_weights(policy)
     server.die_after = 1  # the second request finds the server dying, the retry finds nothing listening
     with pytest.raises(

@@ -228,6 +228,7 @@ def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_s
             group_size=2,
             max_new_tokens=4,
             max_retries=0,
+            server_wait_s=0,
         )
         _perturb(policy)
         with pytest.raises(SGLangError, match=dying.url):

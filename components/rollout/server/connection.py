@@ -1,5 +1,5 @@
-"""`Connection`: a rollout's (or a teacher's) servers: one started if asked to (rank 0), every one checked to answer, a
-client and a request pool, reconnected after ``close``; ``close`` ends what was started."""
+"""`Connection`: a rollout's (or a teacher's) servers: ``launch_servers`` started if asked to (rank 0), every one checked
+to answer, a client and a request pool, reconnected after ``close``; ``close`` ends what was started."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Connection:
         self.settings, self.engine_type, self.push = servers, engine_type, push
         self.key, self.configure = key, configure
         self.urls = list(servers.urls)
-        self.server: LaunchedServer | None = None
+        self.launched: list[LaunchedServer] = []
         self.client: HTTPClient | None = None
         self.engine: ScoringEngine | None = None
         self.pool: ThreadPoolExecutor | None = None
@@ -41,6 +41,22 @@ class Connection:
     @property
     def open(self) -> bool:
         return self.client is not None
+
+    @property
+    def server(self) -> LaunchedServer | None:
+        """The (first) server launched here."""
+        return self.launched[0] if self.launched else None
+
+    def launched_at(self, url: str) -> LaunchedServer | None:
+        return next((server for server in self.launched if server.url == url), None)
+
+    def renew_engine(self) -> None:
+        """A new engine object for the same servers (a restarted server joins no weight-transfer group of the old)."""
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = self.engine_type(self.client, self.push)
+        if self.configure is not None:
+            self.configure(self.engine)
 
     def connect(self, who: str, release_memory: bool) -> bool:
         """Start the server if asked to, build the client, check every server; True when the servers are new (a
@@ -57,16 +73,18 @@ class Connection:
                 launch.setdefault(
                     self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
                 )
-            command = self.engine_type.command(launch, s.launch_python)
-            self.server = LaunchedServer(command, self.engine_type.client_type, owner=self.key.split(".")[1])
+            owner = self.key.split(".")[1]
             try:
-                self.server.wait_ready(s.launch_timeout_s)
+                for _ in range(s.launch_servers):  # each command picks a free port of its own
+                    command = self.engine_type.command(launch, s.launch_python)
+                    self.launched.append(LaunchedServer(command, self.engine_type.client_type, owner=owner))
+                for server in self.launched:
+                    server.wait_ready(s.launch_timeout_s)
             except BaseException:
-                self.server.close()
-                self.server = None
+                self._stop_launched()
                 raise
         if s.launch is not None:
-            self.urls = [share(self.server.url if self.server is not None else None)]
+            self.urls = list(share([server.url for server in self.launched] if rank() == 0 else None))
         self.client = self.engine_type.client_type(
             s.timeout_s, s.max_retries, s.backoff, death_note=self._death_note, url_key=f"{self.key}.base_url"
         )
@@ -84,10 +102,14 @@ class Connection:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+        self._stop_launched()
         self.client = None
 
+    def _stop_launched(self) -> None:
+        for server in self.launched:
+            server.close()
+        self.launched = []
+
     def _death_note(self, url: str) -> str | None:
-        return self.server.death_note() if self.server is not None and url == self.server.url else None
+        server = self.launched_at(url)
+        return server.death_note() if server is not None else None

@@ -2,7 +2,8 @@
 
 An engine pins its own torch (and CUDA stack), so ``python`` is usually the interpreter of a separate environment that
 has the engine installed. The server and the processes it spawns (scheduler, detokenizer, engine core) share a new
-process group, which `LaunchedServer.close` terminates as a whole.
+process group, which `LaunchedServer.close` terminates as a whole; a watchdog (`watchdog`) terminates it when the
+trainer dies without closing it (SIGKILL).
 
 A launched server must be the one started here before anything is sent to it: a port another process listens on
 (another run's server) is refused before the launch, and once the port answers, the socket listening on it must belong
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import watchdog
 from .http import HTTPClient, ServerError
 
 
@@ -96,6 +98,7 @@ class LaunchedServer:
                 f"could not start the {engine} server ({' '.join(command.argv)}): {err}. "
                 f"Set launch_python to an interpreter with {engine} installed."
             ) from err
+        self.watchdog = watchdog.watch(self.process.pid)
         atexit.register(self.close)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -153,6 +156,7 @@ class LaunchedServer:
                 pass
         _signal_group(self.process.pid, signal.SIGKILL)  # stragglers (scheduler, detokenizer)
         self.process.wait()
+        watchdog.stop(self.watchdog)
         self._log.close()
         atexit.unregister(self.close)
 

@@ -48,6 +48,7 @@ class Pusher:
         self.overlapping = False
         self._pushed: Fingerprints | None = None  # what the last push sent (rank 0): the base of the next exact check
         self._released = False
+        self.verify_next = False  # the next push is verified whatever its ordinal (servers restarted)
 
     @property
     def error(self) -> type[ServerError]:
@@ -174,7 +175,11 @@ class Pusher:
             raise failure
 
     def _verify_due(self) -> bool:
-        return self.verification.every > 0 and self.state.count_push() % self.verification.every == 0
+        due = self.verification.every > 0 and (
+            self.state.count_push() % self.verification.every == 0 or self.verify_next
+        )
+        self.verify_next = False
+        return due
 
     # ------------------------------------------------------------------ colocated memory
     def resume_memory(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import torch
 from torch import nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
@@ -25,6 +26,7 @@ from .connection import Connection
 from .engine import Engine
 from .fanout import wait_for_answers
 from .generation import sample
+from .healing import Healing
 from .push import Pusher
 from .samples import Request, Sample, image_data, to_batch
 from .served import check_served
@@ -77,6 +79,10 @@ class ServerRollout(Rollout):
         progress_every_s: float = 60.0,
         partial_rollouts: bool = False,
         ignore_eos: bool = False,
+        max_restarts: int = 3,
+        server_wait_s: float = 300.0,
+        health_deadline_s: float = 60.0,
+        launch_servers: int = 1,
     ):
         """
         Args:
@@ -138,6 +144,14 @@ class ServerRollout(Rollout):
                 per token. False: a push waits for the requests in flight, and every response comes from one version.
             ignore_eos: the tokenizer's EOS does not end a response (the engine's ``ignore_eos``; benchmarks: every
                 response ``max_new_tokens`` long unless a stop token ends it).
+            max_restarts: launched servers that die or hang are restarted in place, up to this many times per run (the
+                rollout or push in flight is retried; the restarted server gets the whole policy, verified, before it
+                samples); past it the run stops (last.ckpt resumes it). Synchronous training on one process.
+            server_wait_s: a ``base_url`` server that stops answering is waited for this long, then the run stops.
+            health_deadline_s: a launched server that does not answer ``GET /health`` within this long is down (a
+                stopped or hung process) and is restarted.
+            launch_servers: how many servers ``launch`` starts (each on a port of its own); requests are spread over
+                them, and while one restarts the others keep sampling.
         """
         who = type(self).__name__
         self.params = configured_params(
@@ -145,7 +159,7 @@ class ServerRollout(Rollout):
         )
         self.servers = Servers(
             Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
-            max_concurrency, deadline_s, progress_every_s,
+            max_concurrency, deadline_s, progress_every_s, max_restarts, server_wait_s, health_deadline_s, launch_servers,
         )  # fmt: skip
         update_urls = Servers.urls_of(weight_update_urls) or None
         self.weights = WeightPush(
@@ -159,6 +173,7 @@ class ServerRollout(Rollout):
             Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         )
         self.connection = Connection(self.servers, self.engine_type, self.weights)
+        self.healing = Healing(self.connection, who)
         self.pusher = Pusher(self.weights, self.verification, self, f"lightning_rl_{who.lower()}_weights_")
         self._served_checked = False  # whether the connected servers were checked to serve the policy
 
@@ -219,7 +234,22 @@ class ServerRollout(Rollout):
     def sync_weights(self, policy: nn.Module) -> None:
         """Push ``policy``'s weights to every server as ``weight_version + 1`` (rank 0 pushes, all ranks wait)."""
         self._connected(policy)
-        self.pusher.sync(policy)
+        while True:
+            if self.healing.rejoin(wait=True):
+                self._fresh_servers()
+            try:
+                self.pusher.sync(policy)  # a failed push is sent whole again, to every server
+                return
+            except Exception as failure:
+                self.healing.recover(failure, may_heal=not self.pusher.overlapping)
+
+    def _fresh_servers(self) -> None:
+        """A restarted server joined: a new engine (no weight-transfer group of the old), and the next push is whole,
+        with the current adapter, and verified, before anything samples."""
+        self.connection.renew_engine()
+        self.pusher.engine = self.connection.engine
+        self.pusher.forget_servers()
+        self.pusher.verify_next = True
 
     def stage_weights(self, policy: nn.Module):
         self._connected(policy)
@@ -238,12 +268,6 @@ class ServerRollout(Rollout):
     def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
         params = params or self.params
         self._connected(policy)
-        state = self.pusher.state.view()
-        if (state.needs_sync and self.weights.sync_before_first_rollout) or (
-            state.failed and not self.pusher.overlapping
-        ):
-            # after a failed push: the whole policy again, so no server samples from part of one
-            self.sync_weights(policy)
         n_prompts = len(prompts)
         # left padding stripped
         unpadded = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())]
@@ -255,10 +279,12 @@ class ServerRollout(Rollout):
         jobs = [(p, params.samples_per_prompt, params.sampling_temperature, im) for p, im in zip(unpadded, images)]
         if params.with_baseline:
             jobs += [(p, 1, 0.0, im) for p, im in zip(unpadded, images)]
-        self.pusher.resume_memory()
-        version = self.pusher.state.version  # read before the requests: a push may land while they run
-        answers = self._run(jobs, version, params)
-        self.pusher.release_memory()
+        while True:  # a server that dies or hangs is restarted and the whole rollout sampled again (never a part)
+            try:
+                version, answers = self._sample(jobs, policy, params)
+                break
+            except Exception as failure:
+                self.healing.recover(failure, may_heal=not self.pusher.overlapping)
         groups = [answers[i] + (answers[n_prompts + i] if params.with_baseline else []) for i in range(n_prompts)]
         samples = [s for group in groups for s in group]  # prompt-major
         return to_batch(
@@ -271,6 +297,23 @@ class ServerRollout(Rollout):
             version,
         )
 
+    def _sample(self, jobs: list, policy: nn.Module, params: SamplingParams) -> tuple[int, list[list[Sample]]]:
+        if not self.healing.live_urls():  # every server restarting: wait for them, then push them the policy
+            self.healing.rejoin(wait=True)
+            self._fresh_servers()
+            self.sync_weights(policy)
+        state = self.pusher.state.view()
+        if (state.needs_sync and self.weights.sync_before_first_rollout) or (
+            state.failed and not self.pusher.overlapping
+        ):
+            # after a failed push: the whole policy again, so no server samples from part of one
+            self.sync_weights(policy)
+        self.pusher.resume_memory()
+        version = self.pusher.state.version  # read before the requests: a push may land while they run
+        answers = self._run(jobs, version, params)
+        self.pusher.release_memory()
+        return version, answers
+
     def _run(
         self, jobs: list[tuple[list[int], int, float, list[str] | None]], version: int, params: SamplingParams
     ) -> list[list[Sample]]:
@@ -278,25 +321,29 @@ class ServerRollout(Rollout):
         connection, adapter = self.connection, self.pusher.adapters.current
         # an adapter's name carries its version: the server's own weight version does not change on adapter loads
         check, partial = adapter is None, self.weights.partial_rollouts and self.pusher.overlapping
+        urls = self.healing.live_urls()
         futures = []
         for i, (input_ids, n, temperature, images) in enumerate(jobs):
             request = Request(
                 input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
                 list(params.stop_token_ids), images, params.ignore_eos,
             )  # fmt: skip
-            url = connection.urls[i % len(connection.urls)]
+            url = urls[i % len(urls)]
             futures.append(
                 connection.pool.submit(sample, connection.engine, url, request, version, adapter, partial, check)
             )
         try:  # never a partial batch: the first failure fails the rollout
             return wait_for_answers(
-                futures, self.servers.deadline_s, self.servers.progress_every_s, connection.urls,
-                connection.client.error,
+                futures, self.servers.deadline_s, self.servers.progress_every_s, urls, connection.client.error,
+                self.healing.watch,
             )  # fmt: skip
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
+
+    def metrics(self) -> dict:
+        return {"servers/restarts": torch.tensor(float(self.healing.restarts))}
 
     # ------------------------------------------------------------------ what tests and tools read
     @property

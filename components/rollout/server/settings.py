@@ -24,6 +24,10 @@ class Servers:
     max_concurrency: int = 64
     deadline_s: float = 1800.0
     progress_every_s: float = 60.0
+    max_restarts: int = 3
+    server_wait_s: float = 300.0
+    health_deadline_s: float = 60.0
+    launch_servers: int = 1
 
     @staticmethod
     def urls_of(base_url: str | list[str] | None) -> tuple[str, ...]:
@@ -40,6 +44,17 @@ class Servers:
             raise ValueError(
                 f"{who}: max_retries ({self.max_retries}) must be >= 0 and max_concurrency ({self.max_concurrency}) >= 1"
             )
+        if self.max_restarts < 0 or self.launch_servers < 1:
+            raise ValueError(
+                f"{who}: max_restarts ({self.max_restarts}) must be >= 0 and launch_servers ({self.launch_servers}) >= 1"
+            )
+        if not (self.server_wait_s >= 0 and self.health_deadline_s > 0):
+            raise ValueError(
+                f"{who}: server_wait_s ({self.server_wait_s}) must be >= 0 and health_deadline_s "
+                f"({self.health_deadline_s}) > 0"
+            )
+        if self.launch_servers > 1 and self.launch is not None and "port" in self.launch:
+            raise ValueError(f"{who}: launch_servers {self.launch_servers} needs a port each: leave port out of launch")
 
 
 @dataclass(frozen=True)

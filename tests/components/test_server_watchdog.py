@@ -1,0 +1,107 @@
+"""A launched server never outlives the trainer that launched it (components/rollout/server/watchdog.py): a trainer
+process that launches a server (the loopback SGLang stand-in; the real vLLM server, slow) and then ends by SIGKILL,
+SIGTERM, Ctrl-C or an exception leaves no process of the server's group behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.sglang_server import fake_sglang_package
+from tests.helpers import pythonpath
+
+REPO = Path(__file__).resolve().parents[2]
+
+TRAINER = """
+import json, sys, time
+from lightning_rl.core.models import load_tokenizer
+import components.rollout as rollouts
+engine, model, how, launch = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+rollout = getattr(rollouts, engine)(launch=launch, verify_every=0, sync_before_first_rollout=False)
+rollout.setup(load_tokenizer(model))
+print(rollout.server.process.pid, flush=True)
+if how == "exception":
+    raise RuntimeError("a component failed")
+time.sleep(600)
+"""
+
+
+def group_alive(group: int) -> list[int]:
+    """The pids of the live (not zombie) processes of process group ``group``."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == group and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: str, start_s: float) -> int:
+    """Run a trainer that launches a server, end it ``how``; the server's process group."""
+    env = {**os.environ, "PYTHONPATH": pythonpath(tmp_path), "OMP_NUM_THREADS": "1"}
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, engine, model, how, json.dumps(launch)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = trainer.stdout.readline()
+        if not line.strip().isdigit():
+            trainer.kill()
+            raise AssertionError(f"the trainer did not launch its server: {line}{trainer.communicate()[1][-3000:]}")
+        group = int(line)
+        assert group_alive(group), "the server runs while its trainer does"
+        if how != "exception":
+            trainer.send_signal({"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}[how])
+        trainer.wait(timeout=start_s)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    return group
+
+
+def gone_within(group: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = group_alive(group)
+    for pid in left:  # never leave one behind for the next test
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.slow  # a trainer process and its server each: ~30 s (the fast row: test_fault_matrix.py::test_trainer_killed)
+@pytest.mark.parametrize("how", ["sigkill", "sigterm", "sigint", "exception"])
+def test_no_launched_sglang_server_outlives_its_trainer(tmp_path, tiny_model_path, how):
+    fake_sglang_package(tmp_path)
+    group = launch_and_end(tmp_path, "SGLangRollout", tiny_model_path, {"model_path": tiny_model_path}, how, 60)
+    assert gone_within(group, 15) == []
+
+
+@pytest.mark.slow
+def test_no_launched_vllm_server_outlives_a_sigkilled_trainer(tmp_path):
+    from tests.fixtures.vllm_server import SERVER_ARGS, TINY_CALC, unavailable, widen_heads
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no real vLLM server: {reason}")
+    model = str(widen_heads(TINY_CALC, tmp_path / "tiny-calc-wide"))
+    group = launch_and_end(tmp_path, "VLLMRollout", model, dict(SERVER_ARGS, model=model), "sigkill", 60)
+    assert gone_within(group, 30) == []  # the API server, its engine core and worker
