@@ -11,6 +11,7 @@
     lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
     lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run   # the components, batch arithmetic, models, folders
     lightning-rl components                            # every component, with the first line of its formula
+    lightning-rl serve --base_models lightning_rl/assets/tiny-arith   # the Tinker API (lightning_rl.service)
 
 Configs stack left to right (later files and command-line flags override earlier ones; lists
 are replaced, not merged). Interpolation resolves across stacked files and overrides when it is
@@ -77,6 +78,7 @@ SUBCOMMANDS = {
     "reward-model": "Train a Bradley-Terry reward model on preference pairs",
     "export": "Write a checkpoint as Hugging Face model folders",
     "components": "List every component a config can name",
+    "serve": "Serve the Tinker API: train and sample for the tinker SDK",
 }
 """`lightning-rl --help`: each subcommand in one line of an 80-column terminal."""
 DESCRIPTIONS = {
@@ -88,6 +90,8 @@ DESCRIPTIONS = {
     "is given); lightning-rl reward-model --help lists every option",
     "export": "lightning-rl export CKPT OUT_DIR [--adapter_only] (see lightning-rl export --help)",
     "components": "Every component a config can name, by kind, with the first line of its formula",
+    "serve": "lightning-rl serve --base_models FOLDER [--api_keys tml-...] [--port N] [--sampler ...]: the Tinker API "
+    "for the official tinker SDK (see lightning-rl serve --help)",
 }
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
 NEW_RUN_HELP = (

@@ -21,7 +21,7 @@ run's own client keeps the connection: uvicorn reads and drops the rest of the b
 so the client reads its answer rather than a reset."""
 
 
-class _Protocol(H11Protocol):
+class HeadDeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline on each request head: uvicorn's keep-alive timer starts only after an
     answer, so a connection that never sends a request, or sends its head a byte at a time, would be held forever."""
 
@@ -48,7 +48,7 @@ def serve(endpoint, sock: socket.socket) -> uvicorn.Server:
     app = _App(endpoint)
     config = uvicorn.Config(
         app,
-        http=_Protocol,
+        http=HeadDeadlineProtocol,
         loop="asyncio",
         interface="asgi3",
         lifespan="off",
@@ -114,7 +114,7 @@ class _App:
         endpoint.in_flight += 1
         try:
             try:
-                body = await asyncio.wait_for(_read(request, max_bytes), limits.body_timeout_s)
+                body = await asyncio.wait_for(read_body(request, max_bytes), limits.body_timeout_s)
             except asyncio.TimeoutError:
                 return *error(
                     408, f"the request body did not arrive within {limits.body_timeout_s} s", "timeout"
@@ -132,7 +132,7 @@ class _App:
             endpoint.in_flight -= 1
 
 
-async def _read(request: Request, max_bytes: int) -> bytes | None:
+async def read_body(request: Request, max_bytes: int) -> bytes | None:
     """The whole body, or None once it passes ``max_bytes`` (what arrived is dropped; the rest is never read)."""
     chunks, size = [], 0
     async for chunk in request.stream():
