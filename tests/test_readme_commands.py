@@ -189,7 +189,9 @@ def test_help_lists_every_subcommand_in_one_line_each(run, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")  # a terminal's width
     printed = run(command)
     listed = dict(re.findall(r"^    ([\w-]+) +(\S.*)$", printed, flags=re.M))
-    assert list(listed) == ["fit", "validate", "distill", "sft", "reward-model", "export", "components"], printed
+    assert list(listed) == ["fit", "validate", "distill", "sft", "reward-model", "export", "components", "serve"], (
+        printed
+    )
     assert listed == SUBCOMMANDS, printed  # each whole on its line
 
 

@@ -78,7 +78,7 @@ SUBCOMMANDS = {
     "reward-model": "Train a Bradley-Terry reward model on preference pairs",
     "export": "Write a checkpoint as Hugging Face model folders",
     "components": "List every component a config can name",
-    "serve": "Serve the Tinker API: train and sample for the tinker SDK",
+    "serve": "Serve the Tinker API to the tinker SDK",
 }
 """`lightning-rl --help`: each subcommand in one line of an 80-column terminal."""
 DESCRIPTIONS = {

@@ -1,7 +1,7 @@
 """`lightning-rl serve`: the Tinker API on this machine (lightning_rl.service; docs/tinker-api.md).
 
     lightning-rl serve --base_models lightning_rl/assets/tiny-arith --api_keys tml-my-local-key
-    lightning-rl serve --config configs/serve/vllm.yaml            # sampling on a launched vLLM server
+    lightning-rl serve --config serve.yaml                          # the options from a file
     python -m lightning_rl.cli.serve --base_models ... --port 0     # the same command line
 
 Options are `ServeConfig`'s (``lightning-rl serve --help``), from flags or a YAML ``--config``; ``--sampler`` takes a
@@ -11,11 +11,12 @@ rollout the way a run's ``model.rollout`` does (``class_path`` and ``init_args``
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
-from lightning_rl.service import ServeConfig, serve
+from lightning_rl.service import KEYS_VARIABLE, ServeConfig, serve
 
 
 def parser() -> ArgumentParser:
@@ -39,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("lightning_rl.service").setLevel(logging.INFO)
     models = ", ".join(base.path for base in server.service.bases)
-    given = bool(config["api_keys"]) or len(server.keys) > 1
-    key = "the key(s) given" if given else server.keys[0]
+    made = not config["api_keys"] and len(server.keys) == 1 and not os.environ.get(KEYS_VARIABLE)
+    key = server.keys[0] if made else "<a key it was given>"  # keys given are never printed
     print(f"lightning-rl serve: the Tinker API on {server.url} ({models})", flush=True)
     print(f"  export TINKER_BASE_URL={server.url} TINKER_API_KEY={key}", flush=True)
     server.run()

@@ -26,7 +26,15 @@ from starlette.responses import JSONResponse, Response
 
 from components.rollout.endpoint.asgi import HeadDeadlineProtocol, read_body
 from lightning_rl.service.checkpoints import tenant_of
-from lightning_rl.service.errors import BadRequest, NotFound, ServiceError, TooLarge, Unauthorized, UnsupportedMedia
+from lightning_rl.service.errors import (
+    BadRequest,
+    Busy,
+    NotFound,
+    ServiceError,
+    TooLarge,
+    Unauthorized,
+    UnsupportedMedia,
+)
 from lightning_rl.service.service import Service
 
 log = logging.getLogger(__name__)
@@ -115,7 +123,12 @@ class App:
         if route.startswith("sessions/") and route.endswith("/finish"):
             return JSONResponse(self.service.finish_session(tenant, route.split("/")[1], body))
         if route in self.json_routes:
-            return JSONResponse(self.json_routes[route](tenant, body))
+            try:
+                return JSONResponse(self.json_routes[route](tenant, body))
+            except ServiceError as err:
+                if not isinstance(err, Busy):  # a 429 is retried under the same number
+                    self.service.refused(tenant, body.get("model_id"), body.get("seq_id"))
+                raise
         raise NotFound(f"no route POST {path}")
 
     async def _body(self, request: Request) -> bytes:
@@ -163,7 +176,9 @@ def _unzstd(body: bytes, max_bytes: int, max_mb: float) -> bytes:
     try:
         import zstandard
     except ImportError:
-        raise UnsupportedMedia("Content-Encoding zstd needs the zstandard package in the service's environment") from None
+        raise UnsupportedMedia(
+            "Content-Encoding zstd needs the zstandard package in the service's environment"
+        ) from None
     try:
         out = zstandard.ZstdDecompressor().stream_reader(body).read(max_bytes + 1)
     except zstandard.ZstdError as err:

@@ -70,7 +70,9 @@ class Storage:
             )
         model_id, found_kind, name = parts
         if kind is not None and found_kind != kind:
-            raise BadRequest(f"path {path!r} names {KINDS[found_kind]} weights; this call needs {KINDS[kind]} weights", "path")
+            raise BadRequest(
+                f"path {path!r} names {KINDS[found_kind]} weights; this call needs {KINDS[kind]} weights", "path"
+            )
         target = self.folder(tenant, model_id, found_kind, name)
         target = target.with_suffix(".ckpt") if found_kind == "weights" else target
         if not target.exists():
@@ -87,7 +89,7 @@ class Storage:
         checkpoint = {
             "state_dict": state,
             "optimizer_states": [model.optimizer.state_dict()],
-            "hf_export": {"policy": policy_export_info(model.module, spec)},
+            "hf_export": {"policy": _export_info(model, spec)},
             "tinker": {
                 "base_model": model.base.path,
                 "lora": None if model.lora is None else dataclasses.asdict(model.lora),
@@ -139,3 +141,14 @@ class Storage:
             for k, v in load_file(folder / "adapter_model.safetensors").items()
         }  # fmt: skip
         return config["base_model_name_or_path"], spec, tensors
+
+
+def _export_info(model, spec: ModelSpec) -> dict:
+    """What `lightning-rl export` rebuilds the model from. Adapters on an output head tied to the input embeddings
+    (the SDK's ``train_unembed`` on such a base) change the head alone: the exported model unties them, the head
+    merged, the embeddings the base's."""
+    info = policy_export_info(model.module, spec)
+    head = model.module.get_output_embeddings()
+    if model.spec is not None and info["config"].get("tie_word_embeddings") and hasattr(head, "lora_A"):
+        info["config"] = {**info["config"], "tie_word_embeddings": False}
+    return info

@@ -23,7 +23,7 @@ class ServeLimits:
     """Tokens in one forward_backward request, all its sequences together."""
     max_num_samples: int = 256
     """``num_samples`` of one sample request."""
-    max_queued_per_client: int = 256
+    max_queued_per_client: int = 1024
     """Requests waiting in one training client's or sampler's queue (429 past it; the SDK retries)."""
     max_sessions_per_key: int = 64
     """Live sessions of one API key."""
@@ -47,10 +47,10 @@ class ServeConfig:
     """`lightning-rl serve`: the Tinker API on this machine, training LoRA adapters (or full models) of local base
     models and sampling from them."""
 
-    base_models: list[str] = field(default_factory=list)
+    base_models: list[str] | str = field(default_factory=list)
     """Local model folders (``save_pretrained`` output) clients may train and sample; each loaded once at start and
     shared by every client. Clients name one by its absolute path, the path as given here, or its folder's name."""
-    api_keys: list[str] = field(default_factory=list)
+    api_keys: list[str] | str = field(default_factory=list)
     """Keys a client must send (``TINKER_API_KEY``), each starting with ``tml-``. Each key is a tenant: its sessions,
     models, samplers and checkpoints are invisible to the others. Empty: one key is made and printed at start.
     ``LIGHTNING_RL_SERVE_API_KEYS`` (comma-separated) adds keys without putting them on the command line."""
@@ -68,13 +68,26 @@ class ServeConfig:
     """LoRA's alpha: adapters scale their update by alpha / rank (the SDK sets the rank, not alpha)."""
     default_max_tokens: int = 64
     """New tokens a sample request may take when its sampling_params give no max_tokens."""
+    threads: int | None = None
+    """torch's intra-op threads for the service's forward passes (None: torch's default). A small model on a busy
+    machine runs many times faster on 1 (threads that wait on each other for cores cost more than they compute)."""
     micro_batch_tokens: int = 16384
     """Padded tokens per forward pass; a forward_backward of more runs in micro-batches (same gradient)."""
     session_timeout_s: float = 120.0
     """A session whose client sent no heartbeat (every 10 s) for this long ends: its queued requests fail and its
     models, samplers and results are dropped (saved checkpoints stay)."""
+    seq_gap_s: float = 5.0
+    """A training client's requests run in the order the SDK numbers them. A request refused before its number was
+    read (a body too large) leaves a gap: the requests after it run once they have waited this long for it."""
     future_ttl_s: float = 900.0
     """How long a finished request's result waits to be retrieved."""
     long_poll_s: float = 20.0
     """How long ``retrieve_future`` waits for a result before answering "try again" (the SDK waits 45 s)."""
     limits: ServeLimits = field(default_factory=ServeLimits)
+
+    def __post_init__(self):
+        # one folder or key given alone (``--base_models path``) is a list of one
+        if isinstance(self.base_models, str):
+            self.base_models = [self.base_models]
+        if isinstance(self.api_keys, str):
+            self.api_keys = [self.api_keys]

@@ -101,15 +101,25 @@ THRESHOLDS = frozenset({"clip_low_threshold", "clip_high_threshold"})
 LOSSES = {
     loss.name: loss
     for loss in [
-        Loss("cross_entropy", frozenset({"target_tokens"}), frozenset({"weights"}), frozenset(), lambda c: PolicyGradient()),
+        Loss(
+            "cross_entropy",
+            frozenset({"target_tokens"}),
+            frozenset({"weights"}),
+            frozenset(),
+            lambda c: PolicyGradient(),
+        ),
         Loss("importance_sampling", RL_INPUTS, frozenset(), frozenset(), lambda c: ImportanceSampling()),
         Loss("ppo", RL_INPUTS, frozenset(), THRESHOLDS, _ppo),
         Loss("cispo", RL_INPUTS, frozenset(), THRESHOLDS, _cispo),
         Loss("gspo", RL_INPUTS, frozenset({"sequence_ratio_mask"}), THRESHOLDS, _gspo, "sequence_ratio_mask"),
         Loss("dro", RL_INPUTS, frozenset(), frozenset({"beta"}), _dro),
         Loss(
-            "stable_reinforce", RL_INPUTS - {"logprobs"}, frozenset({"logprobs"}), THRESHOLDS | {"kl_coeff"},
-            _stable_reinforce, needs_sampled_positions=True,
+            "stable_reinforce",
+            RL_INPUTS - {"logprobs"},
+            frozenset({"logprobs"}),
+            THRESHOLDS | {"kl_coeff"},
+            _stable_reinforce,
+            needs_sampled_positions=True,
         ),  # fmt: skip
     ]
 }
@@ -132,7 +142,8 @@ def loss_named(name: str, config: dict) -> tuple[Loss, Surrogate]:
     if unknown:
         accepted = ", ".join(sorted(loss.config)) or "none"
         raise BadRequest(
-            f"loss_fn_config.{unknown[0]}: {name} reads no such key (it reads: {accepted})", f"loss_fn_config.{unknown[0]}"
+            f"loss_fn_config.{unknown[0]}: {name} reads no such key (it reads: {accepted})",
+            f"loss_fn_config.{unknown[0]}",
         )
     if any(isinstance(value, str) for value in config.values()):
         key = next(k for k, v in config.items() if isinstance(v, str))
@@ -140,7 +151,9 @@ def loss_named(name: str, config: dict) -> tuple[Loss, Surrogate]:
     return loss, loss.surrogate(config)
 
 
-def loss_batch(loss: Loss, targets: Tensor, valid: Tensor, inputs: dict[str, Tensor], sampled: Tensor | None) -> RolloutBatch:
+def loss_batch(
+    loss: Loss, targets: Tensor, valid: Tensor, inputs: dict[str, Tensor], sampled: Tensor | None
+) -> RolloutBatch:
     """The batch a surrogate reads, from datums padded to (B, N): ``targets`` long, ``valid`` 1 on real positions,
     ``inputs`` name -> (B, N) float, ``sampled`` (B, N) 1 on the positions provenance names sampled (or None)."""
     if loss.name == "cross_entropy":

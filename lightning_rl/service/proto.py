@@ -158,7 +158,9 @@ def _build() -> dict[str, type]:
     file.message_type.extend(_message(name, fields) for name, fields in _MESSAGES.items())
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in _MESSAGES}
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in _MESSAGES
+    }
 
 
 MESSAGES = _build()

@@ -80,11 +80,14 @@ class Fields:
             kind = chunk.text("type", "encoded_text")
             if kind != "encoded_text":
                 raise BadRequest(
-                    f"{chunk.where} is an {kind} chunk; this service takes token chunks (encoded_text) only", chunk.where
+                    f"{chunk.where} is an {kind} chunk; this service takes token chunks (encoded_text) only",
+                    chunk.where,
                 )
             values = chunk.raw("tokens")
             if not isinstance(values, list) or len(ids) + len(values) > max_tokens:
-                raise BadRequest(f"{chunk.name('tokens')} must be a list; at most {max_tokens} tokens in all", chunk.where)
+                raise BadRequest(
+                    f"{chunk.name('tokens')} must be a list; at most {max_tokens} tokens in all", chunk.where
+                )
             for token in values:
                 if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
                     raise BadRequest(

@@ -158,18 +158,20 @@ class SamplingAPI:
         sequence_ids = [f"{entry.id}:{tag}:{i}" for i in range(num_samples)]
         job = SampleJob(prompt, num_samples, params, seed, with_prompt, last_n, sequence_ids)
         snapshot = entry.snapshot
-
-        def run(jobs):
-            answers = service.sampler.run(snapshot, jobs)
-            for job, answer in zip(jobs, answers):
-                if record:
-                    self._record(tenant, job.sequence_ids, answer.sequences)
-            return answers
-
         entry.used = time.monotonic()
         batch_key = None if seed is not None else (snapshot.id, snapshot.version, params, record)
-        request_id = service.queue(entry.id, tenant, session_id, "Sample", job, run, seq_id, batch_key)
+        payload = (snapshot, job, tenant if record else None)
+        request_id = service.queue(entry.id, tenant, session_id, "Sample", payload, self.run, seq_id, batch_key)
         return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
+
+    def run(self, payloads: list[tuple]) -> list:
+        """A batch of sample requests of one snapshot and one `SamplingParams` (the scheduler grouped them)."""
+        snapshot, jobs = payloads[0][0], [job for _, job, _ in payloads]
+        answers = self.service.sampler.run(snapshot, jobs)
+        for (_, job, recording_for), answer in zip(payloads, answers):
+            if recording_for is not None:
+                self._record(recording_for, job.sequence_ids, answer.sequences)
+        return answers
 
     @staticmethod
     def _stop_ids(stop, base) -> tuple[int, ...]:
@@ -179,7 +181,10 @@ class SamplingAPI:
         if isinstance(stop, (str, int)):
             stop = [stop]
         if not isinstance(stop, list):
-            raise BadRequest("sampling_params.stop must be a string, a list of strings or a list of token ids", "sampling_params.stop")
+            raise BadRequest(
+                "sampling_params.stop must be a string, a list of strings or a list of token ids",
+                "sampling_params.stop",
+            )
         if not stop:
             raise BadRequest(
                 "sampling_params.stop=[] (no stop at all, not even EOS) is not offered: every response ends at EOS",
@@ -199,7 +204,9 @@ class SamplingAPI:
                 )
             ids.append(encoded[0])
         if any(not 0 <= i < base.vocab_size for i in ids):
-            raise BadRequest(f"sampling_params.stop holds ids outside 0 .. {base.vocab_size - 1}", "sampling_params.stop")
+            raise BadRequest(
+                f"sampling_params.stop holds ids outside 0 .. {base.vocab_size - 1}", "sampling_params.stop"
+            )
         return tuple(ids)
 
     def _record(self, tenant: str, sequence_ids: list[str], sequences) -> None:
@@ -208,4 +215,3 @@ class SamplingAPI:
             records[sequence_id] = (sequence.tokens, sequence.logprobs)
         while len(records) > MAX_RECORDED:
             records.popitem(last=False)
-

@@ -3,13 +3,16 @@ and one per sampler, all served by one worker thread that takes the clients in t
 another's whole backlog. A sampler's queued requests with the same settings run together (one ``generate`` call).
 
 A client that dies leaves at most a gap in its own queue: the worker only ever takes requests that are ready, so the
-other clients go on; the dead client's session times out and its queue is dropped.
+other clients go on; the dead client's session times out and its queue is dropped. A gap in a live client's numbers (a
+request the service refused, which the SDK numbered all the same) is closed: at once when the refusal knew the number
+(`Scheduler.skip`), else once the later requests have waited ``gap_s`` for it (a body refused unread: too large).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -47,17 +50,34 @@ class ClientQueue:
     fifo: list[Job] = field(default_factory=list)  # unordered
     seen: "OrderedDict[int, str]" = field(default_factory=OrderedDict)  # seq_id -> request id, for resent requests
     running: int = 0
+    skipped: set[int] = field(default_factory=set)  # seq_ids refused: never coming
+    gap_since: float | None = None  # when the next seq_id was first missing while later ones waited
 
     @property
     def depth(self) -> int:
         """Requests accepted and not finished (waiting, and the one running)."""
         return len(self.waiting) + len(self.fifo) + self.running
 
-    def ready(self, max_batch: int) -> list[Job]:
+    def ready(self, max_batch: int, now: float = 0.0, gap_s: float = float("inf")) -> list[Job]:
         if self.ordered:
+            while self.next_seq in self.skipped:
+                self.skipped.discard(self.next_seq)
+                self.next_seq += 1
             job = self.waiting.pop(self.next_seq, None)
             if job is None:
-                return []
+                if not self.waiting:
+                    self.gap_since = None
+                    return []
+                self.gap_since = now if self.gap_since is None else self.gap_since
+                if now - self.gap_since < gap_s:
+                    return []
+                log.warning(
+                    "%s: seq_id %d never came (a request refused before its number was read); going on with %d",
+                    self.key, self.next_seq, min(self.waiting),
+                )  # fmt: skip
+                self.next_seq = min(self.waiting)
+                job = self.waiting.pop(self.next_seq)
+            self.gap_since = None
             self.next_seq += 1
             return [job]
         if not self.fifo:
@@ -67,7 +87,7 @@ class ClientQueue:
         if first.batch_key is not None:
             rest = []
             for job in self.fifo:
-                if len(batch) < max_batch and job.batch_key == first.batch_key and job.runner is first.runner:
+                if len(batch) < max_batch and job.batch_key == first.batch_key and job.runner == first.runner:
                     batch.append(job)
                 else:
                     rest.append(job)
@@ -78,8 +98,8 @@ class ClientQueue:
 class Scheduler:
     """The worker thread and every client's queue."""
 
-    def __init__(self, max_queued: int, max_batch: int = 512):
-        self.max_queued, self.max_batch = max_queued, max_batch
+    def __init__(self, max_queued: int, max_batch: int = 512, gap_s: float = 5.0):
+        self.max_queued, self.max_batch, self.gap_s = max_queued, max_batch, gap_s
         self._cond = threading.Condition()
         self._queues: OrderedDict[str, ClientQueue] = OrderedDict()
         self._stopped = False
@@ -121,6 +141,16 @@ class Scheduler:
             self._cond.notify()
             return job.future.request_id
 
+    def skip(self, key: str, seq_id: int | None) -> None:
+        """``seq_id`` of ``key`` was refused: it will not come, and the requests after it need not wait for it."""
+        with self._cond:
+            queue = self._queues.get(key)
+            if queue is None or not queue.ordered or seq_id is None or seq_id < queue.next_seq:
+                return
+            if seq_id not in queue.waiting and seq_id not in queue.seen:
+                queue.skipped.add(seq_id)
+                self._cond.notify()
+
     def next_free(self, key: str) -> int:
         """The seq_id after every one queued: for a call that comes without one (a client other than the SDK)."""
         with self._cond:
@@ -157,9 +187,10 @@ class Scheduler:
         self._thread.join(timeout=30)
 
     def _next(self) -> tuple[ClientQueue, list[Job]] | None:
+        now = time.monotonic()
         for key in list(self._queues):  # round robin: a queue that ran goes to the back
             queue = self._queues[key]
-            jobs = queue.ready(self.max_batch)
+            jobs = queue.ready(self.max_batch, now, self.gap_s)
             if jobs:
                 self._queues.move_to_end(key)
                 queue.running += len(jobs)
@@ -171,7 +202,8 @@ class Scheduler:
             with self._cond:
                 picked = self._next()
                 while picked is None and not self._stopped:
-                    self._cond.wait()
+                    gapped = any(q.gap_since is not None for q in self._queues.values())
+                    self._cond.wait(timeout=min(0.5, self.gap_s) if gapped else None)  # a gap closes with time
                     picked = self._next()
                 if picked is None:
                     return

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 
+import torch
+
 from lightning_rl.service.checkpoints import Storage
 from lightning_rl.service.config import ServeConfig
 from lightning_rl.service.errors import BadRequest, NotFound
@@ -53,11 +55,13 @@ class Service:
                 f"not {len(config.base_models)}"
             )
         self.config, self.limits = config, config.limits
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         self.bases = [BaseModel(path) for path in config.base_models]
         self.storage = Storage(config.checkpoint_dir)
         self.sessions = Sessions(config.session_timeout_s, config.limits.max_sessions_per_key)
         self.futures = FutureStore(config.future_ttl_s)
-        self.scheduler = Scheduler(config.limits.max_queued_per_client)
+        self.scheduler = Scheduler(config.limits.max_queued_per_client, gap_s=config.seq_gap_s)
         self.sampler = Sampler(config.sampler, self.bases)
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, SamplerEntry] = {}
@@ -98,6 +102,14 @@ class Service:
         """Queue a job on ``key``'s queue; returns the request id the client polls."""
         future = self.futures.create(tenant, session_id, kind)
         return self.scheduler.submit(key, Job(future, job_payload, runner, seq_id, batch_key))
+
+    def refused(self, tenant: str, model_id, seq_id) -> None:
+        """A numbered request of ``tenant``'s training client ``model_id`` was refused: its number will not come, and
+        the client's later requests do not wait for it."""
+        with self.lock:
+            model = self.models.get(model_id) if isinstance(model_id, str) else None
+        if model is not None and model.tenant == tenant and isinstance(seq_id, int):
+            self.scheduler.skip(model_id, seq_id)
 
     def admin_queue(self, tenant: str, session_id: str) -> str:
         """A session's queue of model creations (unordered, beside its models' own queues)."""

@@ -81,7 +81,9 @@ class BaseModel:
         for kind in ("train_attn", "train_mlp", "train_unembed"):
             if getattr(lora, kind):
                 if not found[kind]:
-                    raise BadRequest(f"lora_config.{kind}: {self.arch} has no such linear layers", f"lora_config.{kind}")
+                    raise BadRequest(
+                        f"lora_config.{kind}: {self.arch} has no such linear layers", f"lora_config.{kind}"
+                    )
                 targets += found[kind]
         if not targets:
             raise BadRequest(
@@ -106,7 +108,13 @@ class TrainingModel:
     """One training client: its model, its accumulated gradients, its optimizer."""
 
     def __init__(
-        self, model_id: str, tenant: str, session_id: str, base: BaseModel, lora: LoraRequest | None, spec: LoraSpec | None
+        self,
+        model_id: str,
+        tenant: str,
+        session_id: str,
+        base: BaseModel,
+        lora: LoraRequest | None,
+        spec: LoraSpec | None,
     ):
         """``lora``: the SDK's LoRA config (None: full-parameter); ``spec``: the adapters it gives (`BaseModel.lora_spec`)."""
         self.model_id, self.tenant, self.session_id, self.base, self.lora = model_id, tenant, session_id, base, lora
@@ -180,7 +188,9 @@ class TrainingModel:
         with torch.no_grad():
             for name, p in self.parameters.items():
                 if p.shape != state[name].shape:
-                    raise BadRequest(f"{where}: {name} is {tuple(state[name].shape)}, the model's {tuple(p.shape)}", "path")
+                    raise BadRequest(
+                        f"{where}: {name} is {tuple(state[name].shape)}, the model's {tuple(p.shape)}", "path"
+                    )
                 p.copy_(state[name])
 
 

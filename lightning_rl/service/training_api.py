@@ -16,7 +16,7 @@ from lightning_rl.service.codec import (
     encode_forward_backward_output,
     forward_backward_output_json,
 )
-from lightning_rl.service.errors import BadRequest
+from lightning_rl.service.errors import BadRequest, Busy, ServiceError
 from lightning_rl.service.futures import JSONAnswer
 from lightning_rl.service.losses import loss_named
 from lightning_rl.service.requests import Fields
@@ -62,7 +62,9 @@ class TrainingAPI:
             )
             base.lora_targets(lora)  # a kind asked for and absent: refused now, not in the future
         model_id = f"{session.id}:train:{seq}"
-        return self._create(tenant, session, model_id, "CreateModel", lambda: self._build(tenant, session, model_id, base, lora))
+        return self._create(
+            tenant, session, model_id, "CreateModel", lambda: self._build(tenant, session, model_id, base, lora)
+        )
 
     def _create(self, tenant: str, session, model_id: str, kind: str, build) -> dict:
         service = self.service
@@ -127,6 +129,14 @@ class TrainingAPI:
     # ------------------------------------------------------------------------------------------------ training
     def forward_backward(self, tenant: str, body: bytes) -> dict:
         request = decode_forward_backward(body)
+        try:
+            return self._forward_backward(tenant, request)
+        except ServiceError as err:
+            if not isinstance(err, Busy):  # a 429 is retried under the same number
+                self.service.refused(tenant, request.model_id, request.seq_id)
+            raise
+
+    def _forward_backward(self, tenant: str, request) -> dict:
         service, limits = self.service, self.service.limits
         model = service.model(tenant, request.model_id)
         loss, surrogate = loss_named(request.loss_fn, request.config)
@@ -154,9 +164,13 @@ class TrainingAPI:
         """Check one datum against the loss and the model; returns its sampled positions (stable_reinforce)."""
         n, base = datum.tokens.numel(), model.base
         if n > base.context:
-            raise BadRequest(f"{where}.model_input has {n} tokens; {base.path} takes {base.context}", f"{where}.model_input")
+            raise BadRequest(
+                f"{where}.model_input has {n} tokens; {base.path} takes {base.context}", f"{where}.model_input"
+            )
         if int(datum.tokens.max()) >= base.vocab_size or int(datum.tokens.min()) < 0:
-            raise BadRequest(f"{where}.model_input holds token ids outside 0 .. {base.vocab_size - 1}", f"{where}.model_input")
+            raise BadRequest(
+                f"{where}.model_input holds token ids outside 0 .. {base.vocab_size - 1}", f"{where}.model_input"
+            )
         inputs = datum.inputs
         for name in PER_TOKEN_THRESHOLDS:
             if name in inputs:
@@ -167,7 +181,10 @@ class TrainingAPI:
                 )
         missing = sorted(loss.required - set(inputs))
         if missing:
-            raise BadRequest(f"{where}.loss_fn_inputs.{missing[0]} is required by {loss.name}", f"{where}.loss_fn_inputs.{missing[0]}")
+            raise BadRequest(
+                f"{where}.loss_fn_inputs.{missing[0]} is required by {loss.name}",
+                f"{where}.loss_fn_inputs.{missing[0]}",
+            )
         unknown = sorted(set(inputs) - loss.required - loss.optional)
         if unknown:
             accepted = ", ".join(sorted(loss.required | loss.optional))
@@ -178,7 +195,9 @@ class TrainingAPI:
         for name, value in inputs.items():
             field = f"{where}.loss_fn_inputs.{name}"
             if value.dim() != 1 or value.numel() != n:
-                raise BadRequest(f"{field} has shape {list(value.shape)}; it must be [{n}], one value per input token", field)
+                raise BadRequest(
+                    f"{field} has shape {list(value.shape)}; it must be [{n}], one value per input token", field
+                )
             if name == "target_tokens":
                 if value.is_floating_point() or int(value.min()) < 0 or int(value.max()) >= base.vocab_size:
                     raise BadRequest(f"{field} must hold token ids 0 .. {base.vocab_size - 1}", field)
@@ -213,9 +232,11 @@ class TrainingAPI:
                 if record is not None:
                     tokens, recorded = record
                     stop = span.offset + span.length
-                    if stop > len(tokens) or datum.inputs["target_tokens"][start : start + span.length].tolist() != tokens[
-                        span.offset : stop
-                    ]:
+                    if (
+                        stop > len(tokens)
+                        or datum.inputs["target_tokens"][start : start + span.length].tolist()
+                        != tokens[span.offset : stop]
+                    ):
                         raise BadRequest(
                             f"{field}: targets {start} .. {start + span.length - 1} are not tokens {span.offset} .. "
                             f"{stop - 1} of sequence {span.sequence_id} as it was sampled",
@@ -246,7 +267,8 @@ class TrainingAPI:
             other = fields.object("optimizer_params", None)
             kind = other.text("type", "unknown") if other is not None else "none"
             raise BadRequest(
-                f"optimizer_params.type {kind!r}: this service steps with Adam (AdamParams) only", "optimizer_params.type"
+                f"optimizer_params.type {kind!r}: this service steps with Adam (AdamParams) only",
+                "optimizer_params.type",
             )
         adam = fields.object("adam_params" if "adam_params" in body else "optim_params")
         step = dict(
@@ -274,7 +296,9 @@ class TrainingAPI:
 
         def save(_):
             if target.exists() and not overwrite:
-                raise BadRequest(f"path {name!r} exists for {model.model_id}: pass overwrite=True or another name", "path")
+                raise BadRequest(
+                    f"path {name!r} exists for {model.model_id}: pass overwrite=True or another name", "path"
+                )
             path = storage.save_training(tenant, model, name)
             return [JSONAnswer({"type": "save_weights", "path": path})]
 
