@@ -89,3 +89,16 @@ class TokenSumNorm(Aggregator):
 
     def denominator(self, mask: Tensor) -> Tensor:
         return _sequence_count(mask)
+
+
+class TokenSum(Aggregator):
+    """sum_i sum_t l_it: no normaliser, every token weighs 1 whatever the batch holds (the Tinker API's losses,
+    ``loss = (per-token loss).sum()``; the learning rate then acts per token trained on). Exact over micro-batches;
+    under data parallelism the ranks' gradients are averaged, so the update is the sum over the ranks' tokens divided
+    by their number (a constant factor of the learning rate)."""
+
+    def weights(self, mask: Tensor) -> Tensor:
+        return mask
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return mask.new_ones(())  # the whole batch's normaliser is 1, however it is split into micro-batches

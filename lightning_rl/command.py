@@ -1,6 +1,7 @@
 """`lightning-rl`: one command, a subcommand per job. fit, validate, replay and --dry_run are the CLI's (lightning_rl.cli);
-distill is fit on configs/distill.yaml; sft and reward-model are the recipes' programs; export, components and rollouts
-are the CLI's own. Above the CLI and the recipes: neither imports it."""
+distill is fit on configs/distill.yaml; sft and reward-model are the recipes' programs; export, components, rollouts
+and serve (the Tinker API service, lightning_rl.service) are the CLI's own. Above the CLI and the recipes: neither
+imports it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def _lightning_rl() -> None:
         from lightning_rl.cli.export import main as export
 
         export(rest)
+    elif command == ["serve"]:  # the Tinker API for the official SDK's training and sampling calls
+        from lightning_rl.cli.serve import main as serve
+
+        serve(rest)
     elif command == ["components"]:  # every component a config can name, with its formula's first line
         from lightning_rl.cli.catalog import main as components
 

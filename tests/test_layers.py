@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "run",  # a run in Python: the set-up every run gets, the Trainer, the console, the package's own names
         ["lightning_rl.console", "lightning_rl.run_setup", "lightning_rl.trainer", "lightning_rl"],
     ),
+    # the Tinker API service (`lightning-rl serve`): beside the loop, on the same core, components and state
+    ("service", ["lightning_rl.service"]),
     ("cli", ["lightning_rl.cli"]),  # lightning-rl; the library never imports it
     ("recipes", ["lightning_rl.recipes"]),  # programs with a command line of their own (sft, reward model)
     # `lightning-rl` (and `python -m lightning_rl.cli`): a subcommand per job, over the CLI and the recipes

@@ -200,6 +200,7 @@ def test_help_lists_every_subcommand_in_one_line_each(run, monkeypatch):
         "components",
         "replay",
         "rollouts",
+        "serve",
     ], printed
     assert listed == SUBCOMMANDS, printed  # each whole on its line
 

@@ -11,6 +11,7 @@
     lightning-rl export runs/grpo/latest/checkpoints/last.ckpt runs/grpo/hf   # Hugging Face folders (lightning_rl.export)
     lightning-rl fit --config configs/ppo_rlhf.yaml --dry_run   # the components, batch arithmetic, models, folders
     lightning-rl components                            # every component, with the first line of its formula
+    lightning-rl serve --base_models lightning_rl/assets/tiny-arith   # the Tinker API (lightning_rl.service)
 
 Configs stack left to right (later files and command-line flags override earlier ones; lists
 are replaced, not merged). Interpolation resolves across stacked files and overrides when it is
@@ -82,6 +83,7 @@ SUBCOMMANDS = {
     "components": "List every component a config can name",
     "replay": "Train from a run's recorded rollouts, with no engine",
     "rollouts": "Show a rollout record: lightning-rl rollouts show DIR",
+    "serve": "Serve the Tinker API to the tinker SDK",
 }
 """`lightning-rl --help`: each subcommand in one line of an 80-column terminal."""
 DESCRIPTIONS = {
@@ -95,6 +97,8 @@ DESCRIPTIONS = {
     "components": "Every component a config can name, by kind, with the first line of its formula",
     "rollouts": "lightning-rl rollouts show DIR [--iteration N]: a record's iterations, or one iteration's samples "
     "(see lightning-rl rollouts --help)",
+    "serve": "lightning-rl serve --base_models FOLDER [--api_keys tml-...] [--port N] [--sampler ...]: the Tinker API "
+    "for the official tinker SDK (see lightning-rl serve --help)",
 }
 DRY_RUN_HELP = "Compose the run and print its components, batch arithmetic, models and folders; train nothing"
 RECORD_HELP = (

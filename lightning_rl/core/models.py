@@ -200,3 +200,20 @@ def load_causal_lm(spec: ModelSpec, what: str = "model.policy"):
     if spec.lora is not None:  # after disable_dropout: the adapters' own dropout is the spec's choice
         apply_lora(model, spec.lora, what, exclude=frozen)
     return model
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A second module of ``model``'s class whose parameters and buffers are ``model``'s own tensors (no copy): what
+    several LoRA models on one frozen base hold, each injecting adapters of its own into its copy's layers. Exact as
+    long as nobody writes the shared tensors (frozen base weights). Tied weights stay tied (the state dict names the one
+    tensor twice)."""
+    with torch.device("meta"):
+        copy = type(model)(model.config)
+    copy.load_state_dict(model.state_dict(keep_vars=True), strict=True, assign=True)
+    for name, buffer in model.named_buffers():  # non-persistent buffers (rotary frequencies) are not in the state dict
+        owner, _, leaf = name.rpartition(".")
+        module = copy.get_submodule(owner)
+        module.register_buffer(leaf, buffer, persistent=leaf not in module._non_persistent_buffers_set)
+    copy.generation_config = model.generation_config
+    copy.requires_grad_(False)
+    return copy.train(model.training)

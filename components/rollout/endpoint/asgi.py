@@ -28,30 +28,14 @@ RETRY = {"retry-after": "1"}
 log = logging.getLogger(__name__)
 
 
-class _Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a slot per connection (admission.Slots), each request handed to the app with its
-    connection, and a deadline on each request head: uvicorn's keep-alive timer starts only after an answer, so a
-    connection that never sends a request, or sends its head a byte at a time, would be held forever."""
-
-    def __init__(self, *args, app: _App, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.app = functools.partial(app, connection=self)
-        self.slots = app.slots
-        self.has_slot = True
+class HeadDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request head: uvicorn's keep-alive timer starts only after an
+    answer, so a connection that never sends a request, or sends its head a byte at a time, would be held forever
+    (the agents' endpoint and the Tinker API service, lightning_rl.service, both serve with it)."""
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self.has_slot = self.slots.opened(self)
         self._await_head(None)
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.cycle is not None:  # a request head arrived: the connection keeps its slot
-            self.slots.stop_waiting(self)
-
-    def connection_lost(self, exc) -> None:
-        self.slots.stop_waiting(self)
-        super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         finished = self.cycle  # read before uvicorn starts a pipelined request's cycle
@@ -64,6 +48,31 @@ class _Protocol(H11Protocol):
     def _no_head_yet(self, cycle) -> None:
         if self.cycle is cycle and not self.transport.is_closing():
             self.transport.close()
+
+
+class _Protocol(HeadDeadlineProtocol):
+    """The head deadline with a slot per connection (admission.Slots) and each request handed to the app with its
+    connection."""
+
+    def __init__(self, *args, app: _App, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.app = functools.partial(app, connection=self)
+        self.slots = app.slots
+        self.has_slot = True
+
+    def connection_made(self, transport) -> None:
+        H11Protocol.connection_made(self, transport)  # the slot is taken once the transport is known, then the deadline
+        self.has_slot = self.slots.opened(self)
+        self._await_head(None)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None:  # a request head arrived: the connection keeps its slot
+            self.slots.stop_waiting(self)
+
+    def connection_lost(self, exc) -> None:
+        self.slots.stop_waiting(self)
+        super().connection_lost(exc)
 
 
 def serve(endpoint, sock: socket.socket) -> uvicorn.Server:
@@ -164,7 +173,7 @@ class _App:
             await self.bytes.take(share)
             try:
                 try:
-                    body = await asyncio.wait_for(_read(request, max_bytes), limits.body_timeout_s)
+                    body = await asyncio.wait_for(read_body(request, max_bytes), limits.body_timeout_s)
                 except asyncio.TimeoutError:
                     return *error(
                         408, f"the request body did not arrive within {limits.body_timeout_s} s", "timeout"
@@ -187,7 +196,7 @@ class _App:
             endpoint.in_flight -= 1
 
 
-async def _read(request: Request, max_bytes: int) -> bytes | None:
+async def read_body(request: Request, max_bytes: int) -> bytes | None:
     """The whole body, or None once it passes ``max_bytes`` (what arrived is dropped; the rest is never read)."""
     chunks, size = [], 0
     async for chunk in request.stream():
