@@ -768,7 +768,7 @@ def test_trainer_killed(tmp_path):
     import subprocess
     import sys
 
-    from tests.components.test_server_watchdog import gone_within, group_alive
+    from tests.support.processes import gone_within, group_alive
 
     trainer = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from tests.test_fault_matrix import _stand_in_connection; "

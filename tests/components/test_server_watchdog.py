@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.sglang_server import fake_sglang_package
 from tests.helpers import pythonpath
+from tests.support.processes import gone_within, group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,22 +31,6 @@ if how == "exception":
     raise RuntimeError("a component failed")
 time.sleep(600)
 """
-
-
-def group_alive(group: int) -> list[int]:
-    """The pids of the live (not zombie) processes of process group ``group``."""
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == group and fields[0] != "Z":
-            alive.append(int(entry.name))
-    return alive
 
 
 def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: str, start_s: float) -> int:
@@ -75,16 +59,6 @@ def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: s
             trainer.kill()
             trainer.wait()
     return group
-
-
-def gone_within(group: int, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while group_alive(group) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = group_alive(group)
-    for pid in left:  # never leave one behind for the next test
-        os.kill(pid, signal.SIGKILL)
-    return left
 
 
 @pytest.mark.slow  # a trainer process and its server each: ~30 s (the fast row: test_fault_matrix.py::test_trainer_killed)
