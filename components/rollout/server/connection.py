@@ -4,10 +4,12 @@ client and a request pool, reconnected after ``close``; ``close`` ends what was 
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import torch.distributed as dist
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .engine import ScoringEngine
 from .http import HTTPClient
@@ -58,13 +60,23 @@ class Connection:
                     self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
                 )
             command = self.engine_type.command(launch, s.launch_python)
-            self.server = LaunchedServer(command, self.engine_type.client_type, owner=self.key.split(".")[1])
+            owner = self.key.split(".")[1]
+            self.server = LaunchedServer(command, self.engine_type.client_type, owner=owner)
+            engine, started = self.engine_type.client_type.error.engine, time.monotonic()
+            served = launch[self.engine_type.model_key]
+            if served == os.path.abspath(self.default_model or ""):
+                served = self.default_model  # as the config names it
+            rank_zero_info(
+                f"starting {engine} on the {'policy' if owner == 'rollout' else owner} ({served}) at {self.server.url} "
+                f"for model.{owner}; its log: {self.server.log_path}"
+            )
             try:
                 self.server.wait_ready(s.launch_timeout_s)
             except BaseException:
                 self.server.close()
                 self.server = None
                 raise
+            rank_zero_info(f"{engine} ready in {time.monotonic() - started:.0f} s")
         if s.launch is not None:
             self.urls = [share(self.server.url if self.server is not None else None)]
         self.client = self.engine_type.client_type(
