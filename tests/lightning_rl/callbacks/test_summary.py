@@ -46,7 +46,16 @@ def test_the_held_out_curve_is_a_small_picture_with_a_line_per_set():
 def test_fit_prints_its_run_folder_first_and_its_summary_last_and_tensorboard_has_the_distributions(
     tmp_path, tiny_model_path
 ):
-    args = cli_args(tmp_path, tiny_model_path, 3, "--model.rollout.init_args.group_size=4")
+    # a reward the random policy earns unevenly (updates that run), the sampler's log-probs (the log-prob gaps'
+    # histogram) and two epochs (each token is in it once)
+    extra = (
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
+        "--model.rollout.init_args.group_size=4",
+        "--model.rollout.init_args.return_logprobs=true",
+        "--model.loop.ppo_epochs=2",
+    )
+    args = cli_args(tmp_path, tiny_model_path, 3, *extra)
     env = {**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-m", "lightning_rl.cli", "fit", *args],
@@ -78,6 +87,12 @@ def test_fit_prints_its_run_folder_first_and_its_summary_last_and_tensorboard_ha
     assert events.Histograms("histogram/response_length")[0].histogram_value.num == 8
     tokens = events.Histograms("histogram/response_length")[0].histogram_value.sum
     assert events.Histograms("histogram/advantage")[0].histogram_value.num == tokens
+    # |trainer - sampler| log-prob of each token the update saw, once whatever the epochs
+    gaps = events.Histograms("histogram/logprob_diff")
+    assert [h.step for h in gaps] == [0, 1, 2]
+    for gap, advantage in zip(gaps, events.Histograms("histogram/advantage")):
+        assert gap.histogram_value.num == advantage.histogram_value.num
+        assert 0 <= gap.histogram_value.min <= gap.histogram_value.max < 1e-3
     (curve,) = events.Images(CURVE_TAG)
     from PIL import Image
 
