@@ -52,7 +52,9 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not slow and not server"
 
 # the documentation site in site/ (mkdocs.yml is strict: a broken link or anchor, or a page left out, fails it)
+# the documentation's own lint (a table without its header row, an absolute machine path), then the site, strict
 docs: $(STAMP)
+	$(VENV)/bin/python scripts/lint_docs.py
 	$(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)

@@ -82,7 +82,10 @@ def test_run_says_how_to_activate_then_ends_with_the_jobs_summary_and_docs_build
     # the job is one fit, whose summary (tests/lightning_rl/callbacks/test_summary.py) is the last thing it prints
     job = [line for line in (ROOT / "scripts" / "default_job.sh").read_text().splitlines() if line and line[0] != "#"]
     assert job[-1] == 'lightning-rl fit --config "$CONFIG"'
-    assert ".venv/bin/mkdocs build --strict" in plan("docs")
+    docs = plan("docs").strip().splitlines()  # the documentation's lint first, then the site, strict
+    assert docs[-2] == ".venv/bin/python scripts/lint_docs.py" and docs[-1].startswith(
+        ".venv/bin/mkdocs build --strict"
+    )
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert [line.split("#")[0].strip() for line in ci if line.startswith("make ")] == [
         "make -j2 install vllm-env",
