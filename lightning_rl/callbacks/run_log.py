@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from lightning import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_rl.runs import run_folder, shown_path
@@ -40,7 +41,8 @@ class RunLog(Callback):
         self._handler = logging.FileHandler(self.path, encoding="utf-8")
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         logging.getLogger(LOGGER).addHandler(self._handler)
-        write_to_file(self._handler, f"{stage}: {' '.join(sys.argv)}")
+        command = " ".join([shown_path(Path(sys.argv[0])), *sys.argv[1:]])
+        write_to_file(self._handler, f"{TrainerFn(stage).value}: {command}")  # Lightning passes TrainerFn.FITTING
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if self._handler is None:

@@ -98,6 +98,9 @@ def test_fit_prints_its_run_folder_first_and_its_summary_last_and_tensorboard_ha
 
     assert curve.step == 3 and Image.open(io.BytesIO(curve.encoded_image_string)).size == (360, 220)
     trace_file = tmp_path / run / "run.log"
+    # the command first, by the stage's name
+    first = trace_file.read_text().splitlines()[0]
+    assert re.match(r"[\d-]+ [\d:]+ fit: \S+ fit --config \S+grpo.yaml --model.policy.path=", first), first
     assert (
         "run folder: run/version_0" in trace_file.read_text() and "fit done: 3 RL iterations" in trace_file.read_text()
     )
