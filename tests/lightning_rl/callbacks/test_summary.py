@@ -104,3 +104,34 @@ def test_fit_prints_its_run_folder_first_and_its_summary_last_and_tensorboard_ha
     assert (
         "run folder: run/version_0" in trace_file.read_text() and "fit done: 3 RL iterations" in trace_file.read_text()
     )
+
+
+@pytest.mark.slow
+def test_on_a_terminal_the_summary_is_printed_below_the_bars_last_frame(tmp_path, tiny_model_path):
+    """The live bar redraws by moving the cursor up over its own lines: a summary written while it still ran was
+    overwritten by its next frame (the console picture showed the bar twice and no summary)."""
+    import pty
+
+    args = cli_args(tmp_path, tiny_model_path, 2, "--trainer.enable_progress_bar=true", "--data.val_size=4")
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1", "TERM": "xterm-256color", "COLUMNS": "120"}
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lightning_rl.cli", "fit", *args],
+        cwd=tmp_path, env=env, stdin=follower, stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(leader)
+    assert process.wait(timeout=600) == 0, said[-3000:].decode(errors="replace")
+    summary = said.rindex(b"fit done: 2 RL iterations")
+    assert b"RL iterations" in said[:summary]  # the bar was drawn, on the terminal
+    assert re.search(rb"\x1b\[\d*A", said[summary:]) is None  # nothing moves the cursor back over the summary
+    assert b"checkpoint: checkpoints/last.ckpt" in said[summary:]
