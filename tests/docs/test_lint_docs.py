@@ -69,3 +69,8 @@ def test_system_paths_home_relative_and_urls_pass(tmp_path):
         "the sandbox's `/usr/src/app`; `~/tmp/run`; runs/grpo/tmp/x; http://localhost:8000/tmp/x\n"
     )
     assert _lint(tmp_path, text) == []
+
+
+def test_the_repositorys_documentation_passes():
+    problems = [problem for path in lint_docs.documents() for problem in lint_docs.lint(path)]
+    assert problems == []
