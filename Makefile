@@ -33,10 +33,12 @@ $(VLLM_STAMP):
 	touch $@
 
 vllm-env: $(VLLM_STAMP)
+	@if [ -f $(VLLM_VENV)/.unavailable ]; then echo "vLLM's environment $(VLLM_VENV) is not usable here (the real-vLLM tests skip): $$(tail -n 1 $(VLLM_VENV)/.unavailable)"; else echo "vLLM is ready in $(VLLM_VENV) ($(VLLM), $(VLLM_TORCH)): configs/rollout/vllm.yaml launches it"; fi
 
+# the job ends with its summary (held-out score before -> after, iterations, time, checkpoint): said first, how to go on
 run: $(STAMP)
-	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
 	@echo "lightning-rl is installed in $(VENV): after 'source $(VENV)/bin/activate' (once per shell) the commands of README.md and docs/ run as printed"
+	PATH=$(VENV)/bin:$$PATH bash scripts/default_job.sh
 
 # the tests run on WORKERS processes (pytest-xdist; auto: one per core, 0: in this process; the tests sharing a module
 # fixture on one of them: tests/support/tiers.py); `make test-fast` is the inner loop: no end-to-end run, no server
@@ -50,7 +52,9 @@ test-fast: $(STAMP)
 	$(PYTEST) -m "not slow and not server"
 
 # the documentation site in site/ (mkdocs.yml is strict: a broken link or anchor, or a page left out, fails it)
+# the documentation's own lint (a table without its header row, an absolute machine path), then the site, strict
 docs: $(STAMP)
+	$(VENV)/bin/python scripts/lint_docs.py
 	$(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)

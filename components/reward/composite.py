@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, Scores, as_scores
+from .base import Reward, Scores
 
 
 class Composite(nn.Module, Reward):
@@ -67,11 +67,15 @@ class Composite(nn.Module, Reward):
         return self.score(batch).total
 
     def score(self, batch: RolloutBatch) -> Scores:
+        """Each part's own `score` (its checks, and its ``on_failure`` for rows it cannot score), weighted and summed.
+        A fraction two parts both count (``reward/error_frac``) is the larger of the two."""
         total = torch.zeros(batch.batch_size, dtype=torch.float32)
         parts, metrics = {}, {}
         for reward, weight, name in zip(self.rewards, self.weights, self.names):
-            part = as_scores(reward(batch), batch.batch_size, name, batch.columns)  # (B,): an error names the part
+            scored = reward.score(batch)
+            part = scored.total.float().cpu()  # (B,)
             parts[name] = part.detach()
-            metrics.update(reward.last_metrics)
+            for key, value in scored.metrics.items():
+                metrics[key] = torch.maximum(metrics[key], value) if key.endswith("_frac") and key in metrics else value
             total += weight * part
         return Scores(total.to(batch.response_ids.device), parts, metrics)

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, as_scores
+from .base import Reward
 
 
 class MissingEOSPenalty(nn.Module, Reward):
@@ -38,7 +38,7 @@ class MissingEOSPenalty(nn.Module, Reward):
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         batch.require(["truncated"], self.name)
-        scores = as_scores(self.reward(batch), batch.batch_size, self.reward.name, batch.columns).to(
-            batch.response_ids.device
-        )
+        inner = self.reward.score(batch)  # its checks, and its on_failure for rows it cannot score
+        self.last_metrics = inner.metrics
+        scores = inner.total.to(batch.response_ids.device)
         return torch.where(batch.truncated.bool(), torch.full_like(scores, self.penalty), scores)

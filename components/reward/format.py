@@ -9,7 +9,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, column
+from .base import OnFailure, Reward, column
 
 
 class Format(Reward):
@@ -19,14 +19,26 @@ class Format(Reward):
     The pattern is compiled with DOTALL, so ``.`` spans lines.
     """
 
-    def __init__(self, pattern: str, bonus: float = 0.1, miss: float = 0.0, full_match: bool = False):
+    def __init__(
+        self,
+        pattern: str,
+        bonus: float = 0.1,
+        miss: float = 0.0,
+        full_match: bool = False,
+        on_failure: OnFailure = "raise",
+        failure_score: float = 0.0,
+    ):
         """
         Args:
             pattern: regular expression the completion must match.
             bonus: score of a match.
             miss: score otherwise.
             full_match: the whole (stripped) completion must match, not just a part of it.
+            on_failure: a row this reward cannot score (it raises): ``raise`` stops the run naming the row; ``score``
+                gives it ``failure_score``, counted in ``reward/error_frac``.
+            failure_score: the score of such a row with ``on_failure: score``.
         """
+        super().__init__(on_failure, failure_score)
         try:
             self.pattern = re.compile(pattern, re.DOTALL)
         except re.error as err:

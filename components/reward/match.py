@@ -9,14 +9,20 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, column
+from .base import OnFailure, Reward, column
 
 
 class ExactMatch(Reward):
     """1.0 if the (extracted, stripped) completion equals the reference answer, else 0.0."""
 
     def __init__(
-        self, answer_key: str = "answer", extract: str | None = None, correct: float = 1.0, wrong: float = 0.0
+        self,
+        answer_key: str = "answer",
+        extract: str | None = None,
+        correct: float = 1.0,
+        wrong: float = 0.0,
+        on_failure: OnFailure = "raise",
+        failure_score: float = 0.0,
     ):
         """
         Args:
@@ -25,7 +31,11 @@ class ExactMatch(Reward):
                 A completion the regex does not match scores ``wrong``.
             correct: score of a match.
             wrong: score otherwise.
+            on_failure: a row this reward cannot score (it raises): ``raise`` stops the run naming the row; ``score``
+                gives it ``failure_score``, counted in ``reward/error_frac``.
+            failure_score: the score of such a row with ``on_failure: score``.
         """
+        super().__init__(on_failure, failure_score)
         self.answer_key = answer_key
         self.pattern = re.compile(extract) if extract else None
         self.correct, self.wrong = correct, wrong

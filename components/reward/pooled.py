@@ -12,9 +12,11 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.errors import RewardError
 
-from .base import Reward, as_scores, columns
+from .base import OnFailure, Reward, as_scores, columns, failure_line
 from .deadline import DeadlineExceeded, deadline
+from .function import accepted, columns_read, function_name
 
 GRACE_S = 5.0
 """Slack on the whole batch's bound, for calls a worker could not interrupt (stuck in C code)."""
@@ -48,7 +50,7 @@ class PooledReward(Reward):
         fn: Callable[..., Any],
         workers: int = 8,
         timeout_s: float = 60.0,
-        on_failure: Literal["score", "raise"] = "score",
+        on_failure: OnFailure = "score",
         failure_score: float = 0.0,
         kwargs: dict[str, Any] | None = None,
         start_method: Literal["fork", "spawn", "forkserver"] = "fork",
@@ -63,19 +65,21 @@ class PooledReward(Reward):
             kwargs: extra keyword arguments passed on every call.
             start_method: how worker processes start.
         """
+        super().__init__(on_failure, failure_score)
         if workers < 1 or timeout_s <= 0:
             raise ValueError(f"PooledReward: workers ({workers}) must be >= 1 and timeout_s ({timeout_s}) > 0")
-        if on_failure not in ("score", "raise"):
-            raise ValueError(f"PooledReward: on_failure must be score or raise, got {on_failure!r}")
-        self.fn, self.workers, self.timeout_s = fn, workers, timeout_s
-        self.on_failure, self.failure_score, self.kwargs = on_failure, float(failure_score), dict(kwargs or {})
+        self.fn, self.workers, self.timeout_s, self.kwargs = fn, workers, timeout_s, dict(kwargs or {})
         self.start_method = start_method
         self._pool = None
         self.last_metrics: dict[str, Tensor] = {}
 
     @property
     def name(self) -> str:
-        return f"PooledReward({getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))})"
+        return f"PooledReward({function_name(self.fn)})"
+
+    def data_columns(self) -> frozenset[str]:
+        """``fn``'s named parameters without a default, less prompts, completions and ``kwargs``."""
+        return columns_read(self.fn, set(self.kwargs))
 
     def _get_pool(self):
         if self._pool is None:
@@ -89,7 +93,7 @@ class PooledReward(Reward):
             self._pool = None
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        meta = columns(batch, self.name)
+        meta = accepted(self.fn, columns(batch, self.name))
         n = batch.batch_size
         pool = self._get_pool()
         calls = [
@@ -121,11 +125,8 @@ class PooledReward(Reward):
             timeouts, errors = timeouts + (status == "timeout"), errors + (status == "error")
             if self.on_failure == "raise":
                 self.close()
-                what = f"took longer than timeout_s={self.timeout_s} s" if status == "timeout" else f"raised {value}"
-                completion = f" (completion {meta['completions'][i]!r})" if "completions" in meta else ""
-                raise RuntimeError(
-                    f"reward {self.name} {what} at sample {i}{completion}; set on_failure: score to give such samples failure_score instead"
-                )
+                what = f"it took longer than timeout_s={self.timeout_s} s" if status == "timeout" else value
+                raise RewardError(failure_line(self.name, what, i, batch))
             scores.append(self.failure_score)
         if stuck:  # a worker is still busy with a call that ignored its timeout: start afresh next time
             self.close()

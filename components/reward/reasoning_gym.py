@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, column
+from .base import OnFailure, Reward, column
 
 TAGS = ("__tuple__", "__set__", "__frozenset__", "__dict__")
 """How `entry_to_json` writes what JSON has no type for: ``{"__tuple__": [...]}``, ``{"__dict__": [[key, value], ...]}``
@@ -75,7 +75,14 @@ class ReasoningGymScore(Reward):
     and the first error is warned about once.
     """
 
-    def __init__(self, entry_key: str = "reasoning_gym", extract: str | None = None, full_marks_only: bool = False):
+    def __init__(
+        self,
+        entry_key: str = "reasoning_gym",
+        extract: str | None = None,
+        full_marks_only: bool = False,
+        on_failure: OnFailure = "raise",
+        failure_score: float = 0.0,
+    ):
         """
         Args:
             entry_key: the column holding each prompt's task and entry (written by the ``reasoning_gym:`` data source).
@@ -83,7 +90,11 @@ class ReasoningGymScore(Reward):
             full_marks_only: a score below 1 counts 0. Partial credit can be gamed: basic_arithmetic gives
                 len(answer) / len(completion) to a completion holding the answer anywhere, and a small policy learns
                 to write long digit strings (its exact accuracy fell 0.15 -> 0.03 in 50 iterations).
+            on_failure: a row this reward cannot score (it raises): ``raise`` stops the run naming the row; ``score``
+                gives it ``failure_score``, counted in ``reward/error_frac``.
+            failure_score: the score of such a row with ``on_failure: score``.
         """
+        super().__init__(on_failure, failure_score)
         self.entry_key, self.pattern = entry_key, re.compile(extract) if extract else None
         self.full_marks_only = full_marks_only
         self._scorers: dict = {}

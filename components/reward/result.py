@@ -7,19 +7,29 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, column
+from .base import OnFailure, Reward, column
 
 
 class ResultScore(Reward):
     """The number in each row's ``result`` column (an agent's return value): the result itself, or ``result[key]``.
     An episode that failed (its result is None) scores ``failure``."""
 
-    def __init__(self, key: str | None = "reward", failure: float = 0.0):
+    def __init__(
+        self,
+        key: str | None = "reward",
+        failure: float = 0.0,
+        on_failure: OnFailure = "raise",
+        failure_score: float = 0.0,
+    ):
         """
         Args:
             key: the entry of a dict result holding the score (None = the result is the number).
             failure: the score of an episode that raised, hung past its deadline or returned nothing.
+            on_failure: a row this reward cannot score (it raises): ``raise`` stops the run naming the row; ``score``
+                gives it ``failure_score``, counted in ``reward/error_frac``.
+            failure_score: the score of such a row with ``on_failure: score``.
         """
+        super().__init__(on_failure, failure_score)
         self.key, self.failure = key, failure
 
     def __call__(self, batch: RolloutBatch) -> Tensor:

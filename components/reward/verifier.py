@@ -7,7 +7,7 @@ from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
 
-from .base import Reward, column
+from .base import OnFailure, Reward, column
 
 
 class MathVerify(Reward):
@@ -23,7 +23,13 @@ class MathVerify(Reward):
     """
 
     def __init__(
-        self, answer_key: str = "answer", correct: float = 1.0, wrong: float = 0.0, timeout_seconds: int | None = 5
+        self,
+        answer_key: str = "answer",
+        correct: float = 1.0,
+        wrong: float = 0.0,
+        timeout_seconds: int | None = 5,
+        on_failure: OnFailure = "raise",
+        failure_score: float = 0.0,
     ):
         """
         Args:
@@ -31,7 +37,11 @@ class MathVerify(Reward):
             correct: score of an equivalent answer.
             wrong: score otherwise (including a completion with no parsable answer).
             timeout_seconds: limit per parse / comparison (None = no limit, for non-main threads).
+            on_failure: a row this reward cannot score (it raises): ``raise`` stops the run naming the row; ``score``
+                gives it ``failure_score``, counted in ``reward/error_frac``.
+            failure_score: the score of such a row with ``on_failure: score``.
         """
+        super().__init__(on_failure, failure_score)
         self.answer_key, self.correct, self.wrong, self.timeout_seconds = answer_key, correct, wrong, timeout_seconds
 
     def _parse_reference(self, answer) -> list:

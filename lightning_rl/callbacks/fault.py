@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_rl.checkpoint import non_finite_entries
 from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.core.ops import all_reduce_sum
+from lightning_rl.runs import shown_path
 
 
 def last_checkpoint_callbacks(trainer) -> list[ModelCheckpoint]:
@@ -123,8 +124,9 @@ class ResumableCheckpoints(Callback):
                 ) as err:  # e.g. non-finite weights (lightning_rl.loop.health): the original error matters more
                     warnings.warn(f"{what}: last.ckpt not updated ({err})")
                     return
+                shown = shown_path(path)
                 rank_zero_info(
-                    f"{what}: saved the last completed iteration ({trainer.global_step}) to {path}; resume with --ckpt_path {path}"
+                    f"{what}: saved the last completed iteration ({trainer.global_step}) to {shown}; resume with --ckpt_path {shown}"
                 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from datetime import timedelta
 from typing import Callable
 
@@ -24,7 +25,8 @@ SHOWN = {  # metric -> (label, format): the training signal first, then health, 
     "policy/entropy": ("entropy", "{:.3f} nats"),
     "policy/clipfrac": ("clip", "{:.1%}"),
     "response_length/mean": ("length", "{:.1f} tok"),
-    "throughput/samples_per_s": ("speed", "{:,.1f} samples/s"),  # tokens/s is in TensorBoard (throughput/tokens_per_s)
+    # over the last iterations (`MovingRate`); each iteration's own, and tokens/s, are in TensorBoard (throughput/*)
+    "throughput/samples_per_s": ("speed", "{:,.1f} samples/s"),
     "train/loss": ("loss", "{:.3f}"),  # supervised fine-tuning (lightning_rl.recipes.sft)
     "val/accuracy": ("val accuracy", "{:.3f}"),
 }
@@ -60,11 +62,15 @@ class IterationClock:
     def begin_iteration(self) -> None:
         self._iteration_started = self.now()
 
-    def end_iteration(self) -> None:
-        if self._iteration_started is not None:
-            self.seconds += self.now() - self._iteration_started
-            self.iterations += 1
-            self._iteration_started = None
+    def end_iteration(self) -> float | None:
+        """The seconds the iteration took (None when none was begun)."""
+        if self._iteration_started is None:
+            return None
+        took = self.now() - self._iteration_started
+        self.seconds += took
+        self.iterations += 1
+        self._iteration_started = None
+        return took
 
     @property
     def elapsed(self) -> float | None:
@@ -84,6 +90,37 @@ class IterationClock:
         if per is None:
             return "-.-- s/it"
         return f"{per:.2f} s/it" if per >= 1 else f"{1 / max(per, 1e-9):.2f} it/s"
+
+
+class MovingRate:
+    """Samples per second over the last ``window`` iterations: the samples they produced (``total/samples`` before and
+    after each) over the seconds they took. One iteration's own rate jumped between 12 and 2,374 samples/s from one
+    iteration to the next (a validation or a checkpoint inside one, rounds sampled ahead); this one moves slowly."""
+
+    def __init__(self, window: int = 10):
+        self.done: deque[tuple[float, float]] = deque(maxlen=window)  # (samples, seconds) per iteration
+        self._before: float | None = None
+
+    def begin(self, metrics: dict) -> None:
+        self._before = float(metrics["total/samples"]) if "total/samples" in metrics else None
+
+    def end(self, metrics: dict, seconds: float | None) -> None:
+        if seconds is None or seconds <= 0:
+            return
+        if self._before is not None and "total/samples" in metrics:
+            self.done.append((float(metrics["total/samples"]) - self._before, seconds))
+        elif "throughput/samples_per_s" in metrics:  # the first iteration of this process: its own rate
+            self.done.append((float(metrics["throughput/samples_per_s"]) * seconds, seconds))
+
+    @property
+    def samples_per_s(self) -> float | None:
+        seconds = sum(s for _, s in self.done)
+        return sum(n for n, _ in self.done) / seconds if seconds > 0 else None
+
+    def shown(self, metrics: dict) -> dict:
+        """``metrics`` with ``throughput/samples_per_s`` replaced by the moving average (where there is one)."""
+        rate = self.samples_per_s
+        return metrics if rate is None else {**metrics, "throughput/samples_per_s": rate}
 
 
 def _clock_text(seconds: float | None) -> str:
@@ -122,6 +159,7 @@ class RLProgressBar(RichProgressBar):
         super().__init__()
         self.unit = unit
         self.clock = IterationClock()
+        self.speed = MovingRate()
 
     @property
     def total_train_batches(self) -> int | float:
@@ -150,12 +188,18 @@ class RLProgressBar(RichProgressBar):
         super().on_train_start(trainer, pl_module)
         self.clock.start()
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        # the bar's last frame stays; what fit says after training (its summary, `RunSummary`) goes below it, where a
+        # redraw of the live bar would otherwise write over it
+        self._stop_progress()
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self.clock.begin_iteration()
+        self.speed.begin(trainer.callback_metrics)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # not Lightning's count (batch_idx + 1: the prompt batches read so far): the iterations done, resumed ones included
-        self.clock.end_iteration()
+        self.speed.end(trainer.callback_metrics, self.clock.end_iteration())
         if not self.is_disabled and self.train_progress_bar_id is None:
             self._initialize_train_progress_bar_id()
         self._update(self.train_progress_bar_id, trainer.global_step)
@@ -163,7 +207,7 @@ class RLProgressBar(RichProgressBar):
         self.refresh()
 
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
-        return shown_metrics(trainer.callback_metrics)
+        return shown_metrics(self.speed.shown(trainer.callback_metrics))
 
 
 class LineProgress(ProgressBar):
@@ -180,6 +224,7 @@ class LineProgress(ProgressBar):
         super().__init__()
         self.unit, self.lines = unit, lines
         self.clock = IterationClock()
+        self.speed = MovingRate()
         self._enabled = True
 
     def disable(self) -> None:
@@ -204,11 +249,17 @@ class LineProgress(ProgressBar):
     def on_train_start(self, trainer, pl_module) -> None:
         self.clock.start()
 
+    def on_train_end(self, trainer, pl_module) -> None:
+        # the bar's last frame stays; what fit says after training (its summary, `RunSummary`) goes below it, where a
+        # redraw of the live bar would otherwise write over it
+        self._stop_progress()
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self.clock.begin_iteration()
+        self.speed.begin(trainer.callback_metrics)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self.clock.end_iteration()
+        self.speed.end(trainer.callback_metrics, self.clock.end_iteration())
         step, total = trainer.global_step, self.total_train_batches
         every = max(1, math.ceil(total / self.lines)) if math.isfinite(total) else 1
         if self.is_enabled and (step % every == 0 or step >= total):
@@ -229,7 +280,7 @@ class LineProgress(ProgressBar):
             self._say(head, shown_metrics(trainer.callback_metrics, "val/"))
 
     def get_metrics(self, trainer, pl_module) -> dict[str, str]:
-        return shown_metrics(trainer.callback_metrics)
+        return shown_metrics(self.speed.shown(trainer.callback_metrics))
 
     @staticmethod
     def _say(head: str, metrics: dict[str, str]) -> None:

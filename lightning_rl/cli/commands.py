@@ -22,8 +22,8 @@ jsonargparse 4.53 (it looks them up under ``fit.``).
 
 A mistake in the command line or the config is one line, ``error: <message>`` with a "did you mean" (a dotted path
 that does not import: the closest one that does), and exit status 2; a setting found not to work at set-up
-(lightning_rl.core.errors.ConfigError), a server that does not answer, a bad data row or a missing file is one line
-and exit status 1.
+(lightning_rl.core.errors.ConfigError), a server that does not answer, a bad data row, a reward that raised on a row
+or a missing file is one line and exit status 1 (the whole trace goes to the run's log file, run.log).
 ``LIGHTNING_RL_DEBUG=1`` shows the trace instead.
 """
 
@@ -396,11 +396,19 @@ def _key_of(config, class_path: str, prefix: str = "") -> str | None:
 def _said_in_one_line() -> tuple[type[BaseException], ...]:
     """Errors whose message names the culprit and the fix: the trace would only hide it."""
     from components.rollout.server.http import ServerError  # SGLang's and vLLM's
-    from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError
+    from lightning_rl.core.errors import ConfigError, NonFiniteTrainingError, RewardError
     from lightning_rl.data.checks import DataError
     from lightning_rl.digests import CheckpointError
 
-    return (ServerError, ConfigError, DataError, NonFiniteTrainingError, FileNotFoundError, CheckpointError)
+    return (
+        ServerError,
+        ConfigError,
+        DataError,
+        NonFiniteTrainingError,
+        RewardError,
+        FileNotFoundError,
+        CheckpointError,
+    )
 
 
 def command_line(command: Callable[[], object]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import typing
 
 from lightning_rl.core.errors import closest_name, import_error, resolves
 
@@ -57,12 +58,51 @@ def hint(message: str, known: set[str]) -> str | None:
         option = given.group(2).split(".")[0]
         fix = closest_name(option, [*CLASS_KEYS, *_init_parameters(given.group(1))])
         hints += [f"{option} -> did you mean {fix}?"] if fix else []
+        takes = arguments(given.group(1))
+        hints += [takes] if takes else []
     value = re.search(r"Not a valid subclass of .*?Got value: \{(.*)\}", message, flags=re.S)
     if value:
         for name in re.findall(r"'(\w+)': ", value.group(1)):
             fix = closest_name(name, list(CLASS_KEYS)) if name not in CLASS_KEYS else None
             hints += [f"{name} -> did you mean {fix}?"] if fix else []
     return "; ".join(hints) or None
+
+
+def arguments(class_path: str) -> str | None:
+    """What the class at ``class_path`` accepts, as ``--help`` lists it: ``FunctionReward takes fn: Callable[..., Any]
+    (required), kwargs: dict[str, Any] | None = None, ...``; None when it does not import."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        parameters = inspect.signature(cls).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # a name only imported for type checkers: the annotation as written
+        hints = {}
+    shown = []
+    for parameter in parameters.values():
+        if parameter.name in ("self", "args", "kwargs") and parameter.kind in (
+            parameter.VAR_POSITIONAL,
+            parameter.VAR_KEYWORD,
+        ):
+            continue
+        annotation = hints.get(parameter.name, parameter.annotation)
+        typed = "" if annotation is parameter.empty else f": {_type_text(annotation)}"
+        default = " (required)" if parameter.default is parameter.empty else f" = {parameter.default!r}"
+        shown.append(f"{parameter.name}{typed}{default}")
+    return f"{name} takes {', '.join(shown)}" if shown else f"{name} takes no arguments"
+
+
+def _type_text(annotation) -> str:
+    """An annotation as written in a config's terms: ``float | None``, ``Literal['raise', 'score']``, ``Reward``."""
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    text = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r"\1", str(annotation))
+    return re.sub(r"\b(?:typing|collections\.abc|(?:[a-z_]\w*\.)+)(?=[A-Z]\w*)", "", text).replace("NoneType", "None")
 
 
 def _init_parameters(class_path: str) -> list[str]:

@@ -22,13 +22,25 @@ class ConfigError(ValueError):
 
 def closest_name(name: str, names) -> str | None:
     """The name in ``names`` a person most likely meant by ``name``: initials (learning_rate -> lr, lr -> learning_rate)
-    first, then spelling (difflib, ratio >= 0.6)."""
+    first, then spelling (difflib, ratio >= 0.6), then the one name that abbreviates it or that it abbreviates
+    (function -> fn, temp -> temperature: the same first letter, the shorter's letters in order in the longer)."""
     names = sorted(set(names) - {name})
     for other in names:
         if _initials(name) == other or _initials(other) == name:
             return other
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return close[0] if close else None
+    if close:
+        return close[0]
+    shortened = [other for other in names if _abbreviates(name, other) or _abbreviates(other, name)]
+    return shortened[0] if len(shortened) == 1 else None
+
+
+def _abbreviates(short: str, long: str) -> bool:
+    """``short`` is ``long`` with letters left out, from the same first letter (fn of function)."""
+    if len(short) < 2 or len(short) >= len(long) or short[0] != long[0]:
+        return False
+    rest = iter(long)
+    return all(char in rest for char in short)
 
 
 def _initials(name: str) -> str:
@@ -153,6 +165,11 @@ def closest_path(path: str) -> str | None:
     if found is not None and path.startswith("~") and found.startswith(os.path.expanduser("~")):
         found = "~" + found[len(os.path.expanduser("~")) :]
     return found
+
+
+class RewardError(RuntimeError):
+    """A reward that raised (or returned no finite number) on a row, named with the reward, the exception, the row and
+    the option that scores such rows instead (the command line prints it as one line; the trace goes to the run's log)."""
 
 
 class NonFiniteTrainingError(RuntimeError):

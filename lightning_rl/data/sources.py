@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import lightning_rl.data.reasoning_gym  # noqa: F401 (registers reasoning_gym:)
-from lightning_rl.core.errors import closest_name
+from lightning_rl.core.errors import closest_name, closest_path
 from lightning_rl.core.sources import find_source, row_source
 from lightning_rl.data.checks import DataError
 from lightning_rl.data.json_files import as_written, check_utf8, read_json_list, read_jsonl
@@ -35,7 +35,7 @@ def load_rows(source: str, split: str):
     ext = os.path.splitext(path)[1]
     if ext in suffix:
         if not os.path.exists(path):
-            raise FileNotFoundError(f"data file {source!r} does not exist")
+            raise FileNotFoundError(f"data file {source!r} does not exist{_closest_hint(source)}")
         if ext == ".jsonl":  # read as written (lightning_rl.data.json_files), not by datasets' Json type
             return as_written(read_jsonl(path))
         listed = read_json_list(path) if ext == ".json" else None
@@ -58,13 +58,19 @@ def load_rows(source: str, split: str):
         loaded = datasets.load_from_disk(path)
         return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
     if source.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"data path {source!r} does not exist")
+        raise FileNotFoundError(f"data path {source!r} does not exist{_closest_hint(source)}")
     try:
         return datasets.load_dataset(source, split=split)
     except Exception as err:  # the hub raises many types; the cause is kept
         raise OSError(
             f"could not load dataset {source!r} split {split!r} from the hub ({err}); on an offline machine pass a local file"
         ) from err
+
+
+def _closest_hint(source: str) -> str:
+    """`` (did you mean 'data/train.jsonl'?)`` for the existing path closest to ``source``; nothing when none is close."""
+    close = closest_path(source)
+    return f" (did you mean {close!r}?)" if close and close != source else ""
 
 
 def check_jsonl(path: str) -> None:

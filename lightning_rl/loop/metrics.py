@@ -26,6 +26,8 @@ class WeightedMeans:
         self.weights: dict[str, Tensor] = {}
         self.maxima: dict[str, Tensor] = {}
         self.minima: dict[str, Tensor] = {}
+        self.distributions: dict[str, list[Tensor]] = {}
+        """This rank's values of each distribution (`values`), for a histogram; never reduced over ranks."""
 
     def add(self, name: str, value: Tensor, weight: Tensor | float = 1.0) -> None:
         """A weighted value of the mean ``name``; a name ending in ``_max`` is a maximum instead (`maximum`)."""
@@ -50,6 +52,15 @@ class WeightedMeans:
         """``name`` is the smallest value given, over calls and ranks."""
         value = self._here(value)
         self.minima[name] = value if name not in self.minima else torch.minimum(self.minima[name], value)
+
+    def values(self, name: str, values: Tensor) -> None:
+        """Every element of ``values`` joins the distribution ``name`` (a TensorBoard histogram: this rank's rows)."""
+        self.distributions.setdefault(name, []).append(values.detach().float().flatten())
+
+    def distribution(self, name: str) -> Tensor | None:
+        """The values given to ``name`` so far on this rank, in one tensor; None when none were."""
+        parts = self.distributions.get(name)
+        return torch.cat([p.to(parts[0].device) for p in parts]) if parts else None
 
     def add_all(self, metrics: dict[str, Tensor], weight: Tensor | float = 1.0) -> None:
         for name, value in metrics.items():

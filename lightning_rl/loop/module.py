@@ -40,6 +40,8 @@ from lightning_rl.callbacks import (
     RecordRollouts,
     ResumableCheckpoints,
     RunFolders,
+    RunLog,
+    RunSummary,
     TeardownOnException,
     ValidateBeforeAndAfter,
 )
@@ -195,7 +197,7 @@ class RLModule(LightningModule):
             loop,
             self.health,
             self.tokenizer,
-            None if kl is None else (lambda: kl.coef),
+            None if kl is None or not kl.active else (lambda: kl.coef),  # no curve of a KL that does nothing
             self.rollout.params.group_size,
             filters_groups=self.sampling is not None,
             shapes_reward=kl is not None and kl.placement == "reward",
@@ -362,14 +364,17 @@ class RLModule(LightningModule):
     def configure_callbacks(self) -> list:
         """lightning_rl.callbacks: each fit in its own run folder with a ``latest`` link; last.ckpt at the final / last
         completed iteration, no checkpoint of non-finite weights and teardown on failure; prompt + response lengths
-        against the policy's positions; validation before and after training."""
+        against the policy's positions; validation before and after training; the run's log file, its folder and its
+        summary on the console."""
         return [
             RunFolders(),
             ResumableCheckpoints(),
             FiniteCheckpoints(),
             TeardownOnException(),
+            RunLog(),
             ContextLengthCheck(),
             ValidateBeforeAndAfter(),
+            RunSummary(),
         ]
 
     def setup(self, stage: str) -> None:

@@ -121,7 +121,14 @@ class PolicyUpdate:
                     loss = torch.zeros((), device=device)
                     if train_policy:
                         loss = loss + self._policy_loss(
-                            micro, total, tokens, temperature, needs_entropy, metrics, truncation
+                            micro,
+                            total,
+                            tokens,
+                            temperature,
+                            needs_entropy,
+                            metrics,
+                            truncation,
+                            first_epoch=epoch == 0,
                         )
                         policy_loss = policy_loss + loss.detach()
                     elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
@@ -171,6 +178,7 @@ class PolicyUpdate:
         needs_entropy: bool,
         metrics: WeightedMeans,
         truncation: Truncation | None = None,
+        first_epoch: bool = True,
     ) -> Tensor:
         needs_logits = any(term.needs_logits for term in self.loss_terms)
         logprobs, entropy, logits = policy_outputs(
@@ -202,6 +210,8 @@ class PolicyUpdate:
             diff = (micro.old_logprobs - micro.rollout_logprobs).abs() * micro.loss_mask
             metrics.add("rollout/logprob_diff_mean", masked_mean(diff, micro.loss_mask), tokens)
             metrics.add("rollout/logprob_diff_max", diff.max())
+            if first_epoch:  # each token once, whatever the epochs
+                metrics.values("histogram/logprob_diff", diff[micro.loss_mask.bool()])
         per_token, surrogate_metrics = self.surrogate(logprobs, micro)
         if self.kl is not None:
             per_token = per_token + self.kl.loss_term(logprobs, micro)

@@ -1,6 +1,7 @@
-"""Phase 5's logging: an iteration's metrics reduced over ranks in one host sync, straight to the loggers, and a
-table of sampled completions (lightning_rl.loop.sample_table) on the console and as TensorBoard text, with the prompts'
-images as TensorBoard images."""
+"""Phase 5's logging: an iteration's metrics reduced over ranks in one host sync, straight to the loggers; histograms
+of the rewards, advantages, response lengths and sampler/trainer log-prob gaps (TensorBoard); and a table of sampled
+completions (lightning_rl.loop.sample_table) on the console and as TensorBoard text, with the prompts' images as
+TensorBoard images."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ LAYOUT = {
         "peak memory (MiB)": ["Multiline", [r"^memory/"]],
     },
 }
+HISTOGRAMS = ("histogram/reward", "histogram/advantage", "histogram/response_length", "histogram/logprob_diff")
+"""TensorBoard's *Histograms* tab: the sampled rows' rewards and lengths, the advantage of every token the update saw,
+and each such token's |trainer - sampler| log-prob (a rollout that reports them). Rank 0's rows."""
 EXTREMES = ("reward/min", "reward/max", "response_length/min", "response_length/max")
 """Over the sampled rows; not written for an iteration without any (dynamic sampling kept no group)."""
 
@@ -72,7 +76,7 @@ class Reporter:
         """
         Args:
             tokenizer: the policy's, to show each prompt in the samples table as the model read it.
-            kl_coef: the KL coefficient now (None = no KL).
+            kl_coef: the KL coefficient now (None = no KL, or one that does nothing: coefficient 0 and no target).
             group_size: the rollout's samples per prompt (groups of one have no variance to lack).
             filters_groups: dynamic sampling logs ``sampling/zero_var_groups`` before it filters.
             shapes_reward: the KL penalty sits in the reward (``reward/shaped_mean``).
@@ -107,6 +111,11 @@ class Reporter:
         )
         metrics.add("response_length/mean", masked_mean(lengths, sampled), sampled.sum())
         metrics.add("response_length/truncated_frac", masked_mean(batch.truncated.float(), sampled), sampled.sum())
+        rows = sampled.bool()
+        metrics.values("histogram/reward", batch.scores[rows])
+        metrics.values("histogram/response_length", lengths[rows])
+        if batch.advantages is not None:
+            metrics.values("histogram/advantage", batch.advantages[batch.loss_mask.bool()])
         for name, value in (("reward", batch.scores), ("response_length", lengths)):
             # every rank adds them (an empty batch gives -inf / inf) so the reduction over ranks stays collective
             value, rows = value.float(), sampled.bool()
@@ -146,6 +155,7 @@ class Reporter:
         self.totals.update(tokens=scalars["total/tokens"], samples=scalars["total/samples"])
         seconds["time/iteration_s"] = timer.elapsed()
         self._write_metrics(trainer, {**scalars, **seconds})
+        self._write_histograms(trainer, metrics)
         self.health.observe(scalars, trainer.global_step)  # divergence, said once (lightning_rl.loop.health)
         if trainer.progress_bar_callback is not None:  # self.log costs ~1 ms: only when a bar shows it
             log("reward", values["reward/mean"], prog_bar=True, on_step=True, logger=False, batch_size=batch.batch_size)
@@ -171,6 +181,17 @@ class Reporter:
         ):  # Lightning's cadence
             for logger in trainer.loggers:  # the step Lightning's own logging would use: iterations before this one
                 logger.log_metrics(scalars, step=trainer.global_step - 1)
+
+    def _write_histograms(self, trainer, metrics: WeightedMeans) -> None:
+        """`HISTOGRAMS` at the scalars' cadence and step, by global rank 0 into a logger that draws them."""
+        experiment = getattr(trainer.logger, "experiment", None) if trainer.global_rank == 0 else None
+        every = trainer.log_every_n_steps
+        if not hasattr(experiment, "add_histogram") or not every or trainer.global_step % every:
+            return
+        for tag in HISTOGRAMS:
+            values = metrics.distribution(tag)
+            if values is not None and values.numel():
+                experiment.add_histogram(tag, values.cpu().numpy(), trainer.global_step - 1)
 
     def _log_samples(self, trainer, batch: RolloutBatch) -> None:
         if trainer.global_rank != 0:

@@ -113,8 +113,9 @@ def check_requirements(module) -> Needs:
 
 def check_data_columns(module, data) -> None:
     """Fail before any model loads when a reward reads a dataset column (``data_columns()``) that a data source it
-    scores does not have: the training reward against ``data.train_data``, the validation reward against each
-    ``data.val_data``."""
+    scores does not deliver: the training reward against ``data.train_data``, the validation reward against each
+    ``data.val_data``. A reward gets each column under its ``data.columns`` name: a column read by its own name but
+    renamed by the mapping is named with the name it arrives under."""
     hp = getattr(data, "hparams", None)
     if hp is None:
         return
@@ -125,14 +126,23 @@ def check_data_columns(module, data) -> None:
         key = "model.val_reward" if module.val_reward is not module.reward else "model.reward"
         sources = list(hp.val_data.values()) if isinstance(hp.val_data, dict) else [hp.val_data]
         scored += [(key, module.val_reward, s, rows.column_names) for s, rows in zip(sources, data.val_rows)]
+    renamed = {theirs: ours for ours, theirs in (hp.get("columns") or {}).items() if theirs != ours}
     for key, reward, source, have in scored:
         have = [c for c in have if c != "input_ids"]
         for name in sorted(reward.data_columns() - set(have)):
+            if name in renamed:
+                arrives = renamed[name]
+                raise ConfigError(
+                    f"{key} ({reward.name}) reads the column {name!r}, which reaches a reward as {arrives!r}: "
+                    f"data.columns maps {{{arrives}: {name}}}, and a reward gets each column under its data.columns "
+                    f"name. Read {arrives!r} instead (a reward function: name its parameter {arrives}), or keep the "
+                    f"column's own name with data.columns: {{{name}: {name}}} in place of {{{arrives}: {name}}}"
+                )
             close = closest_name(name, have)
             raise ConfigError(
                 f"{key} ({reward.name}) reads the column {name!r}, which {source} does not have"
-                f"{f' (did you mean {close!r}?)' if close else ''}; its columns are {have}: map it with data.columns: "
-                f"{{{name}: {close or '<column>'}}}"
+                f"{f' (did you mean {close!r}?)' if close else ''}; its columns are {have}: map it with "
+                f"data.columns: {{{name}: {close or '<column>'}}}"
             )
 
 

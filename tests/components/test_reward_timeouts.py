@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from components.reward import FunctionReward, PooledReward
+from lightning_rl.core.errors import RewardError
 from tests.helpers import batch_from_scores
 from tests.lightning_rl.rewards import hangs_on_x, sleepy_length
 
@@ -47,9 +48,11 @@ def test_pooled_reward_scores_timeouts_and_errors_and_logs_their_fractions():
 def test_pooled_reward_hard_failure_names_the_sample():
     reward = PooledReward(hangs_on_x, workers=2, timeout_s=0.3, on_failure="raise")
     try:
-        with pytest.raises(RuntimeError, match=r"took longer than timeout_s=0.3 s at sample 1 \(completion 'x'\)"):
+        with pytest.raises(
+            RewardError, match=r"at row 1 of 2 \(prompt 'p', completion 'x'\): it took longer than timeout_s=0.3 s"
+        ):
             reward(inputs(["ab", "x"]))
-        with pytest.raises(RuntimeError, match=r"raised ValueError: sandbox crashed at sample 0"):
+        with pytest.raises(RewardError, match=r"at row 0 of 1 .*: ValueError: sandbox crashed; set on_failure: score"):
             reward(inputs(["e"]))
     finally:
         reward.close()

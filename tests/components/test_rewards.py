@@ -11,6 +11,7 @@ from components.reward import (
     OverlongPenalty,
 )
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.errors import RewardError
 
 
 def _batch(lengths, width=None, truncated=None):
@@ -60,7 +61,7 @@ def test_composite_errors_name_the_culprit():
     with pytest.raises(ValueError, match="at least one"):
         Composite([])
     bad = Composite([ExactMatch(), FunctionReward(fn=lambda completions, **_: [float("nan")] * len(completions))])
-    with pytest.raises(ValueError, match="FunctionReward"):
+    with pytest.raises(RewardError, match=r"reward FunctionReward\(.*<lambda>\) failed at row 0 of 1 .*returned nan"):
         bad(_batch([1]).replace(columns={"completions": ["1"], "answer": ["1"]}))
 
 

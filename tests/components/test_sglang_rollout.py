@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import logging
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -380,7 +382,7 @@ def test_server_arguments_become_launch_server_flags():
 
 
 @pytest.mark.slow
-def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, tmp_path, monkeypatch):
+def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, tmp_path, monkeypatch, caplog):
     fake_sglang_package(tmp_path)
     monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
     rollout = SGLangRollout(
@@ -389,8 +391,16 @@ def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, 
         max_new_tokens=4,
         backoff=0.01,
     )
-    rollout.setup(tokenizer)
+    with caplog.at_level(logging.INFO):
+        rollout.setup(tokenizer)
     process = rollout.server.process
+    # the console says what starts, where it listens and logs, and when it answers
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        f"starting SGLang on the policy ({tiny_model_path}) at {rollout.server.url} for model.rollout; its log: "
+        f"{rollout.server.log_path}"
+    ) in said
+    assert any(re.fullmatch(r"SGLang ready in \d+ s", line) for line in said), said
     try:
         assert rollout.urls == [rollout.server.url] and process.poll() is None
         batch = rollout.generate(make_prompts(*prompts), policy)

@@ -73,3 +73,21 @@ def starts_with_digit(completions, **_):
 def always_zero(completions, **_):
     """Every sample scores alike: every group is degenerate and every advantage zero."""
     return [0.0] * len(completions)
+
+
+def trl_correct(prompts, completions, solution, **kwargs):
+    """A TRL-style reward reading the data's ``solution`` column by its own name."""
+    return [float(c.strip() == str(s)) for c, s in zip(completions, solution)]
+
+
+def trl_correct_answer(prompts, completions, answer, **kwargs):
+    """The same reward reading the column under the name ``data.columns: {answer: solution}`` gives it."""
+    return [float(c.strip() == str(a)) for c, a in zip(completions, answer)]
+
+
+def raises_on_prompt(prompts, completions, answer, bad_prompt: str, **kwargs):
+    """Exact match, except that a batch holding ``bad_prompt`` raises (a parser that chokes on one row of the data)."""
+    for prompt in prompts:
+        if prompt == bad_prompt:
+            raise ValueError(f"cannot parse {prompt!r}")
+    return [float(c.strip() == str(a)) for c, a in zip(completions, answer)]

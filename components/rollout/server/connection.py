@@ -4,10 +4,12 @@ to answer, a client and a request pool, reconnected after ``close``; ``close`` e
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import torch.distributed as dist
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .engine import ScoringEngine
 from .http import HTTPClient
@@ -74,15 +76,24 @@ class Connection:
                     self.engine_type.model_key, os.path.abspath(self.default_model) if local else self.default_model
                 )
             owner = self.key.split(".")[1]
+            engine, started = self.engine_type.client_type.error.engine, time.monotonic()
+            served = launch[self.engine_type.model_key]
+            if served == os.path.abspath(self.default_model or ""):
+                served = self.default_model  # as the config names it
             try:
                 for _ in range(s.launch_servers):  # each command picks a free port of its own
                     command = self.engine_type.command(launch, s.launch_python)
                     self.launched.append(LaunchedServer(command, self.engine_type.client_type, owner=owner))
+                    rank_zero_info(
+                        f"starting {engine} on the {'policy' if owner == 'rollout' else owner} ({served}) at "
+                        f"{self.launched[-1].url} for model.{owner}; its log: {self.launched[-1].log_path}"
+                    )
                 for server in self.launched:
                     server.wait_ready(s.launch_timeout_s)
             except BaseException:
                 self._stop_launched()
                 raise
+            rank_zero_info(f"{engine} ready in {time.monotonic() - started:.0f} s")
         if s.launch is not None:
             self.urls = list(share([server.url for server in self.launched] if rank() == 0 else None))
         self.client = self.engine_type.client_type(

@@ -1,12 +1,14 @@
 """Bad input gets one clear message naming the culprit and the fix."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from lightning_rl.cli import main
+from lightning_rl.core.errors import RewardError
 from lightning_rl.data.prompts import PromptDataModule
 from tests.lightning_rl.cli_runs import cli_args, run_cli
 
@@ -185,16 +187,23 @@ def test_missing_data_file(tmp_path, tiny_model_path):
         dm.setup("fit")
 
 
+def test_a_missing_data_file_is_one_line_with_the_closest_existing_path(lightning_rl, no_model_loads, tmp_path):
+    (tmp_path / "data").mkdir()
+    _jsonl(tmp_path / "data" / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    code, line = lightning_rl("--data.train_data=data/trian.jsonl", "--data.val_data=null", cwd=tmp_path)
+    assert code == 1 and line == "error: data file 'data/trian.jsonl' does not exist (did you mean 'data/train.jsonl'?)"
+
+
 @pytest.mark.parametrize(
     "fn, error, message",
     [
-        ("always_fails", RuntimeError, r"always_fails\) raised ValueError: the answer key is corrupt"),
-        ("returns_nan", ValueError, r"returns_nan.*returned nan at sample 0.*finite number"),
-        ("returns_none", ValueError, r"returns_none.*returned None at sample 0"),
+        ("always_fails", RewardError, r"always_fails\) failed at row 0 of 8 .*: ValueError: the answer key is corrupt"),
+        ("returns_nan", RewardError, r"returns_nan\) failed at row 0 of 8 .*: it returned nan, not a finite number"),
+        ("returns_none", RewardError, r"returns_none\) failed at row 0 of 8 .*: it returned None, not a finite number"),
         (
             "wrong_length",
-            ValueError,
-            r"wrong_length.*must return 8 scores",
+            RewardError,
+            r"wrong_length.*must return 8 scores.*on no row alone",
         ),  # the validation before the first iteration (8 prompts) meets it first
     ],
 )
@@ -386,6 +395,50 @@ def test_a_column_the_reward_reads_and_no_row_has_is_one_line_before_any_model_l
     )
 
 
+def test_a_trl_style_reward_over_a_mapped_column_is_one_line_before_any_model_loads(
+    lightning_rl, no_model_loads, tmp_path
+):
+    """A TRL user's reward reads the data's own column name; ``data.columns: {answer: solution}`` hands it ``answer``.
+    The run said so with a 93-line trace after the model loaded; now one line names the column, the name it arrives
+    under and the two fixes, before any model loads."""
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1=", "solution": "2"}, {"question": "2+2=", "solution": "4"}])
+    mapped = ["--data.columns={prompt: question, answer: solution}", "--model.reward=components.reward.FunctionReward"]
+    code, line = lightning_rl(
+        f"--data.train_data={data}",
+        "--data.val_data=null",
+        *mapped,
+        "--model.reward.fn=tests.lightning_rl.rewards.trl_correct",
+    )
+    assert code == 1 and line == (
+        "error: model.reward (FunctionReward(tests.lightning_rl.rewards.trl_correct)) reads the column 'solution', which "
+        "reaches a reward as 'answer': data.columns maps {answer: solution}, and a reward gets each column under its "
+        "data.columns name. Read 'answer' instead (a reward function: name its parameter answer), or keep the column's "
+        "own name with data.columns: {solution: solution} in place of {answer: solution}"
+    )
+    # a column the data does not have at all: the closest one and the mapping
+    code, line = lightning_rl(
+        f"--data.train_data={data}", "--data.val_data=null", "--data.columns={prompt: question}", *mapped[1:],
+        "--model.reward.fn=tests.lightning_rl.rewards.trl_correct_answer",
+    )  # fmt: skip
+    assert code == 1 and line == (
+        "error: model.reward (FunctionReward(tests.lightning_rl.rewards.trl_correct_answer)) reads the column 'answer', "
+        f"which {data} does not have; its columns are ['prompt', 'solution']: map it with data.columns: "
+        "{answer: <column>}"
+    )
+
+
+def test_an_argument_a_component_does_not_take_lists_what_it_takes(lightning_rl, no_model_loads):
+    code, line = lightning_rl(
+        "--model.reward=components.reward.FunctionReward",
+        "--model.reward.function=tests.lightning_rl.rewards.digit_count",
+    )
+    assert code == 2 and line.endswith(
+        "Option 'function' is not accepted (function -> did you mean fn?; FunctionReward takes fn: Callable[..., Any] "
+        "(required), kwargs: dict[str, Any] | None = None, timeout_s: float | None = 600.0, on_failure: "
+        "Literal['raise', 'score'] = 'raise', failure_score: float = 0.0)"
+    )
+
+
 def test_a_mistyped_policy_path_is_one_line_with_the_closest_folder(lightning_rl, no_model_loads, tmp_path):
     code, line = lightning_rl("--model.policy.path=lightning_rl/assets/tiny-arth")
     assert code == 2 and line == (
@@ -471,3 +524,61 @@ def test_closest_path_corrects_each_folder_by_its_siblings(tmp_path, monkeypatch
     assert closest_path("modles/qwen-0.5") == "models/qwen-0.5b"
     assert closest_path(str(tmp_path / "models" / "qwen-05b")) == str(tmp_path / "models" / "qwen-0.5b")
     assert closest_path("elsewhere/entirely") is None
+
+
+@pytest.mark.slow
+def test_a_reward_that_raises_on_some_rows_is_one_line_with_the_option_and_the_option_goes_on(
+    tmp_path, tiny_model_path, monkeypatch, capsys, caplog
+):
+    """A TRL-style reward over a mapped column runs; when it raises on the rows of one prompt (iteration 2 of 3, the
+    prompts in file order) the console shows the resume line, where the trace is, and one error line naming the
+    function, the exception, the row and the option; with ``on_failure: score`` the run goes on and counts the rows."""
+    from lightning_rl.command import entry
+    from tests.lightning_rl.cli_runs import scalars
+
+    problems = ["1+1=", "2+2=", "3+3=", "4+4=", "5+5=", "6+6=", "7+7=", "8+8="]
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": q, "solution": str(2 * (i + 1))} for i, q in enumerate(problems)])
+
+    def fit(root: Path, *extra: str) -> tuple[int, list[str]]:
+        args = cli_args(root, tiny_model_path, 3, "--model.rollout.init_args.group_size=2", "--data.val_data=null")
+        monkeypatch.setattr("sys.argv", ["lightning-rl", "fit", *args, f"--data.train_data={data}", "--data.shuffle=false",
+            "--data.columns={prompt: question, answer: solution}", "--model.reward=components.reward.FunctionReward",
+            "--model.reward.fn=tests.lightning_rl.rewards.raises_on_prompt", "--model.reward.kwargs={bad_prompt: 3+3=}",
+            *extra])  # fmt: skip
+        monkeypatch.delenv("LIGHTNING_RL_DEBUG", raising=False)
+        capsys.readouterr()
+        caplog.clear()
+        try:
+            entry()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+        printed = capsys.readouterr()  # the error line is the last on stderr; Lightning's info lines go to its logger
+        said = [record.getMessage() for record in caplog.records]
+        return code, [line for line in (*said, *(printed.out + printed.err).splitlines()) if line.strip()]
+
+    code, lines = fit(tmp_path / "stops")
+    run, checkpoint = tmp_path / "stops" / "run" / "version_0", tmp_path / "stops" / "checkpoints" / "last.ckpt"
+    assert code == 1
+    assert not any(line.startswith(("Traceback", '  File "')) for line in lines), lines  # no trace on the console
+    assert (
+        f"RewardError: saved the last completed iteration (1) to {checkpoint}; resume with --ckpt_path {checkpoint}"
+        in lines
+    )
+    assert f"the whole trace: {run / 'run.log'}" in lines
+    assert re.fullmatch(
+        r"error: reward FunctionReward\(tests\.lightning_rl\.rewards\.raises_on_prompt\) failed at row 0 of 4 "
+        r"\(prompt '3\+3=', completion '.*'\): ValueError: cannot parse '3\+3='; set on_failure: score on this reward "
+        r"\(e\.g\. model\.reward\.init_args\.on_failure\) to give such rows its failure_score, counted in "
+        r"reward/error_frac, and go on",
+        lines[-1],
+    ), lines[-1]
+    trace = (run / "run.log").read_text()
+    assert "Traceback (most recent call last)" in trace and "ValueError: cannot parse '3+3='" in trace
+
+    code, lines = fit(tmp_path / "goes_on", "--model.reward.on_failure=score", "--model.reward.failure_score=-1")
+    assert code == 0, lines
+    logged = scalars(tmp_path / "goes_on")
+    # iteration 2 (logged at step 1) holds the prompt's two rows of four: scored -1 and counted
+    assert [v for _, v in logged["reward/error_frac"]] == [0.0, 0.5, 0.0]
+    assert logged["reward/min"][1][1] == -1.0

@@ -4,6 +4,7 @@ and from the loopback SGLang server; a teacher server that is not there is one l
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def _learned(root) -> tuple[float, float]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("vllm")
-def test_the_student_learns_from_a_vllm_teacher_the_run_launches_and_stops(tmp_path):
+def test_the_student_learns_from_a_vllm_teacher_the_run_launches_and_stops(tmp_path, caplog):
     from tests.fixtures.vllm_server import unavailable
 
     reason = unavailable()
@@ -51,6 +52,10 @@ def test_the_student_learns_from_a_vllm_teacher_the_run_launches_and_stops(tmp_p
     assert teacher.servers.launch == {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": "67108864"}
     assert type(cli.model.loss_terms[0]).__name__ == "TeacherKL" and cli.model.loss_terms[0].variant == "topk"
     assert teacher.connection.server is None and not teacher.connection.open  # stopped when the fit ended
+    # the console said what it started and when it answered
+    said = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith(f"starting vLLM on the teacher ({TINY_TEACHER_PATH}) at http://") for line in said), said
+    assert any(re.fullmatch(r"vLLM ready in \d+ s", line) for line in said), said
     before, after = _learned(tmp_path)
     assert before < 0.45 and after >= before + 0.3, (before, after)
 

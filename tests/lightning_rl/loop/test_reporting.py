@@ -135,3 +135,55 @@ def test_a_resumed_run_continues_the_totals(tmp_path, tiny_model_path):
         cli_args(tmp_path, tiny_model_path, 3, "--data.val_data=null", f"--ckpt_path={tmp_path}/checkpoints/last.ckpt"),
     )
     assert scalars(tmp_path)["total/samples"] == [(2, 48.0)]
+
+
+class _Experiment:
+    """What TensorBoard's SummaryWriter is asked: histograms by tag, with their step and values."""
+
+    def __init__(self):
+        self.histograms: dict[str, list[tuple[int, list[float]]]] = {}
+
+    def add_histogram(self, tag, values, step):
+        self.histograms.setdefault(tag, []).append((step, sorted(float(v) for v in values)))
+
+    def add_custom_scalars(self, layout):
+        pass
+
+
+def test_histograms_of_rewards_lengths_advantages_and_logprob_gaps_at_the_scalars_step():
+    # 3 sampled rows and a greedy baseline row; advantages on each row's valid tokens only
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    batch = batch_from_scores(
+        [1.0, 0.0, 0.5, 9.0],
+        lengths=[2, 1, 3, 2],
+        is_greedy=torch.tensor([0, 0, 0, 1]),
+        truncated=torch.zeros(4, dtype=torch.bool),
+        advantages=torch.tensor([[0.5, 0.5, 7.0], [-0.5, 7.0, 7.0], [0.0, 0.0, 0.0], [7.0, 7.0, 7.0]]),
+    ).replace(sample_mask=torch.tensor([1.0, 1.0, 1.0, 0.0]))  # the baseline row is never in the loss
+    assert torch.equal(batch.response_mask, mask)
+    logger = _Logger()
+    logger.experiment = _Experiment()
+    metrics = WeightedMeans()
+    metrics.values("histogram/logprob_diff", torch.tensor([1e-6, 3e-6]))  # what the update's first epoch adds
+    trainer = _trainer(5, logger)
+    _reporter().iteration(trainer, batch, metrics, PhaseTimer(), 1e-4, log=None)
+    drawn = logger.experiment.histograms
+    assert drawn["histogram/reward"] == [(4, [0.0, 0.5, 1.0])]  # the step of the scalars: iterations before this one
+    assert drawn["histogram/response_length"] == [(4, [1.0, 2.0, 3.0])]
+    # every token the update saw (batch.loss_mask)
+    assert drawn["histogram/advantage"] == [(4, sorted([0.5, 0.5, -0.5, 0.0, 0.0, 0.0]))]
+    assert drawn["histogram/logprob_diff"] == [(4, [pytest.approx(1e-6), pytest.approx(3e-6)])]
+    # at Lightning's cadence, as the scalars
+    trainer.log_every_n_steps, trainer.global_step = 2, 7
+    _reporter().iteration(trainer, batch, WeightedMeans(), PhaseTimer(), 1e-4, log=None)
+    assert len(drawn["histogram/reward"]) == 1
+
+
+def test_kl_coef_is_written_only_where_a_kl_acts():
+    from components.kl import KLRegularizer
+
+    batch = batch_from_scores([1.0, 0.0], group_size=2, truncated=torch.zeros(2, dtype=torch.bool))
+    for kl, written in ((None, False), (KLRegularizer(coef=0.0), False), (KLRegularizer(coef=0.05), True)):
+        reporter = _reporter()
+        reporter.kl_coef = None if kl is None or not kl.active else (lambda kl=kl: kl.coef)
+        assert ("kl/coef" in _iteration(reporter, 1, batch, _Logger())) == written
