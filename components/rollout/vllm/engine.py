@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..server.buckets import WeightBuckets, drain
-from ..server.engine import Engine
+from ..server.engine import Engine, expert_fusions
 from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
@@ -46,7 +46,7 @@ class VLLMEngine(Engine):
     client_type = VLLMClient
     model_key = "model"
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-               "up_proj": "gate_up_proj"}  # fmt: skip
+               "up_proj": "gate_up_proj", **expert_fusions("routed_experts.")}  # fmt: skip
 
     def __init__(self, client: VLLMClient, push=None):
         super().__init__(client, push)
