@@ -90,7 +90,7 @@ def tiny_vlm3_path(tmp_path_factory) -> str:
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen3-vl"), "qwen3_vl", seed=0)
 
 
-from tests.fixtures.vllm_server import vllm_server  # noqa: E402, F401 (the run's one real vLLM server, session-scoped)
+from tests.fixtures.vllm_server import vllm_moe_server, vllm_server  # noqa: E402, F401 (the run's real vLLM servers, session-scoped)
 
 
 @pytest.fixture(scope="session")
