@@ -134,6 +134,8 @@ def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts):
 
 
 def test_a_lora_adapter_is_pushed_and_sampled(engine, prompts):
+    if engine.name == "vllm" and engine.model == MOE:
+        pytest.skip("vLLM 0.32's CPU build runs LoRA on fused experts with Triton kernels it lacks: no LoRA on an MoE")
     targets = ["q_proj", "v_proj", "down_proj" if engine.model == MODEL else "o_proj"]  # an MoE's: attention only
     lora = load_causal_lm(ModelSpec(path=engine.model, lora=LoraSpec(rank=4, alpha=8, target_modules=targets)))
     engine.make().sync_weights(
