@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+from components.rollout.vllm import VLLMError
 from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.helpers import prompts as make_prompts
@@ -37,8 +38,21 @@ def loopbacks():
         process.stop()
 
 
+RELOAD = pytest.mark.xfail(
+    strict=True,
+    raises=VLLMError,
+    reason="vLLM 0.32's CPU build cannot reload a fused-experts layer in place (reload/layerwise.py "
+    "_copy_and_restore_kernel_tensors: 'size of tensor a (128) must match b (96)'), so no push to it lands yet",
+)
+"""Every push to the real vLLM MoE server fails inside vLLM (the first one too, before any sampling): known, kept
+strict so that a vLLM (or plugin) that reloads experts makes these pass and the mark must go."""
+
 ENGINES = [
-    pytest.param((e, m), marks=[pytest.mark.slow, pytest.mark.xdist_group("vllm")], id=f"{e}-{m}")
+    pytest.param(
+        (e, m),
+        marks=[pytest.mark.slow, pytest.mark.xdist_group("vllm"), *([RELOAD] if (e, m) == ("vllm", "moe") else [])],
+        id=f"{e}-{m}",
+    )
     for m in MODELS
     for e in ("sglang", "vllm")
 ]
