@@ -41,8 +41,9 @@ def loopbacks():
 RELOAD = pytest.mark.xfail(
     strict=True,
     raises=VLLMError,
-    reason="vLLM 0.32's CPU build cannot reload a fused-experts layer in place (reload/layerwise.py "
-    "_copy_and_restore_kernel_tensors: 'size of tensor a (128) must match b (96)'), so no push to it lands yet",
+    reason="vLLM 0.32's CPU build cannot reload a fused-experts layer in place: its CPU experts pad the intermediate "
+    "size to a multiple of 32 and prepack the weights on the first load only (experts/cpu_moe.py "
+    "process_weights_after_loading), so a reload's (E, 96, 128) meets the kernel's (E, 128, 128)",
 )
 """Every push to the real vLLM MoE server fails inside vLLM (the first one too, before any sampling): known, kept
 strict so that a vLLM (or plugin) that reloads experts makes these pass and the mark must go."""
