@@ -14,7 +14,8 @@ adapters      ``/v1/load_lora_adapter {lora_name, lora_path}`` (a peft folder: v
               the adapter is written to one first), ``/v1/unload_lora_adapter``; ``"model": <name>`` samples with it
 checksums     ``POST /weight_checker {action: checksum}`` -> ``{checksums: {"dp0:pp0:pcp0:tp0:<name>": sha256}}``: each
               parameter as the server holds it (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the
-              embedding padded to 64 rows, with LoRA enabled under ``<layer>.base_layer.``)
+              embedding padded to 64 rows, a mixture of experts' experts in ``experts.routed_experts.w13_weight`` and
+              ``w2_weight``, with LoRA enabled under ``<layer>.base_layer.``)
 health        ``GET /health``
 """
 
