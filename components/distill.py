@@ -28,7 +28,7 @@ from components.kl import kl_estimate
 from components.loss_terms import LossTerm
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.divergence import exact_reverse_kl, topk_reverse_kl
-from lightning_rl.core.logprobs import ResponseLogits
+from lightning_rl.core.forward_outputs import PolicyForward
 
 Variant = Literal["sampled", "exact", "topk"]
 READS = {
@@ -56,16 +56,17 @@ class TeacherKL(LossTerm):
             raise ValueError(f"TeacherKL: coef must be >= 0, got {coef}")
         self.coef, self.variant, self.chunk_rows = coef, variant, chunk_rows
         self.requires = READS[variant]
-        self.needs_logits = variant != "sampled"
+        self.reads = frozenset() if variant == "sampled" else frozenset({"logits"})
 
-    def __call__(
-        self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch, logits: ResponseLogits | None = None
-    ) -> Tensor:
+    def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
         """Shape: (B, R)."""
         if self.variant == "sampled":
-            return self.coef * kl_estimate(logprobs, batch.teacher_logprobs, "k2")
+            return self.coef * kl_estimate(forward.logprobs, batch.teacher_logprobs, "k2")
+        logits = forward.logits
         if logits is None:
-            raise ValueError(f"TeacherKL ({self.variant}) reads the policy's logits: call it with logits=")
+            raise ValueError(
+                f"TeacherKL ({self.variant}) reads the policy's logits: give it a PolicyForward with logits"
+            )
         if self.variant == "exact":
             kl = exact_reverse_kl(
                 logits.logits, logits.align(batch.teacher_logits), logits.temperature, self.chunk_rows

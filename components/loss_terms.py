@@ -7,18 +7,20 @@ from abc import ABC, abstractmethod
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.forward_outputs import PolicyForward
 
 
 class LossTerm(ABC):
-    """``__call__(logprobs, entropy, batch) -> (B, R)`` added to the per-token loss; a term with ``needs_logits`` is
-    also given ``logits``, the policy's `ResponseLogits` (its whole distribution at each response position)."""
+    """``__call__(forward, batch) -> (B, R)`` added to the per-token loss. ``forward`` is the policy's forward on the
+    micro-batch (`PolicyForward`): its log-probs, and what the term names in ``reads`` (``entropy`` with gradient,
+    ``logits``: the whole distribution at each response position, ``router_logits``: a mixture-of-experts policy's
+    routers); ``requires`` names the batch fields it reads."""
 
     requires: frozenset[str] = frozenset()
-    needs_entropy: bool = False
-    needs_logits: bool = False
+    reads: frozenset[str] = frozenset()
 
     @abstractmethod
-    def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
+    def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
         """Shape: (B, R)."""
 
     def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
@@ -33,7 +35,7 @@ class EntropyBonus(LossTerm):
     H is the full-vocabulary entropy of the tempered policy at each response position.
     """
 
-    needs_entropy = True
+    reads = frozenset({"entropy"})
 
     def __init__(self, coef: float = 0.001):
         """
@@ -42,8 +44,8 @@ class EntropyBonus(LossTerm):
         """
         self.coef = coef
 
-    def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
-        return -self.coef * entropy
+    def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
+        return -self.coef * forward.entropy
 
 
 class PositiveNLL(LossTerm):
@@ -66,9 +68,9 @@ class PositiveNLL(LossTerm):
         """
         self.coef, self.threshold = coef, threshold
 
-    def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
+    def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
         positive = (batch.scores > self.threshold).float().unsqueeze(-1)  # (B, 1)
-        return -self.coef * logprobs.float() * positive
+        return -self.coef * forward.logprobs.float() * positive
 
     def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
         positive = (
@@ -77,4 +79,5 @@ class PositiveNLL(LossTerm):
         return (positive * batch.loss_mask).sum() * float(self.coef != 0)
 
 
-__all__ = ["LossTerm", "EntropyBonus", "PositiveNLL"]  # and on-policy distillation's: components.distill.TeacherKL
+__all__ = ["LossTerm", "EntropyBonus", "PositiveNLL"]
+# and on-policy distillation's components.distill.TeacherKL, a mixture of experts' components.moe.LoadBalancingLoss

@@ -100,4 +100,12 @@ def tiny_vlm3_path(tmp_path_factory) -> str:
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny-qwen3-vl"), "qwen3_vl", seed=0)
 
 
-from tests.fixtures.vllm_server import vllm_server  # noqa: E402, F401 (the run's one real vLLM server, session-scoped)
+from tests.fixtures.vllm_server import vllm_moe_server, vllm_server  # noqa: E402, F401 (the run's real vLLM servers, session-scoped)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_path(tmp_path_factory) -> str:
+    """A random 2-layer Qwen3-MoE (4 experts, 2 per token, hidden 64) with the built-in task's tokenizer."""
+    from tests.support.moe import save_moe
+
+    return save_moe(tmp_path_factory.mktemp("tiny-moe"), "qwen3_moe")

@@ -71,9 +71,14 @@ def _picture_rows(tmp_path: Path) -> Path:
 
 
 def _policy_path(preset: Path, tiny_model_path: str) -> str:
-    """The tiny model, or the preset's own policy where its data is a generated task whose words only that one spells."""
+    """The tiny model, or the preset's own policy where its data is a generated task whose words only that one spells,
+    or where a loss term reads a mixture of experts' routers (the shipped tiny MoE)."""
     config = yaml.safe_load(preset.read_text())
-    if config["data"]["train_data"].startswith("reasoning_gym:"):
+    terms = [term["class_path"] for term in config["model"].get("loss_terms") or []]
+    if (
+        config["data"]["train_data"].startswith("reasoning_gym:")
+        or "components.load_balance.LoadBalancingLoss" in terms
+    ):
         return str(CONFIGS.parent / config["model"]["policy"]["path"])
     return tiny_model_path
 

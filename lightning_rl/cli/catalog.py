@@ -15,7 +15,7 @@ KINDS = {
     "critic": ("components.critic", "ValueCritic"),
     "teacher": ("components.teacher", "Teacher"),
     "sampling": ("components.dynamic_sampling", "DynamicSampling"),
-    "loss_terms": ("components.loss_terms", "LossTerm", "components.distill"),
+    "loss_terms": ("components.loss_terms", "LossTerm", "components.distill", "components.load_balance"),
     "ptx": ("components.ptx", "PretrainMix"),
     "agent": ("components.rollout", "Agent"),
     "agent.init_args.env": ("components.env", "Environment"),

@@ -11,13 +11,13 @@ top-k / top-p truncation (`Truncation`): the log-probs are then renormalised ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from lightning_rl.core.forward_outputs import PolicyForward, ResponseLogits, RouterLogits
 from lightning_rl.core.inputs import (
     check_no_placeholders,
     forward_accepts,
@@ -26,6 +26,7 @@ from lightning_rl.core.inputs import (
     row_positions,
     sequence_inputs,
 )
+from lightning_rl.core.moe import RouterRecorder, experts_per_token
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
 from lightning_rl.core.truncation import Truncation, kept_normaliser, kept_softmax
 
@@ -177,6 +178,33 @@ def response_logits(
     image_inputs: list | None = None,
 ) -> Tensor:
     """Logits predicting each response token. Shape: (B, R, V). ``image_inputs``: each row's image tensors (None: text).
+    (`response_outputs` gives a mixture-of-experts policy's router logits at the same positions too.)"""
+    return response_outputs(model, prompt_ids, prompt_mask, response_ids, response_mask, image_inputs)[0]
+
+
+def _model_call(model, routers: RouterRecorder | None, input_ids: Tensor, **kwargs) -> tuple:
+    """``model(input_ids=..., **kwargs)`` and, with ``routers``, the call's router logits (rows, length, L, E)."""
+    with routers.recording() if routers is not None else nullcontext():
+        out = model(input_ids=input_ids, **kwargs)
+    return out, None if routers is None else routers.take(*input_ids.shape)
+
+
+def _each(fn, logits: Tensor, router: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``fn`` on the logits and on the router logits alike: a selection over their (rows, positions) dimensions."""
+    return fn(logits), None if router is None else fn(router)
+
+
+def response_outputs(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    image_inputs: list | None = None,
+    routers: RouterRecorder | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Logits predicting each response token (B, R, V) and, with ``routers``, the router logits (B, R, L, E) at the same
+    positions (the position whose output predicts token t: the prompt's last for t = 0, response token t - 1 after).
 
     Position ``P - 1 + t`` predicts response token ``t``; only those ``R`` positions go through
     the LM head when the model supports ``logits_to_keep``.
@@ -203,7 +231,7 @@ def response_logits(
         and len(set(runs)) == 1
         and _packable(model, prompt_ids.shape[1], r, runs[0])
     ):
-        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0])
+        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0], routers)
     if runs is None and image_inputs is not None and forward_accepts(model, "logits_to_keep"):
         runs = [1] * b
     # transformers drops the cache under activation checkpointing while gradients flow: no cache sharing then
@@ -211,7 +239,7 @@ def response_logits(
         runs = None
     if runs is None:
         input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        kwargs = dict(attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
         if image_inputs is not None:
             check_no_placeholders(model, response_ids, response_mask)
             kwargs.update(
@@ -220,8 +248,8 @@ def response_logits(
             )
         if forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = r + 1
-        logits = model(**kwargs).logits
-        return logits[:, -(r + 1) : -1]  # (B, R, V)
+        out, router = _model_call(model, routers, input_ids, **kwargs)
+        return _each(lambda x: x[:, -(r + 1) : -1], out.logits, router)  # (B, R, V), (B, R, L, E)
     input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     p = prompt_ids.shape[1]
     first = torch.tensor([0] + runs[:-1], device=prompt_ids.device).cumsum(0)  # (U,): the first row of each run
@@ -229,18 +257,22 @@ def response_logits(
     if image_inputs is not None:
         position_ids = row_positions(model, input_ids, attention_mask, image_inputs, p)  # (3, B, P + R)
         images = image_kwargs([image_inputs[i] for i in first.tolist()], prompt_ids.device)
-    head = model(
-        input_ids=prompt_ids[first],
+    head, head_router = _model_call(
+        model,
+        routers,
+        prompt_ids[first],
         attention_mask=prompt_mask[first],
         position_ids=position_ids[..., first, :p],
         use_cache=True,
         logits_to_keep=1,
         **images,
     )
+    first_logits, first_router = _each(lambda x: x[:, -1:], head.logits, head_router)  # left-padded: -1 is the last
     cache_kw = "cache" if forward_accepts(model, "cache") else "past_key_values"
     cache = getattr(head, cache_kw)
     if len(set(runs)) == 1:  # every prompt repeated G times: repeat_interleave, whose backward is a reshape and a sum
-        first_logits = head.logits.repeat_interleave(runs[0], dim=0)  # (B, 1, V): predicts response token 0
+        # (B, 1, V): predicts response token 0
+        first_logits, first_router = _each(lambda x: x.repeat_interleave(runs[0], dim=0), first_logits, first_router)
         cache.batch_repeat_interleave(runs[0])
     else:
         rows = torch.repeat_interleave(
@@ -248,18 +280,21 @@ def response_logits(
             torch.tensor(runs, device=prompt_ids.device),
             output_size=b,
         )
-        first_logits = head.logits[rows]
+        first_logits, first_router = _each(lambda x: x[rows], first_logits, first_router)
         cache.reorder_cache(rows)  # an index_select: differentiable
     if r == 1:
-        return first_logits
-    rest = model(
-        input_ids=response_ids[:, :-1],
+        return first_logits, first_router
+    rest, rest_router = _model_call(
+        model,
+        routers,
+        response_ids[:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=position_ids[..., p:-1],
         use_cache=True,
         **{cache_kw: cache},
-    ).logits  # (B, R - 1, V): predicts response tokens 1..R-1
-    return torch.cat([first_logits, rest], dim=1)  # (B, R, V)
+    )  # (B, R - 1, V): predicts response tokens 1..R-1
+    logits = torch.cat([first_logits, rest.logits], dim=1)  # (B, R, V)
+    return logits, None if routers is None else torch.cat([first_router, rest_router], dim=1)
 
 
 def _packable(model, p: int, r: int, g: int) -> bool:
@@ -272,8 +307,11 @@ def _packable(model, p: int, r: int, g: int) -> bool:
     return p + g * r <= PACKED_ROW_MAX_TOKENS and (window is None or window >= p + r)
 
 
-def _packed_group_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, g: int) -> Tensor:
-    """Each group in one row: [prompt | response 1 | ... | response G], one model call. Shapes: (B, P), (B, R) -> (B, R, V).
+def _packed_group_logits(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, g: int, routers: RouterRecorder | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """Each group in one row: [prompt | response 1 | ... | response G], one model call. Shapes: (B, P), (B, R) ->
+    (B, R, V), and with ``routers`` (B, R, L, E).
 
     Column j attends to column k when k <= j and k is a real prompt token or lies in j's own response
     (and always to itself, so no row of the mask is empty); response tokens take positions
@@ -302,42 +340,19 @@ def _packed_group_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respons
         mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     else:
         mask = allowed
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=mask[:, None],
-        position_ids=positions,
-        use_cache=False,
+    out, router = _model_call(
+        model, routers, input_ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False,
         logits_to_keep=g * r + 1,
-    ).logits
-    vocab = logits.shape[-1]  # logits: (U, 1 + G R, V), the last prompt column then every response column
-    first = logits[:, :1].expand(u, g, vocab).reshape(b, 1, vocab)  # predicts response token 0 of each of the G rows
-    rest = logits[:, 1:].reshape(u, g, r, vocab)[:, :, : r - 1].reshape(b, r - 1, vocab)  # token t + 1 from column t
-    return torch.cat([first, rest], dim=1)
+    )  # fmt: skip
 
+    def per_response(x: Tensor) -> Tensor:  # x: (U, 1 + G R, ...), the last prompt column then every response column
+        x = x[:, -(g * r + 1) :]
+        tail = x.shape[2:]
+        first = x[:, :1].expand(u, g, *tail).reshape(b, 1, *tail)  # predicts response token 0 of each of the G rows
+        rest = x[:, 1:].reshape(u, g, r, *tail)[:, :, : r - 1].reshape(b, r - 1, *tail)  # token t + 1 from column t
+        return torch.cat([first, rest], dim=1)
 
-@dataclass
-class ResponseLogits:
-    """The policy's logits at the response positions, as its forward laid them out: (B, R, V), or (N, V) over the real
-    tokens of a packed row. What a loss term reading the whole distribution gets (``LossTerm.needs_logits``)."""
-
-    logits: Tensor  # (B, R, V) or (N, V), with gradient
-    temperature: float  # the sampling temperature the policy's distribution is taken at: softmax(logits / T)
-    token_mask: Tensor | None = None  # (B, R) bool: the packed layout's positions (None: not packed)
-    scatter_to: Callable[[Tensor], Tensor] | None = None
-
-    def align(self, field: Tensor) -> Tensor:
-        """A (B, R, ...) batch field laid out as the logits are. Shape: (B, R, ...) -> (B, R, ...) or (N, ...)."""
-        return field if self.token_mask is None else field[self.token_mask]
-
-    def scatter(self, values: Tensor) -> Tensor:
-        """Per-position values back to the batch's layout, zero on padding. Shape: (B, R) or (N,) -> (B, R)."""
-        return values if self.scatter_to is None else self.scatter_to(values)
-
-
-class PolicyOutputs(NamedTuple):
-    logprobs: Tensor  # (B, R) fp32
-    entropy: Tensor | None  # (B, R) fp32
-    logits: ResponseLogits | None
+    return _each(per_response, out.logits, router)
 
 
 def policy_logprobs(
@@ -373,26 +388,40 @@ def policy_outputs(
     chunk_rows: int | None = None,
     packed: bool = False,
     keep_logits: bool = False,
+    keep_router_logits: bool = False,
     truncation: Truncation | None = None,
-) -> PolicyOutputs:
-    """`policy_logprobs`, and with ``keep_logits`` the response logits themselves (`ResponseLogits`)."""
+) -> PolicyForward:
+    """`policy_logprobs` as a `PolicyForward`: with ``keep_logits`` the response logits themselves (`ResponseLogits`),
+    with ``keep_router_logits`` a mixture-of-experts policy's router logits at the same positions (`RouterLogits`);
+    ``truncation``: the sampler's top-k / top-p, applied as it was (`lightning_rl.core.truncation`)."""
     if packed:
         refuse_images(batch)
     reported = batch.sampling_support if truncation is not None else None  # the sampler's kept sets: its policy only
+    routers = RouterRecorder(model) if keep_router_logits else None
+    router = None
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
         row = pack(
             batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model)
         )
-        logits = packed_outputs(model, row)  # (N, V)
+        with routers.recording() if routers is not None else nullcontext():
+            logits = packed_outputs(model, row)  # (N, V)
+        if routers is not None:
+            router = routers.take(*row.input_ids.shape)[0, row.columns]  # (N, L, E)
         targets = batch.response_ids[row.token_mask]  # (N,)
         support = None if reported is None else reported[row.token_mask]  # (N, K)
-        scatter = row.scatter
+        scatter, token_mask = row.scatter, row.token_mask
     else:
-        logits = response_logits(
-            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, batch.image_inputs
+        logits, router = response_outputs(
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            batch.image_inputs,
+            routers,
         )
         targets, support = batch.response_ids, reported  # (B, R), (B, R, K) or None
-        scatter = None
+        scatter = token_mask = None
     logprobs = sampled_logprobs(logits, targets, temperature, chunk_rows, truncation, support)
     entropy = None
     if with_entropy:
@@ -401,9 +430,8 @@ def policy_outputs(
         else:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach(), temperature, chunk_rows)
-    kept = None
-    if keep_logits:
-        kept = ResponseLogits(logits, float(temperature), None if scatter is None else row.token_mask, scatter)
+    kept = ResponseLogits(logits, float(temperature), token_mask, scatter) if keep_logits else None
+    routed = None if router is None else RouterLogits(router, experts_per_token(model), token_mask, scatter)
     if scatter is not None:
-        return PolicyOutputs(scatter(logprobs), None if entropy is None else scatter(entropy), kept)
-    return PolicyOutputs(logprobs, entropy, kept)
+        logprobs, entropy = scatter(logprobs), None if entropy is None else scatter(entropy)
+    return PolicyForward(logprobs, entropy, kept, routed)

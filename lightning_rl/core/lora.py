@@ -13,6 +13,10 @@ have gradients and optimizer state. What this buys the RL loop:
   policy's, when it starts from a reward model or a path, or when the policy trains in full;
 * checkpoints hold the adapters, the value head and the optimizer state; the base is reloaded from
   its path and checked against a fingerprint stored with the checkpoint.
+
+A mixture of experts takes adapters on its attention and other ``nn.Linear`` layers only: its experts (3-D tensors,
+one slice per expert) and its routers get none (``all-linear`` leaves them out; a target that names only them is
+refused in one line).
 """
 
 from __future__ import annotations
@@ -54,12 +58,28 @@ def apply_lora(model: nn.Module, spec: LoraSpec, what: str, exclude: list[str] |
 
     if spec.rank < 1:
         raise ValueError(f"{what}.lora.rank must be >= 1, got {spec.rank}")
-    excluded = "|".join(re.escape(prefix) for prefix in exclude or [])
+    routed = _moe_targets(model, spec.target_modules)
+    if routed:
+        raise ValueError(
+            f"{what}.lora.target_modules={spec.target_modules!r} names {routed[:4]}, experts or routers of the mixture "
+            f"of experts {type(model).__name__}: LoRA goes on its attention and other linear layers only "
+            f"({_linear_names(model)}); drop them"
+        )
+    from lightning_rl.core.moe import routers
+
+    targets = spec.target_modules
+    if routers(model) and targets == "all-linear":  # peft's all-linear would wrap the experts and routers too
+        head = model.get_output_embeddings()
+        targets = sorted(
+            {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head}
+        )
+    exclude = [*(exclude or []), *(router.name for router in routers(model))]  # a router may be an nn.Linear
+    excluded = "|".join(re.escape(prefix) for prefix in exclude)
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
-        target_modules=spec.target_modules,
+        target_modules=targets,
         bias="none",
         exclude_modules=f"({excluded})(\\..*)?" if excluded else None,
     )
@@ -68,13 +88,41 @@ def apply_lora(model: nn.Module, spec: LoraSpec, what: str, exclude: list[str] |
             torch.manual_seed(spec.init_seed)
             get_peft_model(model, config, adapter_name=ADAPTER)
     except (ValueError, TypeError) as err:
-        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(
             f"{what}.lora: peft cannot put adapters on {type(model).__name__} with target_modules={spec.target_modules!r} "
-            f"({str(err).splitlines()[0]}). Its linear layers are named {linear}: set {what}.lora.target_modules to some of them"
+            f"({str(err).splitlines()[0]}). Its linear layers are named {_linear_names(model)}: set {what}.lora.target_modules to some of them"
         ) from err
     model.lora_base_fingerprint = base_fingerprint(model)
     return model
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+
+
+def _moe_targets(model: nn.Module, targets: list[str] | str) -> list[str]:
+    """The targets (as peft matches them: a name's suffix, or a regex over whole names) that name only a mixture of
+    experts' routers, expert modules (those holding 3-D tensors) or expert tensors, never an ``nn.Linear``."""
+    import re
+
+    from lightning_rl.core.moe import routers
+
+    found = routers(model)
+    if not found or targets == "all-linear":
+        return []
+    modules = dict(model.named_modules())
+    linear = [name for name, m in modules.items() if isinstance(m, nn.Linear)]
+    experts = [name for name, m in modules.items() if any(p.dim() == 3 for p in m.parameters(recurse=False))]
+    routed = [r.name for r in found] + experts
+    routed += [f"{name}.{p}" for name in experts for p, _ in modules[name].named_parameters(recurse=False)]
+
+    def matches(target: str, names: list[str]) -> bool:
+        if isinstance(targets, str):
+            return any(re.fullmatch(target, name) for name in names)
+        return any(name == target or name.endswith("." + target) for name in names)
+
+    asked = [targets] if isinstance(targets, str) else list(targets)
+    return [t for t in asked if matches(t, routed) and not matches(t, linear)]
 
 
 def is_lora(model: nn.Module | None) -> bool:

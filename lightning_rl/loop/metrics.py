@@ -9,6 +9,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from lightning_rl.core.forward_outputs import RouterLogits
+from lightning_rl.core.moe import expert_counts, load_cv, router_entropy
 from lightning_rl.core.ops import all_reduce_sum, dist_ready
 
 
@@ -93,6 +95,28 @@ class WeightedMeans:
                     torch.distributed.all_reduce(stacked, op=getattr(torch.distributed.ReduceOp, op))
                 out.update(dict(zip(names, stacked)))
         return out
+
+
+class ExpertLoad:
+    """A mixture-of-experts policy's routing in one iteration's update, over the tokens that count:
+    ``moe/router_entropy`` (the routers' mean entropy) and ``moe/expert_load_cv`` (the coefficient of variation of the
+    tokens per expert, per layer, averaged over layers: lightning_rl.core.moe), taken once from the counts of every
+    micro-batch and rank, so it is the iteration's load and not a mean of small batches' ones."""
+
+    def __init__(self) -> None:
+        self.counts: Tensor | None = None  # (L, E)
+
+    def add(self, router: RouterLogits, mask: Tensor, metrics: WeightedMeans) -> None:
+        """One micro-batch's routers; ``mask`` (B, R): the tokens that count."""
+        mask = router.align(mask)
+        counts = expert_counts(router.logits, mask, router.top_k)
+        self.counts = counts if self.counts is None else self.counts + counts
+        tokens = mask.sum()
+        metrics.add("moe/router_entropy", router_entropy(router.logits, mask) / tokens.clamp_min(1), tokens)
+
+    def report(self, metrics: WeightedMeans) -> None:
+        if self.counts is not None:
+            metrics.add("moe/expert_load_cv", load_cv(all_reduce_sum(self.counts)))
 
 
 class PhaseTimer:

@@ -20,12 +20,13 @@ from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
 from lightning_rl.core.logprobs import policy_outputs
 from lightning_rl.core.microbatch import micro_batches
+from lightning_rl.core.moe import is_moe
 from lightning_rl.core.ops import all_reduce_sum, masked_mean, sequence_kl, world_size
 from lightning_rl.core.truncation import Truncation
 from lightning_rl.distributed import touch, uses_ddp, uses_deepspeed
 from lightning_rl.loop.estimate import add_distill_metrics
 from lightning_rl.loop.health import TrainingHealth
-from lightning_rl.loop.metrics import WeightedMeans
+from lightning_rl.loop.metrics import ExpertLoad, WeightedMeans
 
 
 class PolicyUpdate:
@@ -60,6 +61,14 @@ class PolicyUpdate:
             state,
         )
         self.group_configs, self.teacher_logits = group_configs, teacher_logits
+        self.moe = is_moe(policy)
+        for i, term in enumerate(loss_terms):
+            if "router_logits" in term.reads and not self.moe:
+                raise ValueError(
+                    f"model.loss_terms[{i}] ({type(term).__name__}) reads the router logits of a mixture-of-experts policy, "
+                    f"but the policy ({type(policy).__name__}) has no router: drop the term, or train an MoE policy "
+                    "(e.g. lightning_rl/assets/tiny-arith-moe, configs/grpo_moe.yaml)"
+                )
         self._said_degenerate = False
 
     def worth_optimizing(self, batch: RolloutBatch, iteration: int) -> bool:
@@ -100,8 +109,8 @@ class PolicyUpdate:
         PPO-ptx's (ids, mask) of this iteration; ``temperature`` and ``truncation``: the sampler's, which the
         policy's log-probs mirror."""
         loop, device = self.loop, batch.response_ids.device
-        needs_entropy = any(term.needs_entropy for term in self.loss_terms)
         steps, skipped, ddp = 0, 0, uses_ddp(trainer)
+        routing = ExpertLoad() if self.moe else None  # a mixture of experts: its routers' load, every iteration
         packed = loop.max_tokens_per_micro_batch is not None
         for epoch in range(loop.ppo_epochs):
             kl_before = metrics.running("policy/approx_kl")
@@ -121,14 +130,7 @@ class PolicyUpdate:
                     loss = torch.zeros((), device=device)
                     if train_policy:
                         loss = loss + self._policy_loss(
-                            micro,
-                            total,
-                            tokens,
-                            temperature,
-                            needs_entropy,
-                            metrics,
-                            truncation,
-                            first_epoch=epoch == 0,
+                            micro, total, tokens, temperature, metrics, routing, truncation, first_epoch=epoch == 0
                         )
                         policy_loss = policy_loss + loss.detach()
                     elif ddp:  # DDP's reducer needs a gradient for every parameter: zeros for the idle policy
@@ -160,6 +162,8 @@ class PolicyUpdate:
             ):
                 break  # every rank sees the same all-reduced KL: all stop together
         metrics.add("policy/epochs_run", torch.tensor(float(epoch + 1), device=device))
+        if routing is not None:
+            routing.report(metrics)
         metrics.add("health/skipped_nonfinite", torch.tensor(float(skipped), device=device))
         return steps
 
@@ -175,23 +179,25 @@ class PolicyUpdate:
         total: Tensor,
         tokens: Tensor,
         t: float,
-        needs_entropy: bool,
         metrics: WeightedMeans,
+        routing: ExpertLoad | None,
         truncation: Truncation | None = None,
         first_epoch: bool = True,
     ) -> Tensor:
-        needs_logits = any(term.needs_logits for term in self.loss_terms)
-        logprobs, entropy, logits = policy_outputs(
+        reads = frozenset().union(*(term.reads for term in self.loss_terms))
+        forward = policy_outputs(
             self.policy,
             micro,
             t,
             with_entropy=True,
-            entropy_grad=needs_entropy,
+            entropy_grad="entropy" in reads,
             chunk_rows=self.loop.logprob_chunk_rows,
             packed=self.loop.max_tokens_per_micro_batch is not None,
-            keep_logits=needs_logits,
+            keep_logits="logits" in reads,
+            keep_router_logits=routing is not None,
             truncation=truncation,
         )
+        logprobs, entropy = forward.logprobs, forward.entropy
         if self.teacher_logits is not None:  # the teacher's whole distribution, one micro-batch at a time
             micro = micro.replace(teacher_logits=self.teacher_logits(micro))
         if micro.old_logprobs is None:  # on-policy: pi_old is the current policy
@@ -218,9 +224,10 @@ class PolicyUpdate:
             if self.kl.placement == "loss" and self.kl.active:
                 metrics.add("kl/clamped_frac", masked_mean(self.kl.clamped(logprobs, micro), micro.loss_mask), tokens)
         for term in self.loss_terms:
-            given = {"logits": logits} if term.needs_logits else {}
-            per_token = per_token + term(logprobs, entropy, micro, **given)
+            per_token = per_token + term(forward, micro)
         metrics.add("policy/entropy", masked_mean(entropy.detach(), micro.loss_mask), tokens)
+        if routing is not None:
+            routing.add(forward.router_logits, micro.loss_mask, metrics)
         metrics.add_all(surrogate_metrics, tokens)
         return self.aggregator(per_token, micro.loss_mask, total)
 

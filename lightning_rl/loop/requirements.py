@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 
 from lightning_rl.core.errors import ConfigError, closest_name
+from lightning_rl.core.forward_outputs import READABLE
 from lightning_rl.core.models import context_length
 from lightning_rl.core.truncation import Truncation
 
@@ -52,6 +53,13 @@ def check_requirements(module) -> Needs:
         "critic": module.critic,
         **{f"loss_terms[{i}]": t for i, t in enumerate(module.loss_terms)},
     }
+    for i, term in enumerate(module.loss_terms):
+        unknown = sorted(set(term.reads) - READABLE)
+        if unknown:
+            raise ValueError(
+                f"model.loss_terms[{i}] ({type(term).__name__}) reads {unknown} of the policy's forward, which gives "
+                f"{sorted(READABLE)} (and the log-probs): fix its `reads`"
+            )
     before = set().union(*(_requires(c) for c in early.values()))
     during = set().union(*(_requires(c) for c in late.values()))
     kl = module.kl

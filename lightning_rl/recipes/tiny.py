@@ -74,6 +74,36 @@ def build_tiny_llama(
     return model
 
 
+def build_tiny_qwen3_moe(
+    tokenizer,
+    hidden_size: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    experts: int = 8,
+    top_k: int = 2,
+    expert_size: int = 48,
+    seed: int = 0,
+    max_positions: int = 64,
+):
+    """A randomly initialised Qwen3-MoE for the character vocabulary: every layer's MLP is ``experts`` experts of
+    ``expert_size`` hidden units, ``top_k`` of them per token (8 x 48 = the dense tiny Llama's 384 units in all, 96
+    active). Heads of ``hidden_size / heads`` dimensions (32 by default: vLLM's CPU attention has no kernel for 16)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=experts * expert_size,
+        moe_intermediate_size=expert_size, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, head_dim=hidden_size // heads, num_experts=experts, num_experts_per_tok=top_k,
+        norm_topk_prob=True, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )  # fmt: skip
+    model = Qwen3MoeForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
 def save_tiny(path: str | Path, hidden_size: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> str:
     """Write a random tiny Llama + tokenizer to ``path`` (a test fixture); returns the path."""
     tokenizer = build_char_tokenizer()

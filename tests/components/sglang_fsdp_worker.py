@@ -25,16 +25,18 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=generator))  # the same on every rank
-    expected = {
-        n: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16]
+    from tests.fixtures.sglang_server import _server_name
+
+    expected = {  # as the server names them (a mixture of experts' experts: SGLang's fused names)
+        _server_name(n): hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()[:16]
         for n, t in policy.state_dict().items()
     }
     shard(policy, init_device_mesh("cpu", (world,)))
     sharded = all(type(p).__name__ == "DTensor" for p in policy.parameters())
     gathered: list[int] = []  # bytes of full tensors per gather: one bucket at a time
 
-    def recording(state, bucket):
-        tensors = gather(state, bucket)
+    def recording(state, bucket, policy=None):
+        tensors = gather(state, bucket, policy)
         gathered.append(sum(t.numel() * t.element_size() for t in tensors))
         return tensors
 

@@ -10,7 +10,7 @@ from components.advantage import DistillAdvantage, GroupNormalized
 from components.distill import TeacherKL
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.divergence import exact_reverse_kl
-from lightning_rl.core.logprobs import ResponseLogits
+from lightning_rl.core.forward_outputs import PolicyForward, ResponseLogits
 from tests.helpers import batch_from_scores
 
 
@@ -72,12 +72,13 @@ def _logits_batch(seed: int = 0):
 def test_teacher_kl_exact_is_the_full_vocabulary_kl_and_topk_its_coarsening():
     student, batch = _logits_batch()
     view = ResponseLogits(student, 0.8)
-    exact = TeacherKL(coef=0.5, variant="exact")(None, None, batch, logits=view)
+    exact = TeacherKL(coef=0.5, variant="exact")(PolicyForward(None, logits=view), batch)
     torch.testing.assert_close(exact, 0.5 * exact_reverse_kl(student, batch.teacher_logits, 0.8), rtol=0, atol=0)
-    topk = TeacherKL(coef=0.5, variant="topk")(None, None, batch, logits=view)
+    topk = TeacherKL(coef=0.5, variant="topk")(PolicyForward(None, logits=view), batch)
     assert bool((topk < exact).all()) and bool((topk > 0).all())
-    assert TeacherKL(variant="exact").requires == {"teacher_logits"} and TeacherKL(variant="exact").needs_logits
+    assert TeacherKL(variant="exact").requires == {"teacher_logits"} and TeacherKL(variant="exact").reads == {"logits"}
     assert TeacherKL(variant="topk").requires == {"teacher_topk_ids", "teacher_topk_logprobs"}
+    assert TeacherKL(variant="sampled").reads == frozenset()  # the sampled token's log-prob only: no logits kept
 
 
 def test_teacher_kl_on_a_packed_layout_equals_the_padded_one():
@@ -88,9 +89,9 @@ def test_teacher_kl_on_a_packed_layout_equals_the_padded_one():
     def scatter(values):
         return values.new_zeros(token_mask.shape).index_put((token_mask,), values)
 
-    padded = TeacherKL(variant="exact")(None, None, batch, logits=ResponseLogits(student, 1.0))
+    padded = TeacherKL(variant="exact")(PolicyForward(None, logits=ResponseLogits(student, 1.0)), batch)
     packed = TeacherKL(variant="exact")(
-        None, None, batch, logits=ResponseLogits(student[token_mask], 1.0, token_mask, scatter)
+        PolicyForward(None, logits=ResponseLogits(student[token_mask], 1.0, token_mask, scatter)), batch
     )
     torch.testing.assert_close(packed, padded * batch.response_mask, rtol=0, atol=0)
 
@@ -103,7 +104,7 @@ def test_teacher_kl_sampled_is_k2_whose_gradient_is_the_log_ratio():
         response_mask=torch.ones(1, 2),
         teacher_logprobs=torch.tensor([[-0.1, -0.2]]),
     )
-    term = TeacherKL(coef=2.0, variant="sampled")(logprobs, None, batch)
+    term = TeacherKL(coef=2.0, variant="sampled")(PolicyForward(logprobs), batch)
     torch.testing.assert_close(term, torch.tensor([[0.16, 3.24]]), rtol=0, atol=1e-6)
     term.sum().backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.8, -3.6]]), rtol=0, atol=1e-6)

@@ -1,9 +1,13 @@
 """The contract every server engine keeps, run against two: the loopback SGLang server and a real vLLM server (vLLM's
 CPU build; tests/fixtures/vllm_server.py). Generation with the engine's own log-probs equal to the trainer's (fp32),
 a verified weight push after every update, a stale tensor caught and named, LoRA adapters, a server killed and
-restarted. The fits (asynchronous, agents) are in tests/lightning_rl/loop/test_rollout_contract_fits.py."""
+restarted; on the tiny dense policy and on the shipped mixture of experts (its experts pushed as 3-D tensors' slices,
+a stale layer of experts named). The fits (asynchronous, agents) are in
+tests/lightning_rl/loop/test_rollout_contract_fits.py."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -11,25 +15,47 @@ import torch
 from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.helpers import prompts as make_prompts
-from tests.support.engines import MODEL, LoopbackSGLang, RealVLLM, gap, perturb
+from tests.support.engines import MODEL, MOE, LoopbackSGLang, RealVLLM, gap, perturb
+
+MODELS = {"dense": MODEL, "moe": MOE}
 
 
 @pytest.fixture(scope="module")
-def loopback():
+def loopbacks():
+    """The loopback server of each model, started when a test first asks for it."""
     from tests.fixtures.sglang_server import ServerProcess
 
-    process = ServerProcess(MODEL, env={"OMP_NUM_THREADS": "1"})
-    yield process
-    process.stop()
+    started = {}
+
+    def of(model: str):
+        if model not in started:
+            started[model] = ServerProcess(model, env={"OMP_NUM_THREADS": "1"})
+        return started[model]
+
+    yield of
+    for process in started.values():
+        process.stop()
 
 
-ENGINES = [pytest.param(e, marks=[pytest.mark.slow, pytest.mark.xdist_group("vllm")]) for e in ("sglang", "vllm")]
-"""Both engines; one xdist worker runs these (the run has one vLLM server)."""
+ENGINES = [
+    pytest.param(
+        (e, m),
+        marks=[pytest.mark.slow, pytest.mark.xdist_group("vllm")],
+        id=f"{e}-{m}",
+    )
+    for m in MODELS
+    for e in ("sglang", "vllm")
+]
+"""Both engines on both models; one xdist worker runs these (the run has one vLLM server of each model)."""
 
 
 @pytest.fixture(params=ENGINES)
-def engine(request, loopback):
-    served = LoopbackSGLang(loopback) if request.param == "sglang" else RealVLLM(request.getfixturevalue("vllm_server"))
+def engine(request, loopbacks):
+    kind, model = request.param
+    if kind == "sglang":
+        served = LoopbackSGLang(loopbacks(MODELS[model]), MODELS[model])
+    else:
+        served = RealVLLM(request.getfixturevalue("vllm_server" if model == "dense" else "vllm_moe_server"))
     yield served
     served.close()
 
@@ -112,15 +138,27 @@ def test_every_update_is_pushed_verified_and_served(engine, policy, prompts, wei
         assert gap(policy, batch) <= 1e-4 and gap(before, batch) > 1e-3  # served: the update, not the weights before
 
 
-def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts):
-    stale = "model.layers.1.post_attention_layernorm.weight"
+def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts, request):
+    """Dense: one norm tensor. Mixture of experts: every expert's down projection of layer 1, which the server holds
+    as one fused tensor (SGLang's ``experts.w2_weight``, vLLM's ``experts.routed_experts.w2_weight``)."""
+    if engine.name == "vllm" and engine.model == MOE:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+            "caught by the probe only (gap 1.3): vLLM's reload re-prepacks the layer's w2 it did not receive (the "
+            "plugin's CPU-experts fix prepacks both of a reloaded layer's tensors), so its checksum moves")))  # fmt: skip
+    experts = getattr(policy.config, "num_experts", 0)
+    if experts:
+        stale = [f"model.layers.1.mlp.experts.{e}.down_proj.weight" for e in range(experts)]
+        named = rf"{re.escape(stale[0])} and {experts - 1} more \(the server's model\.layers\.1\.mlp\.experts\.\S*w2_weight\)"
+    else:
+        stale = ["model.layers.1.post_attention_layernorm.weight"]
+        named = re.escape(stale[0])
     rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed")
     rollout.sync_weights(policy)
     perturb(policy, 0.02)
     with (
         engine.stale(stale),
         pytest.raises(
-            engine.error, match=rf"{engine.url} does not hold the weights just pushed \(version 2\): .*{stale}"
+            engine.error, match=rf"{engine.url} does not hold the weights just pushed \(version 2\): .*{named}"
         ),
     ):
         rollout.sync_weights(policy)
@@ -130,9 +168,10 @@ def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts):
 
 
 def test_a_lora_adapter_is_pushed_and_sampled(engine, prompts):
-    lora = load_causal_lm(
-        ModelSpec(path=engine.model, lora=LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    )
+    if engine.name == "vllm" and engine.model == MOE:
+        pytest.skip("vLLM 0.32's CPU build runs LoRA on fused experts with Triton kernels it lacks: no LoRA on an MoE")
+    targets = ["q_proj", "v_proj", "down_proj" if engine.model == MODEL else "o_proj"]  # an MoE's: attention only
+    lora = load_causal_lm(ModelSpec(path=engine.model, lora=LoraSpec(rank=4, alpha=8, target_modules=targets)))
     engine.make().sync_weights(
         load_causal_lm(ModelSpec(path=engine.model))
     )  # the base again: earlier tests pushed others

@@ -177,6 +177,27 @@ def test_an_fsdp2_sharded_policy_is_gathered_bucket_by_bucket_and_arrives_exactl
 
 
 @pytest.mark.slow
+def test_an_fsdp2_sharded_mixture_of_experts_arrives_exactly_expert_by_expert(tiny_moe_path, tmp_path):
+    """Each layer's 3-D expert tensors are sharded over the experts; gathered, converted to one tensor per expert and
+    projection and loaded into the server's fused experts tensors, bit for bit."""
+    from components.rollout.sglang.server import free_port
+    from tests.components.sglang_fsdp_worker import fsdp_push_worker
+
+    server = ServerProcess(tiny_moe_path, env=ONE_THREAD)
+    try:
+        out = tmp_path / "fsdp.pt"
+        torch.multiprocessing.spawn(
+            fsdp_push_worker, args=(2, free_port(), tiny_moe_path, server.url, 0.01, str(out)), nprocs=2
+        )
+        result = torch.load(out)
+        assert result["sharded"] and result["version"] == 1
+        served = server.get("/weights_checker")["ranks"][0]["checksums"]
+        assert served == result["expected"] and "model.layers.1.mlp.experts.w2_weight" in served
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
 def test_verification_catches_a_server_that_kept_one_tensor_over_the_group(pair, policy, make_rollout):
     stale = pair[0]
     stale.get("/loopback_fault", {"keep_stale": ["model.layers.1.mlp.down_proj.weight"]})

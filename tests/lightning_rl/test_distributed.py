@@ -146,9 +146,12 @@ def test_fsdp2_grpo_steps_equal_one_process_and_generation_works_sharded(tmp_pat
 
 
 @pytest.mark.slow
-def test_fsdp2_resume_from_a_sharded_checkpoint_continues_exactly(tmp_path, tiny_model_path):
+@pytest.mark.parametrize("model", ["tiny_model_path", "tiny_moe_path"])
+def test_fsdp2_resume_from_a_sharded_checkpoint_continues_exactly(tmp_path, model, request):
     """2 ranks, real sampling, adaptive KL (sharded reference), 2 shuffled mini-batches: 2 iterations straight ==
-    1, stop, resume from the folder of shards, 1 more. Each rank's random state and data position must come back."""
+    1, stop, resume from the folder of shards, 1 more. Each rank's random state and data position must come back.
+    Also a mixture of experts (its 3-D expert tensors sharded over the experts), whose export transformers loads."""
+    tiny_model_path = request.getfixturevalue(model)
     extra = [
         "--model.reward=components.reward.FunctionReward",
         "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
@@ -191,6 +194,15 @@ def test_fsdp2_resume_from_a_sharded_checkpoint_continues_exactly(tmp_path, tiny
         {k: b[k] for k in ("rng", "optimizer_steps", "PromptDataModule")},
     )
     assert not any(k.startswith("reference.") for k in a["state_dict"])  # frozen: reloaded from its path, not stored
+    if model == "tiny_moe_path":
+        from lightning_rl.core.models import ModelSpec, load_causal_lm
+        from lightning_rl.export import export_checkpoint
+
+        written = export_checkpoint(tmp_path / "b" / "checkpoints" / "step=2.ckpt", tmp_path / "hf")
+        exported = load_causal_lm(ModelSpec(path=str(written["policy"]))).state_dict()
+        assert exported.keys() == {k[len("policy.") :] for k in b["state_dict"] if k.startswith("policy.")}
+        for name, value in exported.items():
+            assert torch.equal(value, b["state_dict"][f"policy.{name}"]), name
 
 
 @pytest.mark.slow

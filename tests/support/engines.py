@@ -1,6 +1,7 @@
 """The two engines the contract tests run against, behind one face: the loopback SGLang server (a process of its own,
 tests/fixtures/sglang_server.py) and the run's real vLLM server (tests/fixtures/vllm_server.py), both serving the
-shipped tiny tool-using policy (vLLM: the same function with wider attention heads, its ``model``)."""
+shipped tiny tool-using policy (vLLM: the same function with wider attention heads, its ``model``), or both serving the
+shipped mixture of experts (``MOE``, heads of 32 dimensions already)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from lightning_rl.core.logprobs import policy_logprobs
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = str(REPO / "lightning_rl/assets/tiny-calc")
+MOE = str(REPO / "lightning_rl/assets/tiny-arith-moe")
 
 
 class Engine:
     """``url`` and ``model`` (the checkpoint it serves: the trainer's policy); ``make(**kwargs)`` a rollout on it
-    (closed by the fixture); ``stale(name)`` while the block runs, ``name`` does not reach the server; ``kill`` /
-    ``restart`` the server."""
+    (closed by the fixture); ``stale(names)`` while the block runs, the pushed tensors ``names`` (checkpoint names) do
+    not reach the server's weights; ``kill`` / ``restart`` the server."""
 
     name: str
     url: str
@@ -53,8 +55,8 @@ class Engine:
 class LoopbackSGLang(Engine):
     name, config = "sglang", "configs/rollout/sglang.yaml"
 
-    def __init__(self, process):
-        self.process, self.url, self.model = process, process.url, MODEL
+    def __init__(self, process, model: str = MODEL):
+        self.process, self.url, self.model = process, process.url, model
         super().__init__()
         from components.rollout.sglang import SGLangError
 
@@ -66,8 +68,8 @@ class LoopbackSGLang(Engine):
         return SGLangRollout
 
     @contextmanager
-    def stale(self, name: str):
-        self.process.get("/loopback_fault", {"keep_stale": [name]})  # the server's loader skips it
+    def stale(self, names: list[str]):
+        self.process.get("/loopback_fault", {"keep_stale": names})  # the server's loader skips them
         try:
             yield
         finally:
@@ -82,7 +84,8 @@ class LoopbackSGLang(Engine):
         from tests.fixtures.sglang_server import ServerProcess
 
         self.process.stop()
-        self.process.__dict__.update(vars(ServerProcess(MODEL, port=self.process.port, env={"OMP_NUM_THREADS": "1"})))
+        restarted = ServerProcess(self.model, port=self.process.port, env={"OMP_NUM_THREADS": "1"})
+        self.process.__dict__.update(vars(restarted))
 
 
 class RealVLLM(Engine):
@@ -104,16 +107,16 @@ class RealVLLM(Engine):
         return [*super().fit_args(), "--model.rollout.init_args.launch", "null"]
 
     @contextmanager
-    def stale(self, name: str):
-        """The push leaves ``name`` out after recording it as sent: the server keeps its old value (vLLM keeps what a
-        push does not carry), as a loader that skipped it would."""
+    def stale(self, names: list[str]):
+        """The push leaves ``names`` out after recording them as sent: the server keeps their old values (vLLM keeps
+        what a push does not carry), as a loader that skipped them would."""
         from components.rollout.server import buckets
 
         original = buckets.WeightBuckets.__iter__
 
         def leaving_out(self):
             for bucket in original(self):
-                yield [(n, t) for n, t in bucket if n != name]
+                yield [(n, t) for n, t in bucket if n not in names]
 
         buckets.WeightBuckets.__iter__ = leaving_out
         try:

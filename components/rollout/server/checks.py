@@ -73,8 +73,8 @@ class Checks:
 
     def _checksums(self, engine: Engine, urls: list[str], before: dict, changed: list[str]) -> dict[str, str | None]:
         """{url: what its checksums say is missing}; the engine's error when they cannot be read or matched."""
-        error = engine.client.error
-        return {url: checksum_finding(error, url, changed, before[url], engine.checksums(url), engine.fusions)
+        error, where = engine.client.error, f"{type(engine).__module__}.{type(engine).__qualname__}"
+        return {url: checksum_finding(error, url, changed, before[url], engine.checksums(url), engine.fusions, where)
                 for url in urls}  # fmt: skip
 
     def _judge(self, error: type[ServerError], served: list, expected, stale: dict, version) -> BaseException | None:

@@ -89,12 +89,25 @@ class ScoringEngine(ABC):
         """Tear down what the engine set up (weight-transfer groups); best effort, servers may be gone."""
 
 
+def expert_fusions(under: str) -> dict[str, str]:
+    """A mixture of experts' checkpoint tensors (one per expert and projection: Qwen3-MoE's and OLMoE's ``gate_proj``,
+    ``up_proj``, ``down_proj``, Mixtral's ``w1``, ``w3``, ``w2``) to the two tensors an engine holds each layer's
+    experts in: ``experts.<under>w13_weight`` (E, 2I, H), every expert's gate and up projections, and
+    ``experts.<under>w2_weight`` (E, H, I), their down projections (SGLang's and vLLM's ``FusedMoE`` layers)."""
+    w13, w2 = f"experts.{under}w13_weight", f"experts.{under}w2_weight"
+    return {
+        **{f"experts.*.{part}.weight": w13 for part in ("gate_proj", "up_proj", "w1", "w3")},
+        **{f"experts.*.{part}.weight": w2 for part in ("down_proj", "w2")},
+    }
+
+
 class Engine(ScoringEngine):
     """One engine's mapping for a rollout: scoring, and sampling and weight pushes."""
 
     fusions: ClassVar[dict[str, str]] = {}
-    """Module names the engine fuses on load, trainer name -> the engine's (``q_proj`` -> ``qkv_proj``): a checksum
-    of the fused tensor stands for each of its parts."""
+    """Tensors the engine fuses on load, the checkpoint's name -> the engine's: a module name part (``q_proj`` ->
+    ``qkv_proj``), or the end of a name with ``*`` for an expert's index (``experts.*.down_proj.weight`` ->
+    ``experts.w2_weight``, `expert_fusions`). A checksum of the fused tensor stands for each of its parts."""
 
     def check_setup(self, url: str) -> None:
         """Refuse, in one line naming what is missing, a server started without what the rollout needs (engines whose

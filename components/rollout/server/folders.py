@@ -35,11 +35,10 @@ def save_checkpoint(policy: nn.Module, directory: str, fingerprints: Fingerprint
     if rank() == 0:
         policy.save_pretrained(directory, state_dict=state)
         if fingerprints is not None:
-            from .buckets import checkpoint_names
+            from .buckets import checkpoint_tensors
 
             first = {id(t): k for k, t in reversed(state.items())}  # a tied tensor under its first name
-            names = checkpoint_names(policy, {k: state[k] for k in first.values()})
-            fingerprints.add((names[k], state[k]) for k in first.values())
+            fingerprints.add(checkpoint_tensors(policy, {k: state[k] for k in first.values()}))
 
 
 class WeightFolders:

@@ -12,18 +12,22 @@ where the server has several. (A tensor sharded over ranks whose change touched 
 of tokens one rank holds, reads as not loaded on the others: the error names them.)
 
 Names are matched through the engine's fusions (``layers.0.self_attn.k_proj`` is the server's
-``layers.0.self_attn.qkv_proj``; with LoRA enabled vLLM holds it as ``qkv_proj.base_layer``) and then by the longest
-unique suffix (a server may root its module tree elsewhere:
-``model.visual.`` for ``visual.``, ``model.language_model.layers.`` for ``model.layers.``). A changed tensor the server
-reports no checksum for fails the check: exact means nothing is skipped.
+``layers.0.self_attn.qkv_proj``; with LoRA enabled vLLM holds it as ``qkv_proj.base_layer``; a mixture of experts'
+``mlp.experts.3.gate_proj.weight``, expert 3's slice of the checkpoint, is SGLang's ``mlp.experts.w13_weight`` and
+vLLM's ``mlp.experts.routed_experts.w13_weight``, all experts' gate and up projections in one (E, 2I, H) tensor) and
+then by the longest unique suffix (a server may root its module tree elsewhere: ``model.visual.`` for ``visual.``,
+``model.language_model.layers.`` for ``model.layers.``). A changed tensor the server reports no checksum for fails the
+check, naming the tensors the server holds beside it: exact means nothing is skipped, and a name the engine's fusions
+do not map is a push that may not have landed (a loader skips the names it does not know), so the fix is the map.
 
 What this cannot see, the probe checks numerically: a tensor fused with one that did change (a stale ``k_proj`` beside
-a changed ``q_proj``), the first push of a run (no push before it to compare with), a push after a failed one (what
-the failed one left is unknown), a change finer than bf16.
+a changed ``q_proj``; one stale expert beside changed ones of its layer), the first push of a run (no push before it to
+compare with), a push after a failed one (what the failed one left is unknown), a change finer than bf16.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from .http import ServerError
@@ -34,26 +38,53 @@ engine names it, e.g. vLLM's ``dp0:pp0:pcp0:tp1``)."""
 
 
 class ServerNames:
-    """Finds the server's name for a tensor the trainer pushed."""
+    """Finds the server's name for a tensor the trainer pushed. ``fusions``: a module name part to the engine's
+    (``k_proj``: ``qkv_proj``), or, for a key with a ``*`` part (any expert's index), the end of a name to the engine's
+    (``experts.*.down_proj.weight``: ``experts.w2_weight``)."""
 
     def __init__(self, names, fusions: dict[str, str]):
-        self.names, self.fusions = set(names), fusions
+        self.names = set(names)
+        self.fusions = {k: v for k, v in fusions.items() if "." not in k}
+        self.patterns = [
+            (re.compile(r"(^|\.)" + re.escape(k).replace(r"\*", r"\d+") + "$"), v)
+            for k, v in fusions.items()
+            if "." in k
+        ]
         self._by_suffix: dict[str, set[str]] = defaultdict(set)
         for name in self.names:
             parts = name.split(".")
             for k in range(len(parts)):
                 self._by_suffix[".".join(parts[k:])].add(name)
 
+    def fused(self, pushed: str) -> str:
+        """``pushed`` under the engine's fusions."""
+        for pattern, target in self.patterns:
+            found = pattern.search(pushed)
+            if found:
+                return pushed[: found.start()] + found.group(1) + target
+        return ".".join(self.fusions.get(part, part) for part in pushed.split("."))
+
+    def beside(self, pushed: str, most: int = 3) -> list[str]:
+        """The server's names under the deepest module of ``pushed`` it holds anything under (what to map it to)."""
+        parts = pushed.split(".")
+        for k in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:k]) + "."
+            found = sorted(n for n in self.names if n.startswith(prefix))
+            if found:
+                return found[:most]
+        return []
+
     def __call__(self, pushed: str) -> str | None:
-        fused = ".".join(self.fusions.get(part, part) for part in pushed.split("."))
+        fused = self.fused(pushed)
         for candidate in dict.fromkeys([pushed, fused]):
-            if candidate in self.names or _wrapped(candidate) in self.names:
-                return candidate if candidate in self.names else _wrapped(candidate)
+            for name in (candidate, *_wrapped(candidate)):
+                if name in self.names:
+                    return name
         for candidate in dict.fromkeys([pushed, fused]):
             parts = candidate.split(".")
             for k in range(1, len(parts) - 1):  # at least a module and the tensor
                 suffix = ".".join(parts[k:])
-                found = self._by_suffix.get(suffix, set()) | self._by_suffix.get(_wrapped(suffix), set())
+                found = set().union(*(self._by_suffix.get(s, set()) for s in (suffix, *_wrapped(suffix))))
                 if len(found) == 1:
                     return next(iter(found))
                 if len(found) > 1:
@@ -61,10 +92,11 @@ class ServerNames:
         return None
 
 
-def _wrapped(name: str) -> str:
-    """``name`` under ``base_layer``: a layer an engine wraps for LoRA holds its own weight there."""
-    module, _, tensor = name.rpartition(".")
-    return f"{module}.base_layer.{tensor}"
+def _wrapped(name: str) -> list[str]:
+    """``name`` under ``base_layer``, deepest first: a layer an engine wraps for LoRA holds its own weights there
+    (``qkv_proj.base_layer.weight``; vLLM's experts: ``experts.base_layer.routed_experts.w13_weight``)."""
+    parts = name.split(".")
+    return [".".join([*parts[:k], "base_layer", *parts[k:]]) for k in range(len(parts) - 1, 0, -1)]
 
 
 def stale_tensors(
@@ -93,28 +125,34 @@ def checksum_finding(
     before: Checksums,
     after: Checksums,
     fusions: dict[str, str],
+    engine: str = "the engine",
 ) -> str | None:
     """What the server's checksums say is missing from the push (None: nothing); ``error`` naming ``url`` when a
-    changed tensor has no checksum on the server."""
+    changed tensor has no checksum on the server. ``engine``: where the engine's fusions are (the fix)."""
     stale, unknown = stale_tensors(changed, before, after, fusions)
     if unknown:
+        held = ServerNames(after, fusions).beside(unknown[0])
         raise error(
-            f"{error.engine} server at {url}: its weight checksums name none of {unknown[:5]}, which the push changed, so "
-            "the push cannot be verified exactly. If this engine names them otherwise, set "
-            "model.rollout.init_args.verify_checksums: false (the probe still checks every push)"
+            f"{error.engine} server at {url}: its weight checksums name none of {unknown[:5]}"
+            f"{f' (and {len(unknown) - 5} more)' if len(unknown) > 5 else ''}, which the push changed, so it is not "
+            f"known to have loaded them (a loader skips names it does not know). It holds {held or 'nothing near them'}"
+            f"{' beside the first' if held else ''}: map the pushed names to the server's in {engine}.fusions"
         )
     if not stale:
         return None
     several = len({rank for digests in after.values() for rank in digests}) > 1
-
-    def shown_one(pushed: str, served: str, ranks: list[str]) -> str:
-        named = pushed if pushed == served else f"{pushed} (the server's {served})"
-        return f"{named} on rank {', '.join(ranks)}" if several else named
-
-    shown = ", ".join(shown_one(*entry) for entry in stale[:5])
+    by_served: dict[tuple[str, tuple[str, ...]], list[str]] = defaultdict(list)  # a fused tensor once, with its parts
+    for pushed, served, ranks in stale:
+        by_served[served, tuple(ranks)].append(pushed)
+    shown = ", ".join(
+        pushed[0] + (f" and {len(pushed) - 1} more" if len(pushed) > 1 else "")
+        + ("" if pushed == [served] else f" (the server's {served})")
+        + (f" on rank {', '.join(ranks)}" if several else "")
+        for (served, ranks), pushed in list(by_served.items())[:5]
+    )  # fmt: skip
     return (
         f"{len(stale)} of the {len(changed)} tensors the trainer changed kept their checksum on the server: {shown}"
-        f"{' ...' if len(stale) > 5 else ''}"
+        f"{' ...' if len(by_served) > 5 else ''}"
     )
 
 

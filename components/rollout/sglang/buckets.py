@@ -3,9 +3,9 @@ the buckets themselves are the server layer's (`server.buckets`)."""
 
 from __future__ import annotations
 
-from ..server.buckets import Weight, WeightBuckets, checkpoint_names, gather, plan_buckets
+from ..server.buckets import Weight, WeightBuckets, checkpoint_layout, gather, plan_buckets
 
-__all__ = ["Weight", "WeightBuckets", "checkpoint_names", "gather", "metadata", "plan_buckets"]
+__all__ = ["Weight", "WeightBuckets", "checkpoint_layout", "gather", "metadata", "plan_buckets"]
 
 
 def metadata(bucket: list[Weight]) -> dict:

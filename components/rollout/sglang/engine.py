@@ -29,7 +29,7 @@ import uuid
 from torch import Tensor
 
 from ..server.buckets import WeightBuckets, drain
-from ..server.engine import Engine
+from ..server.engine import Engine, expert_fusions
 from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
@@ -45,7 +45,7 @@ class SGLangEngine(Engine):
     client_type = SGLangClient
     model_key = "model_path"
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-               "up_proj": "gate_up_proj"}  # fmt: skip
+               "up_proj": "gate_up_proj", **expert_fusions("")}  # fmt: skip
 
     def __init__(self, client: SGLangClient, push=None):
         super().__init__(client, push)

@@ -15,8 +15,9 @@ adapters      ``/v1/load_lora_adapter {lora_name, lora_path}`` (a peft folder: v
 checksums     ``POST /weight_checker {action: checksum}`` -> ``{checksums: {"dp0:pp0:pcp0:tp0:<name>": sha256}}``: each
               parameter as every worker holds it, keyed by the worker's rank (``v1/worker/gpu_worker.py``'s
               ``_weight_checksum_prefix``: data-parallel index, pipeline, context- and tensor-parallel ranks) and the
-              name (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the embedding padded to 64 rows, with
-              LoRA enabled under ``<layer>.base_layer.``)
+              name (q/k/v fused in ``qkv_proj``, gate/up in ``gate_up_proj``, the embedding padded to 64 rows,
+              a mixture of experts' experts in ``experts.routed_experts.w13_weight`` and
+              ``w2_weight``, with LoRA enabled under ``<layer>.base_layer.``)
 health        ``GET /health``; at set-up ``GET /server_info?config_format=json``: ``--logprobs-mode processed_logprobs``,
               and ``--weight-transfer-config`` for ``weight_sync: distributed``, or one line naming the flag
 served        ``GET /v1/models`` (``root``: the checkpoint it loaded), checked against the policy
@@ -34,7 +35,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from ..server.buckets import WeightBuckets, drain
-from ..server.engine import Engine
+from ..server.engine import Engine, expert_fusions
 from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
@@ -51,7 +52,7 @@ class VLLMEngine(Engine):
     client_type = VLLMClient
     model_key = "model"
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-               "up_proj": "gate_up_proj"}  # fmt: skip
+               "up_proj": "gate_up_proj", **expert_fusions("routed_experts.")}  # fmt: skip
 
     def __init__(self, client: VLLMClient, push=None):
         super().__init__(client, push)

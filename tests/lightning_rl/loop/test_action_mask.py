@@ -11,6 +11,7 @@ from components.kl import KLRegularizer
 from components.loss_terms import EntropyBonus, PositiveNLL
 from components.surrogate import CISPO, ClippedSurrogate, CovariancePG, OffPolicyCorrection, PolicyGradient
 from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.forward_outputs import PolicyForward
 
 B, R, V = 4, 7, 11
 RESPONSE_MASK = torch.tensor(
@@ -77,7 +78,7 @@ def _logit_grad(batch: RolloutBatch, surrogate=None, kl=None, term=None, aggrega
     if kl is not None:
         per_token = per_token + kl.loss_term(logprobs, batch)
     if term is not None:
-        per_token = per_token + term(logprobs, entropy, batch)
+        per_token = per_token + term(PolicyForward(logprobs, entropy), batch)
     aggregator(per_token, batch.loss_mask).backward()
     return logits.grad  # (B, R, V)
 
@@ -258,14 +259,15 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
         rollout_logprobs=-3.0 * torch.rand(B, R, generator=g), scores=torch.ones(B), sample_mask=torch.ones(B), group_ids=torch.tensor([0, 0, 1, 1]),
     )  # fmt: skip
     captured = {}
-    response_logits = logprobs_module.response_logits
+    response_outputs = logprobs_module.response_outputs
 
     def keep(*args, **kwargs):  # the (B, R, V) logits that score the response tokens
-        captured["logits"] = logits = response_logits(*args, **kwargs)
+        logits, router = response_outputs(*args, **kwargs)
+        captured["logits"] = logits
         logits.retain_grad()
-        return logits
+        return logits, router
 
-    monkeypatch.setattr(logprobs_module, "response_logits", keep)
+    monkeypatch.setattr(logprobs_module, "response_outputs", keep)
     module = SimpleNamespace(
         policy=policy, loop=SimpleNamespace(logprob_chunk_rows=None, max_tokens_per_micro_batch=None),
         surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(), teacher_logits=None,
@@ -274,7 +276,7 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
     torch.manual_seed(0)
     mask = batch.loss_mask
     t = 0.3  # a sharp sampler: the random model's entropies then differ from token to token
-    loss = PolicyUpdate._policy_loss(module, batch, mask.sum(), mask.sum(), t, True, metrics)
+    loss = PolicyUpdate._policy_loss(module, batch, mask.sum(), mask.sum(), t, metrics, None)
     loss.backward()
     _check(captured["logits"].grad)
     values = metrics.compute(sync=False)
