@@ -25,7 +25,7 @@ from lightning_rl.core.inputs import (
     row_positions,
     sequence_inputs,
 )
-from lightning_rl.core.moe import RouterRecorder, experts_per_token
+from lightning_rl.core.moe import RouterRecorder, experts_per_token, replaying
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
@@ -145,9 +145,16 @@ def response_logits(
     return response_outputs(model, prompt_ids, prompt_mask, response_ids, response_mask, image_inputs)[0]
 
 
-def _model_call(model, routers: RouterRecorder | None, input_ids: Tensor, **kwargs) -> tuple:
-    """``model(input_ids=..., **kwargs)`` and, with ``routers``, the call's router logits (rows, length, L, E)."""
-    with routers.recording() if routers is not None else nullcontext():
+Routes = tuple[Tensor, Tensor]
+"""A sampler's routes to replay: the prompt's (B, P, L, K) and the response's (B, R, L, K), -1 where unknown."""
+
+
+def _model_call(
+    model, routers: RouterRecorder | None, input_ids: Tensor, routes: Tensor | None = None, **kwargs
+) -> tuple:
+    """``model(input_ids=..., **kwargs)`` and, with ``routers``, the call's router logits (rows, length, L, E); with
+    ``routes`` (rows, length, L, K) its routers replay them (lightning_rl.core.moe.replaying)."""
+    with routers.recording() if routers is not None else nullcontext(), replaying(model, routes):
         out = model(input_ids=input_ids, **kwargs)
     return out, None if routers is None else routers.take(*input_ids.shape)
 
@@ -165,9 +172,11 @@ def response_outputs(
     response_mask: Tensor,
     image_inputs: list | None = None,
     routers: RouterRecorder | None = None,
+    routes: Routes | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logits predicting each response token (B, R, V) and, with ``routers``, the router logits (B, R, L, E) at the same
     positions (the position whose output predicts token t: the prompt's last for t = 0, response token t - 1 after).
+    With ``routes`` every model call replays the sampler's routes at the positions it computes.
 
     Position ``P - 1 + t`` predicts response token ``t``; only those ``R`` positions go through
     the LM head when the model supports ``logits_to_keep``.
@@ -194,7 +203,7 @@ def response_outputs(
         and len(set(runs)) == 1
         and _packable(model, prompt_ids.shape[1], r, runs[0])
     ):
-        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0], routers)
+        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0], routers, routes)
     if runs is None and image_inputs is not None and forward_accepts(model, "logits_to_keep"):
         runs = [1] * b
     # transformers drops the cache under activation checkpointing while gradients flow: no cache sharing then
@@ -211,7 +220,8 @@ def response_outputs(
             )
         if forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = r + 1
-        out, router = _model_call(model, routers, input_ids, **kwargs)
+        whole = None if routes is None else torch.cat(routes, dim=1)  # (B, P + R, L, K)
+        out, router = _model_call(model, routers, input_ids, whole, **kwargs)
         return _each(lambda x: x[:, -(r + 1) : -1], out.logits, router)  # (B, R, V), (B, R, L, E)
     input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     p = prompt_ids.shape[1]
@@ -224,6 +234,7 @@ def response_outputs(
         model,
         routers,
         prompt_ids[first],
+        None if routes is None else routes[0][first],
         attention_mask=prompt_mask[first],
         position_ids=position_ids[..., first, :p],
         use_cache=True,
@@ -251,6 +262,7 @@ def response_outputs(
         model,
         routers,
         response_ids[:, :-1],
+        None if routes is None else routes[1][:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=position_ids[..., p:-1],
         use_cache=True,
@@ -271,7 +283,13 @@ def _packable(model, p: int, r: int, g: int) -> bool:
 
 
 def _packed_group_logits(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, g: int, routers: RouterRecorder | None = None
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    g: int,
+    routers: RouterRecorder | None = None,
+    routes: Routes | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Each group in one row: [prompt | response 1 | ... | response G], one model call. Shapes: (B, P), (B, R) ->
     (B, R, V), and with ``routers`` (B, R, L, E).
@@ -303,8 +321,12 @@ def _packed_group_logits(
         mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     else:
         mask = allowed
+    row_routes = None
+    if routes is not None:  # laid out as the row: the group's prompt, then its G responses
+        tail = routes[1].shape[2:]
+        row_routes = torch.cat([routes[0][::g], routes[1].reshape(u, g * r, *tail)], dim=1)  # (U, L, L', K)
     out, router = _model_call(
-        model, routers, input_ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False,
+        model, routers, input_ids, row_routes, attention_mask=mask[:, None], position_ids=positions, use_cache=False,
         logits_to_keep=g * r + 1,
     )  # fmt: skip
 
@@ -326,6 +348,7 @@ def policy_logprobs(
     entropy_grad: bool = False,
     chunk_rows: int | None = None,
     packed: bool = False,
+    replay_routes: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R), zero on padding.
 
@@ -333,7 +356,9 @@ def policy_logprobs(
     ``packed=True`` runs the samples padding-free as one packed row (lightning_rl.core.packing) when the model
     allows it; log-probs and entropy are then chunked over the real tokens only. Rows with images are refused there.
     """
-    out = policy_outputs(model, batch, temperature, with_entropy, entropy_grad, chunk_rows, packed)
+    out = policy_outputs(
+        model, batch, temperature, with_entropy, entropy_grad, chunk_rows, packed, replay_routes=replay_routes
+    )
     return out.logprobs, out.entropy
 
 
@@ -347,18 +372,26 @@ def policy_outputs(
     packed: bool = False,
     keep_logits: bool = False,
     keep_router_logits: bool = False,
+    replay_routes: bool = False,
 ) -> PolicyForward:
     """`policy_logprobs` as a `PolicyForward`: with ``keep_logits`` the response logits themselves (`ResponseLogits`),
-    with ``keep_router_logits`` a mixture-of-experts policy's router logits at the same positions (`RouterLogits`)."""
+    with ``keep_router_logits`` a mixture-of-experts policy's router logits at the same positions (`RouterLogits`);
+    with ``replay_routes`` the routers replay the sampler's routes (``batch.routed_experts``; routing replay)."""
     if packed:
         refuse_images(batch)
     routers = RouterRecorder(model) if keep_router_logits else None
+    routes = batch_routes(batch) if replay_routes else None
     router = None
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
         row = pack(
-            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model)
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            attention_backend(model),
+            routes,
         )
-        with routers.recording() if routers is not None else nullcontext():
+        with routers.recording() if routers is not None else nullcontext(), replaying(model, row.routes):
             logits = packed_outputs(model, row)  # (N, V)
         if routers is not None:
             router = routers.take(*row.input_ids.shape)[0, row.columns]  # (N, L, E)
@@ -373,6 +406,7 @@ def policy_outputs(
             batch.response_mask,
             batch.image_inputs,
             routers,
+            routes,
         )
         targets = batch.response_ids
         scatter = token_mask = None
@@ -389,3 +423,18 @@ def policy_outputs(
     if scatter is not None:
         logprobs, entropy = scatter(logprobs), None if entropy is None else scatter(entropy)
     return PolicyForward(logprobs, entropy, kept, routed)
+
+
+def batch_routes(batch) -> Routes:
+    """The sampler's routes on ``batch`` to replay: (prompt, response), the prompt's -1 (the router's own) where the
+    sampler gave none."""
+    if batch.routed_experts is None:
+        raise ValueError(
+            "model.routing_replay: this batch has no routed_experts (the sampler's routes); use a rollout that records "
+            "them (HFRollout; SGLangRollout or VLLMRollout with return_routes: true), or set model.routing_replay: false"
+        )
+    response = batch.routed_experts  # (B, R, L, K)
+    prompt = batch.prompt_routed_experts
+    if prompt is None:
+        prompt = response.new_full((response.shape[0], batch.prompt_ids.shape[1], *response.shape[2:]), -1)
+    return prompt, response
