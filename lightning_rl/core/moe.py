@@ -23,6 +23,7 @@ is counted by its logits' top k.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -237,7 +238,8 @@ def replaying(model: nn.Module, routes: Tensor | None) -> Iterator[None]:
 
 class RouteRecorder:
     """The experts every router chose, call by call, while `recording` runs (a sampler's prefill and steps): `take`
-    gives the last call's, stacked. Shape: (rows, length, L, K) long."""
+    gives the last call's, stacked. Shape: (rows, length, L, K) long. Only the calls of the thread that records count
+    (a server samples for several requests at once on one model)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -246,12 +248,18 @@ class RouteRecorder:
     @contextmanager
     def recording(self) -> Iterator[None]:
         self._calls = {}
+        thread = threading.get_ident()
 
         def record(router: Router, output: tuple) -> None:
-            self._calls.setdefault(router.layer, []).append(output[-1])
+            if threading.get_ident() == thread:
+                self._calls.setdefault(router.layer, []).append(output[-1])
 
         with router_hooks(self.model, record):
             yield
+
+    def pending(self) -> int:
+        """Calls recorded and not yet taken."""
+        return len(next(iter(self._calls.values()), []))
 
     def take(self, rows: int, length: int) -> Tensor:
         layers = [self._calls[layer].pop(0) for layer in sorted(self._calls)]  # each (rows * length, K)

@@ -75,6 +75,7 @@ class ServerRollout(Rollout):
         deadline_s: float = 1800.0,
         progress_every_s: float = 60.0,
         partial_rollouts: bool = False,
+        return_routes: bool = False,
     ):
         """
         Args:
@@ -134,6 +135,9 @@ class ServerRollout(Rollout):
                 requests in flight, which then continue with the new weights; each token keeps the version that
                 sampled it (``token_versions``) and its log-prob under that version, so the off-policy correction is
                 per token. False: a push waits for the requests in flight, and every response comes from one version.
+            return_routes: a mixture-of-experts policy: ask the servers for the experts each router chose for every
+                token (``routed_experts``: routing replay, ``moe/route_agreement``); the server must run with
+                ``--enable-return-routed-experts``.
         """
         who = type(self).__name__
         self.params = configured_params(
@@ -151,8 +155,12 @@ class ServerRollout(Rollout):
         self.verification = Verification(verify_every, verify_tolerance, verify_checksums)
         for settings in (self.servers, self.weights, self.verification):
             settings.check(who)
+        self.return_routes = return_routes
         self.provides = (
-            Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+            Rollout.provides
+            | {"rollout_logprobs"}
+            | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+            | ({"routed_experts"} if return_routes else set())
         )
         self.connection = Connection(self.servers, self.engine_type, self.weights)
         self.pusher = Pusher(self.weights, self.verification, self, f"lightning_rl_{who.lower()}_weights_")
@@ -247,6 +255,7 @@ class ServerRollout(Rollout):
             params.eos_ids(self.eos_token_id),
             self.pad_token_id,
             version,
+            _experts_per_token(policy) if self.return_routes else None,
         )
 
     def _run(
@@ -260,7 +269,7 @@ class ServerRollout(Rollout):
         for i, (input_ids, n, temperature, images) in enumerate(jobs):
             request = Request(
                 input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
-                list(params.stop_token_ids), images,
+                list(params.stop_token_ids), images, routes_from=0 if self.return_routes else None,
             )  # fmt: skip
             url = connection.urls[i % len(connection.urls)]
             futures.append(
@@ -311,3 +320,13 @@ class ServerRollout(Rollout):
 
     def _checkpoint_dir(self, version: str):
         return self.pusher.folders.version(version)
+
+
+def _experts_per_token(policy: nn.Module) -> int:
+    from lightning_rl.core.moe import experts_per_token, is_moe
+
+    if not is_moe(policy):
+        raise ValueError(
+            f"return_routes: the policy ({type(policy).__name__}) is not a mixture of experts; set return_routes: false"
+        )
+    return experts_per_token(policy)
