@@ -10,7 +10,8 @@ the trainer/sampler log-prob gap over the tokens that count, |log pi_trainer - l
 logprob_diff_mean`` and ``_max``, taken in the update's forward, which replays the sampler's routes when replay is on)
 and ``moe/route_agreement`` (the fraction of the sampler's token x layer x k routes the trainer's own routers also
 choose). Reported per variant, mean +- standard deviation over seeds: the gap (the per-iteration maximum of the
-per-token gap, averaged over iterations; the mean gap beside it), the route agreement, and held-out greedy accuracy
+per-token gap, averaged over iterations; the mean gap beside it, and split over the tokens whose routes all agree and
+the others: ``moe/logprob_diff_mean_agreeing`` / ``_disagreeing``), the route agreement, and held-out greedy accuracy
 (``val/reward``) after the last iteration. Fresh processes, one torch thread each, the variants' order alternating
 between seeds. The last line reads ``logprob gap with / without routing replay: <ratio>`` (the max gap's ratio of the
 means over seeds). Not part of the test suite.
@@ -81,6 +82,8 @@ def summarise(out: Path) -> dict:
         "gap_max": statistics.mean(series("rollout/logprob_diff_max")),
         "gap_mean": statistics.mean(series("rollout/logprob_diff_mean")),
         "agreement": statistics.mean(series("moe/route_agreement")),
+        "gap_agreeing": statistics.mean(series("moe/logprob_diff_mean_agreeing")),
+        "gap_disagreeing": statistics.mean(series("moe/logprob_diff_mean_disagreeing")),
         "start": accuracy[0].value,
         "accuracy": accuracy[-1].value,
     }
@@ -110,10 +113,14 @@ def main() -> None:
                 )
     print(f"after: {load_note()}")
     print(f"\n{len(args.seeds)} seed(s), {args.iterations} iterations, sampler bfloat16, trainer fp32 (mean +- std)\n")
-    print("| routing replay | log-prob gap, max per iteration | mean gap | route agreement | held-out accuracy |")
-    print("|---|---|---|---|---|")
+    print(
+        "| routing replay | log-prob gap, max per iteration | mean gap | mean gap, routes agree | mean gap, routes "
+        "disagree | route agreement | held-out accuracy |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    keys = ("gap_max", "gap_mean", "gap_agreeing", "gap_disagreeing", "agreement", "accuracy")
     for variant, rows in results.items():
-        cells = [mean_std([r[k] for r in rows]) for k in ("gap_max", "gap_mean", "agreement", "accuracy")]
+        cells = [mean_std([r[k] for r in rows]) for k in keys]
         print(f"| {variant} | " + " | ".join(cells) + " |")
     off = statistics.mean(r["gap_max"] for r in results["off"])
     on = statistics.mean(r["gap_max"] for r in results["on"])

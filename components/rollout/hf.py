@@ -55,7 +55,7 @@ class HFRollout(Rollout):
         return_logprobs: bool = False,
         generation_batch_size: int | None = None,
         drop_finished_rows: bool = True,
-        return_routes: bool = True,
+        record_routes: bool = True,
         dtype: str | None = None,
     ):
         """
@@ -74,7 +74,9 @@ class HFRollout(Rollout):
                 group_size samples; None = all at once).
             drop_finished_rows: stop computing rows whose response has ended (they leave the KV cache once a
                 quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
-            return_routes: record a mixture-of-experts policy's routes (``routed_experts``; nothing for a dense one).
+            record_routes: record a mixture-of-experts policy's routes (``routed_experts``; nothing for a dense one).
+                Named apart from the server rollouts' ``return_routes`` (off there by default: the server needs a
+                flag), so a preset that swaps the rollout class carries neither over.
             dtype: sample from a copy of the policy in this precision (``bfloat16``, what engines run; None = the
                 policy itself). Costs a copy of the weights, refreshed at every call.
         """
@@ -86,12 +88,12 @@ class HFRollout(Rollout):
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows
-        self.return_routes, self.dtype = return_routes, dtype
+        self.record_routes, self.dtype = record_routes, dtype
         self._copy: nn.Module | None = None
         self.provides = (
             Rollout.provides
             | ({"rollout_logprobs"} if return_logprobs else set())
-            | ({"routed_experts"} if return_routes else set())
+            | ({"routed_experts"} if record_routes else set())
             | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         )
 
@@ -135,7 +137,7 @@ class HFRollout(Rollout):
         sampler's log-probs (rows, R) or None, and an MoE policy's routes, prompt (rows, P, L, K) and response
         (rows, R, L, K), or None."""
         per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per chunk
-        forward = _Forward(policy, self.return_routes and is_moe(policy))
+        forward = _Forward(policy, self.record_routes and is_moe(policy))
         # inference mode skips autograd's version and view bookkeeping on every op; sharded weights keep no_grad, their
         # all-gathered parameters must stay ordinary tensors
         with torch.no_grad() if forward.synced else torch.inference_mode():

@@ -286,3 +286,11 @@ def route_agreement(logits: Tensor, given: Tensor, mask: Tensor) -> tuple[Tensor
     hits = own.gather(-1, given.clamp_min(0)).sum(-1).sum(-1)  # (...,)
     weight = known.float()
     return (hits * weight).sum(), weight.sum() * given.shape[-2] * k
+
+
+def routes_agree(logits: Tensor, given: Tensor) -> Tensor:
+    """Whether the trainer's own routers choose, at every layer, the experts the sampler chose (``given``), for each
+    token whose routes are known. Shapes: (..., L, E), (..., L, K) -> (...) bool."""
+    k = given.shape[-1]
+    hits = chosen_experts(logits, k).gather(-1, given.clamp_min(0)).sum(-1)  # (..., L)
+    return (hits == k).all(-1) & (given >= 0).all(-1).all(-1)

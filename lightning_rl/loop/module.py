@@ -133,6 +133,11 @@ class RLModule(LightningModule):
                 f"model.routing_replay: {type(rollout).__name__} does not report the sampler's routes; use HFRollout, or "
                 "SGLangRollout / VLLMRollout with return_routes: true, or set model.routing_replay: false"
             )
+        if routing_replay and agent is not None:
+            raise ValueError(
+                f"model.routing_replay with model.agent ({type(agent).__name__}): an episode's transcript carries no "
+                "routes (its turns' prompts are laid out anew), so there is nothing to replay; set model.routing_replay: false"
+            )
         if routing_replay and policy.gradient_checkpointing:
             raise ValueError(
                 "model.routing_replay with model.policy.gradient_checkpointing: the recomputed forward would route "

@@ -218,7 +218,8 @@ class PolicyUpdate:
             per_token = per_token + term(forward, micro)
         metrics.add("policy/entropy", masked_mean(entropy.detach(), micro.loss_mask), tokens)
         if routing is not None:
-            routing.add(forward.router_logits, micro.loss_mask, metrics, micro)
+            diff = None if micro.rollout_logprobs is None else (micro.old_logprobs - micro.rollout_logprobs).abs()
+            routing.add(forward.router_logits, micro.loss_mask, metrics, micro, diff)
         metrics.add_all(surrogate_metrics, tokens)
         return self.aggregator(per_token, micro.loss_mask, total)
 

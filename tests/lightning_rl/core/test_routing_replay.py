@@ -17,6 +17,7 @@ from lightning_rl.core.moe import (
     replaying,
     route_agreement,
     routers,
+    routes_agree,
     sampler_routes,
 )
 from tests.helpers import prompts
@@ -151,9 +152,11 @@ def test_route_agreement_by_hand():
     # one token, two layers, k = 2, E = 4. Layer 0 logits top-2 {3, 2}; sampler {2, 3}: 2 agree.
     # layer 1 logits top-2 {0, 1}; sampler {1, 3}: 1 agrees. A second token is masked out; a third has no route.
     logits = torch.tensor([[[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]]]).repeat(3, 1, 1)  # (T, L, E)
-    given = torch.tensor([[[2, 3], [1, 3]], [[0, 1], [0, 1]], [[-1, -1], [-1, -1]]])  # (T, L, K)
+    given = torch.tensor([[[2, 3], [1, 3]], [[3, 2], [0, 1]], [[-1, -1], [-1, -1]]])  # (T, L, K)
     hits, total = route_agreement(logits, given, torch.tensor([1.0, 0.0, 1.0]))
     assert (float(hits), float(total)) == (3.0, 4.0)
+    # all routes of a token agree: the first does not (layer 1), the second does, the third's are unknown
+    assert routes_agree(logits, given).tolist() == [False, True, False]
 
 
 def test_sampler_routes_sit_where_router_logits_are_taken():

@@ -52,8 +52,10 @@ def test_routing_replay_trains_with_a_bf16_sampler_and_logs_route_agreement(tmp_
                     "--model.rollout.init_args.dtype=bfloat16", "--model.loop.num_mini_batches=2")  # fmt: skip
     cli = run_cli("fit", args)
     assert cli.trainer.global_step == 2
-    agreement = scalars(tmp_path)["moe/route_agreement"]
+    logged = scalars(tmp_path)
+    agreement = logged["moe/route_agreement"]
     assert len(agreement) == 2 and all(0.5 < v <= 1.0 for _, v in agreement)
+    assert len(logged["moe/logprob_diff_mean_agreeing"]) == 2 and "moe/logprob_diff_mean_disagreeing" in logged
 
 
 def test_routing_replay_on_a_dense_policy_is_refused_in_one_line(tiny_model_path, tmp_path):
