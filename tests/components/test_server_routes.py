@@ -66,11 +66,12 @@ def test_loopback_sglang_routes_are_asked_answered_and_replayed(moe_server):
     assert batch.routed_experts.shape[2:] == (2, 2) and (batch.routed_experts[m.logical_not()] == -1).all()
     with torch.no_grad():
         replayed = policy_outputs(policy, batch, replay_routes=True).logprobs
+        row = int(batch.response_mask.sum(-1).argmax())  # the server samples unseeded: its longest response
         routes = batch.routed_experts.clone()
-        routes[0, 0, 1, 0] = next(e for e in range(4) if e not in routes[0, 0, 1].tolist())
+        routes[row, 0, 1, 0] = next(e for e in range(4) if e not in routes[row, 0, 1].tolist())
         moved = policy_outputs(policy, batch.replace(routed_experts=routes), replay_routes=True).logprobs
     torch.testing.assert_close(replayed[m], batch.rollout_logprobs[m], atol=1e-5, rtol=0)
-    assert (moved[0, 1:] - replayed[0, 1:]).abs().max() > 1e-4
+    assert batch.response_mask[row].sum() > 1 and (moved[row, 1:] - replayed[row, 1:]).abs().max() > 1e-4
 
 
 def test_a_continued_responses_routes_are_the_concatenation():

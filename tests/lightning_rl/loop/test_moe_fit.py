@@ -46,10 +46,12 @@ def test_a_load_balancing_loss_on_a_dense_policy_is_refused_in_one_line(tiny_mod
 
 def test_routing_replay_trains_with_a_bf16_sampler_and_logs_route_agreement(tmp_path):
     """Two iterations replaying a bfloat16 sampler's routes in the fp32 trainer (old log-probs recomputed: two
-    mini-batches), ``moe/route_agreement`` every iteration, within [0, 1] and mostly agreeing on a random model."""
+    mini-batches), ``moe/route_agreement`` every iteration, within [0, 1] and mostly agreeing on a random model, and
+    the trainer/sampler gap split by whether a token's routes agree."""
     path = save_moe(tmp_path / "qwen3_moe", "qwen3_moe")
     args = cli_args(tmp_path, path, 2, *BALANCED, "--model.routing_replay=true",
-                    "--model.rollout.init_args.dtype=bfloat16", "--model.loop.num_mini_batches=2")  # fmt: skip
+                    "--model.rollout.init_args.dtype=bfloat16", "--model.loop.num_mini_batches=2",
+                    "--model.rollout.init_args.return_logprobs=true")  # fmt: skip
     cli = run_cli("fit", args)
     assert cli.trainer.global_step == 2
     logged = scalars(tmp_path)
