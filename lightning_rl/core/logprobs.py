@@ -25,8 +25,9 @@ from lightning_rl.core.inputs import (
     row_positions,
     sequence_inputs,
 )
-from lightning_rl.core.moe import RouterRecorder, experts_per_token, replaying
+from lightning_rl.core.moe import RouterRecorder, experts_per_token
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
+from lightning_rl.core.routes import Routes, batch_routes, replaying
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
 
@@ -145,15 +146,11 @@ def response_logits(
     return response_outputs(model, prompt_ids, prompt_mask, response_ids, response_mask, image_inputs)[0]
 
 
-Routes = tuple[Tensor, Tensor]
-"""A sampler's routes to replay: the prompt's (B, P, L, K) and the response's (B, R, L, K), -1 where unknown."""
-
-
 def _model_call(
     model, routers: RouterRecorder | None, input_ids: Tensor, routes: Tensor | None = None, **kwargs
 ) -> tuple:
     """``model(input_ids=..., **kwargs)`` and, with ``routers``, the call's router logits (rows, length, L, E); with
-    ``routes`` (rows, length, L, K) its routers replay them (lightning_rl.core.moe.replaying)."""
+    ``routes`` (rows, length, L, K) its routers replay them (lightning_rl.core.routes.replaying)."""
     with routers.recording() if routers is not None else nullcontext(), replaying(model, routes):
         out = model(input_ids=input_ids, **kwargs)
     return out, None if routers is None else routers.take(*input_ids.shape)
@@ -423,18 +420,3 @@ def policy_outputs(
     if scatter is not None:
         logprobs, entropy = scatter(logprobs), None if entropy is None else scatter(entropy)
     return PolicyForward(logprobs, entropy, kept, routed)
-
-
-def batch_routes(batch) -> Routes:
-    """The sampler's routes on ``batch`` to replay: (prompt, response), the prompt's -1 (the router's own) where the
-    sampler gave none."""
-    if batch.routed_experts is None:
-        raise ValueError(
-            "model.routing_replay: this batch has no routed_experts (the sampler's routes); use a rollout that records "
-            "them (HFRollout; SGLangRollout or VLLMRollout with return_routes: true), or set model.routing_replay: false"
-        )
-    response = batch.routed_experts  # (B, R, L, K)
-    prompt = batch.prompt_routed_experts
-    if prompt is None:
-        prompt = response.new_full((response.shape[0], batch.prompt_ids.shape[1], *response.shape[2:]), -1)
-    return prompt, response

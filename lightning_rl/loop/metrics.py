@@ -10,15 +10,9 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.forward_outputs import RouterLogits
-from lightning_rl.core.moe import (
-    expert_counts,
-    load_cv,
-    route_agreement,
-    router_entropy,
-    routes_agree,
-    sampler_routes,
-)
+from lightning_rl.core.moe import expert_counts, load_cv, router_entropy
 from lightning_rl.core.ops import all_reduce_sum, dist_ready
+from lightning_rl.core.routes import route_agreement, routes_agree, sampler_routes
 
 
 class WeightedMeans:

@@ -175,7 +175,7 @@ class RLModule(LightningModule):
         for slot in ROSTER:  # policy, reference, critic, rewards, teacher (lightning_rl.roster)
             slot.build(self)
         if self.routing_replay:
-            from lightning_rl.core.moe import replay_unsupported
+            from lightning_rl.core.routes import replay_unsupported
 
             said = replay_unsupported(self.policy)
             if said:

@@ -1,4 +1,4 @@
-"""Routing replay (lightning_rl.core.moe.replaying, lightning_rl.core.logprobs): the in-process sampler's routes,
+"""Routing replay (lightning_rl.core.routes, lightning_rl.core.logprobs): the in-process sampler's routes,
 replayed in the trainer's forward, reproduce its log-probs in every forward layout; one changed route changes them;
 the routers still get their gradient."""
 
@@ -10,13 +10,13 @@ import torch
 from components.rollout import HFRollout
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.logprobs import policy_outputs
-from lightning_rl.core.moe import (
+from lightning_rl.core.moe import routers
+from lightning_rl.core.routes import (
     RouteRecorder,
     replay_unsupported,
     replayed_gates,
     replaying,
     route_agreement,
-    routers,
     routes_agree,
     sampler_routes,
 )
