@@ -112,7 +112,9 @@ def _policy_scorer(m) -> Scorer | None:
         return None
     rows = m.loop.logprob_chunk_rows
     return lambda chunk, t, packed: {
-        "old_logprobs": policy_logprobs(m.policy, chunk, t, chunk_rows=rows, packed=packed, truncation=m.truncation)[0]
+        "old_logprobs": policy_logprobs(
+            m.policy, chunk, t, chunk_rows=rows, packed=packed, truncation=m.truncation, replay_routes=m.routing_replay
+        )[0]
     }
 
 

@@ -12,15 +12,25 @@ The weights are the trainer's own, so ``sync_weights`` has nothing to copy. A ca
 ``components.rollout.interrupt.interruptible(stop)`` ends (``SamplingInterrupted``) within a decoding step of
 ``stop()`` turning true (an agent episode's deadline, a cancel); with sharded weights it runs to its end (the ranks
 step together).
+
+A mixture-of-experts policy's routes (the experts each router chose for each token the sampler fed it) come back as
+``routed_experts`` / ``prompt_routed_experts`` (lightning_rl.core.batch.ROUTES), for routing replay and
+``moe/route_agreement``. ``dtype: bfloat16`` samples from a copy of the policy in that precision (refreshed from the
+policy's weights at every call), as an engine runs it, so the sampler/trainer gap can be produced and studied on a CPU.
 """
 
 from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positions, row_positions
+from lightning_rl.core.moe import is_moe
+from lightning_rl.core.routes import RouteRecorder
 from lightning_rl.core.sampling_params import SamplingParams
 
 from .base import Rollout, configured_params, response_mask_from_eos
@@ -47,6 +57,8 @@ class HFRollout(Rollout):
         generation_batch_size: int | None = None,
         drop_finished_rows: bool = True,
         ignore_eos: bool = False,
+        record_routes: bool = True,
+        dtype: str | None = None,
     ):
         """
         Args:
@@ -66,7 +78,14 @@ class HFRollout(Rollout):
                 quarter of the rows has), so a batch costs about the sum of its lengths; same tokens either way.
             ignore_eos: the tokenizer's EOS does not end a response (benchmarks: every response ``max_new_tokens``
                 long unless a stop token ends it).
+            record_routes: record a mixture-of-experts policy's routes (``routed_experts``; nothing for a dense one).
+                Named apart from the server rollouts' ``return_routes`` (off there by default: the server needs a
+                flag), so a preset that swaps the rollout class carries neither over.
+            dtype: sample from a copy of the policy in this precision (``bfloat16``, what engines run; None = the
+                policy itself). Costs a copy of the weights, refreshed at every call.
         """
+        if dtype is not None and not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"HFRollout dtype {dtype!r} is not a torch dtype: use bfloat16, float16 or float32")
         self.params = configured_params(
             "HFRollout", group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline,
             ignore_eos,
@@ -74,9 +93,12 @@ class HFRollout(Rollout):
         self.return_logprobs = return_logprobs
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows
+        self.record_routes, self.dtype = record_routes, dtype
+        self._copy: nn.Module | None = None
         self.provides = (
             Rollout.provides
             | ({"rollout_logprobs"} if return_logprobs else set())
+            | ({"routed_experts"} if record_routes else set())
             | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
         )
 
@@ -116,10 +138,11 @@ class HFRollout(Rollout):
         image_inputs: list | None = None,
     ):
         """``repeats`` responses per prompt row (rows of one prompt contiguous), in chunks of whole groups; ``image_inputs``:
-        each prompt row's image tensors (None: text only). Returns response ids (rows, R) right-padded with pad, and the
-        sampler's log-probs (rows, R) or None."""
+        each prompt row's image tensors (None: text only). Returns response ids (rows, R) right-padded with pad, the
+        sampler's log-probs (rows, R) or None, and an MoE policy's routes, prompt (rows, P, L, K) and response
+        (rows, R, L, K), or None."""
         per_call = max(1, (self.generation_batch_size or prompt_ids.shape[0] * repeats) // repeats)  # prompts per chunk
-        forward = _Forward(policy)
+        forward = _Forward(policy, self.record_routes and is_moe(policy))
         # inference mode skips autograd's version and view bookkeeping on every op; sharded weights keep no_grad, their
         # all-gathered parameters must stay ordinary tensors
         with torch.no_grad() if forward.synced else torch.inference_mode():
@@ -135,17 +158,27 @@ class HFRollout(Rollout):
                 )
                 for i in range(0, prompt_ids.shape[0], per_call)
             ]
-            width = max(ids.shape[1] for ids, _ in parts)
+            width = max(part[0].shape[1] for part in parts)
             response_ids = torch.cat(
-                [nn.functional.pad(ids, (0, width - ids.shape[1]), value=self.pad_token_id) for ids, _ in parts]
+                [nn.functional.pad(part[0], (0, width - part[0].shape[1]), value=self.pad_token_id) for part in parts]
             )
             logprobs = (
-                torch.cat([nn.functional.pad(lp, (0, width - lp.shape[1])) for _, lp in parts])
+                torch.cat([nn.functional.pad(part[1], (0, width - part[1].shape[1])) for part in parts])
                 if self.return_logprobs
                 else None
             )
+            routes = None
+            if forward.routes is not None:
+                routes = (
+                    torch.cat([part[2] for part in parts]),  # (rows, P, L, K): every chunk has the prompts' width
+                    torch.cat([_pad_routes(part[3], width) for part in parts]),  # (rows, R, L, K)
+                )
         # ordinary tensors again: the trainer's forward and loss save these for backward
-        return response_ids.clone(), None if logprobs is None else logprobs.clone()
+        return (
+            response_ids.clone(),
+            None if logprobs is None else logprobs.clone(),
+            None if routes is None else tuple(x.clone() for x in routes),
+        )
 
     def _sample_chunk(
         self,
@@ -166,6 +199,10 @@ class HFRollout(Rollout):
         if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
             logits = logits.repeat_interleave(repeats, dim=0)  # (b, V)
             cache.batch_repeat_interleave(repeats)
+        prompt_routes, step_routes = None, []
+        if forward.routes is not None:  # (n, P, L, K) -> (b, P, L, K), -1 on padding
+            prompt_routes = forward.routes.take(*ids.shape).masked_fill(mask[..., None, None] == 0, -1)
+            prompt_routes = prompt_routes.repeat_interleave(repeats, dim=0)
         attention = mask.repeat_interleave(repeats, dim=0)  # (b, P + t)
         position = last_positions(positions).repeat_interleave(repeats, dim=-2)  # (b, 1) or (3, b, 1)
         eos = torch.tensor(params.eos_ids(self.eos_token_id), dtype=torch.long, device=ids.device)
@@ -203,30 +240,43 @@ class HFRollout(Rollout):
             attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
             position = position + 1
             logits = forward.step(token[rows], attention, position, cache)
+            if forward.routes is not None:  # the routes of the token just fed, for the rows computed
+                fed = forward.routes.take(rows.shape[0], 1)[:, 0]  # (b', L, K)
+                step_routes.append(fed.new_full((batch, *fed.shape[1:]), -1).index_put_((rows,), fed))
         response_ids = torch.stack(tokens, dim=1)  # (batch, R)
-        return response_ids, (torch.stack(logprobs, dim=1) if self.return_logprobs else None)
+        routes = None
+        if forward.routes is not None:  # the last token sampled is never fed: no route
+            fed = step_routes[: len(tokens) - 1]
+            none = prompt_routes.new_full((batch, 1, *prompt_routes.shape[2:]), -1)
+            routes = torch.cat([torch.stack(fed, dim=1), none], dim=1) if fed else none  # (batch, R, L, K)
+        return response_ids, (torch.stack(logprobs, dim=1) if self.return_logprobs else None), prompt_routes, routes
 
     def generate(self, prompts: Prompts, policy: nn.Module, params: SamplingParams | None = None) -> RolloutBatch:
         params = params or self.params
         n_prompts, g, rows = len(prompts), params.samples_per_prompt, params.rows_per_prompt
         prompt_ids, prompt_mask = prompts.prompt_ids, prompts.prompt_mask
-        was_training = policy.training
-        policy.eval()
+        sampler = self._sampler(policy)
+        was_training = sampler.training
+        sampler.eval()
         try:
             images = prompts.image_inputs
-            response_ids, logprobs = self._sample(
-                policy, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g, image_inputs=images
+            response_ids, logprobs, routes = self._sample(
+                sampler, prompt_ids, prompt_mask, params, params.sampling_temperature, repeats=g, image_inputs=images
             )  # (P_n * G, R)
             if params.with_baseline:
-                greedy_ids, greedy_logprobs = self._sample(
-                    policy, prompt_ids, prompt_mask, params, 0.0, image_inputs=images
+                greedy_ids, greedy_logprobs, greedy_routes = self._sample(
+                    sampler, prompt_ids, prompt_mask, params, 0.0, image_inputs=images
                 )
                 response_ids = _append_to_groups(response_ids, greedy_ids, g, self.pad_token_id)
                 if logprobs is not None:
                     logprobs = _append_to_groups(logprobs, greedy_logprobs, g, 0.0)
+                if routes is not None:
+                    routes = tuple(_append_to_groups(a, b, g, -1) for a, b in zip(routes, greedy_routes))
         finally:
-            policy.train(was_training)
+            sampler.train(was_training)
         response_mask, truncated = response_mask_from_eos(response_ids, params.eos_ids(self.eos_token_id))
+        if routes is not None:  # a row's tokens after its end were never its own
+            routes = (routes[0], routes[1].masked_fill(response_mask[..., None, None] == 0, -1))
         is_greedy = (
             (torch.arange(rows, device=prompt_ids.device) == g).repeat(n_prompts) if params.with_baseline else None
         )
@@ -240,7 +290,27 @@ class HFRollout(Rollout):
             is_greedy=is_greedy,
             sample_mask=None if is_greedy is None else (is_greedy == 0).float(),
             versions=torch.full((n_prompts * rows,), self.weight_version, dtype=torch.long, device=prompt_ids.device),
+            prompt_routed_experts=None if routes is None else routes[0],
+            routed_experts=None if routes is None else routes[1],
         )
+
+    def _sampler(self, policy: nn.Module) -> nn.Module:
+        """The model that samples: the policy, or its copy in ``dtype`` holding the policy's current weights."""
+        dtype = None if self.dtype is None else getattr(torch, self.dtype)
+        if dtype is None or next(policy.parameters()).dtype == dtype:
+            return policy
+        if _sharded(policy):
+            raise ValueError(
+                f"HFRollout dtype {self.dtype!r}: a sharded policy (FSDP2, ZeRO-3) cannot be copied whole; set dtype: null"
+            )
+        if self._copy is None:
+            self._copy = copy.deepcopy(policy).to(dtype)
+            self._copy.requires_grad_(False)
+        else:
+            with torch.no_grad():
+                for mine, theirs in zip(self._copy.parameters(), policy.parameters()):
+                    mine.copy_(theirs)  # cast to dtype
+        return self._copy
 
 
 class _Forward:
@@ -251,8 +321,10 @@ class _Forward:
     as transformers' ``synced_gpus``; otherwise it stops at once.
     """
 
-    def __init__(self, policy: nn.Module):
+    def __init__(self, policy: nn.Module, routes: bool = False):
+        """``routes``: record the experts a mixture-of-experts policy's routers choose (`routes`, per call)."""
         self.policy = policy
+        self.routes = RouteRecorder(policy) if routes else None
         self.cache_kw = "cache" if forward_accepts(policy, "cache") else "past_key_values"  # transformers 5 renamed it
         self.keep_last = {"logits_to_keep": 1} if forward_accepts(policy, "logits_to_keep") else {}
         self.synced = _sharded(policy)
@@ -260,25 +332,30 @@ class _Forward:
     def prefill(
         self, ids: Tensor, mask: Tensor, positions: Tensor, images: list | None = None
     ) -> tuple[Tensor, object]:
-        out = self.policy(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **self.keep_last,
-            **image_kwargs(images, ids.device),
-        )
+        with self._recording():
+            out = self.policy(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **self.keep_last,
+                **image_kwargs(images, ids.device),
+            )
         return out.logits[:, -1], getattr(out, self.cache_kw)  # (n, V), the KV cache
 
     def step(self, token: Tensor, attention: Tensor, position: Tensor, cache) -> Tensor:
-        out = self.policy(
-            input_ids=token[:, None],
-            attention_mask=attention,
-            position_ids=position,
-            use_cache=True,
-            **{self.cache_kw: cache},
-        )
+        with self._recording():
+            out = self.policy(
+                input_ids=token[:, None],
+                attention_mask=attention,
+                position_ids=position,
+                use_cache=True,
+                **{self.cache_kw: cache},
+            )
         return out.logits[:, -1]  # (b, V)
+
+    def _recording(self):
+        return self.routes.recording() if self.routes is not None else nullcontext()
 
     def any_rank_running(self, running: bool) -> bool:
         if not self.synced:
@@ -301,11 +378,19 @@ def _sharded(policy: nn.Module) -> bool:
     return is_fsdp_managed_module(policy) or is_deepspeed_zero3_enabled()
 
 
+def _pad_routes(routes: Tensor, width: int) -> Tensor:
+    """Routes right-padded with -1 (unknown) to ``width`` tokens. Shape: (b, R, L, K) -> (b, width, L, K)."""
+    return nn.functional.pad(routes, (0, 0, 0, 0, 0, width - routes.shape[1]), value=-1)
+
+
 def _append_to_groups(rows: Tensor, extra: Tensor, g: int, value) -> Tensor:
-    """One ``extra`` row after each group of ``g`` rows. Shapes: (P_n * G, R1), (P_n, R2) -> (P_n * (G + 1), max(R1, R2))."""
+    """One ``extra`` row after each group of ``g`` rows. Shapes: (P_n * G, R1, ...), (P_n, R2, ...) ->
+    (P_n * (G + 1), max(R1, R2), ...)."""
     width = max(rows.shape[1], extra.shape[1])
-    rows = nn.functional.pad(rows, (0, width - rows.shape[1]), value=value).reshape(
-        extra.shape[0], g, width
-    )  # (P_n, G, W)
-    extra = nn.functional.pad(extra, (0, width - extra.shape[1]), value=value)
-    return torch.cat([rows, extra[:, None]], dim=1).reshape(-1, width)
+    tail = rows.shape[2:]
+
+    def pad(x: Tensor) -> Tensor:
+        return nn.functional.pad(x, (0, 0) * len(tail) + (0, width - x.shape[1]), value=value)
+
+    rows = pad(rows).reshape(extra.shape[0], g, width, *tail)  # (P_n, G, W, ...)
+    return torch.cat([rows, pad(extra)[:, None]], dim=1).reshape(-1, width, *tail)

@@ -25,9 +25,18 @@ class OffPolicyCorrection:
     w = pi_old(trainer) / pi_rollout(sampler), from ``old_logprobs`` and ``rollout_logprobs``.
     ``mode="tis"``: weight min(w, cap) (truncated importance sampling).
     ``mode="mis"``: weight w * 1[lower <= w <= cap] (masked importance sampling): the kept tokens keep
-    their importance weight, tokens (or whole sequences) outside the bounds get 0.
+    their importance weight, tokens (or whole sequences) outside the bounds get 0. At token level with a ``lower``
+    bound this is IcePop's mask M(w; alpha, beta) = w on [alpha, beta], 0 outside (Ling Team 2025, "Every Step
+    Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model", arXiv:2510.18855; alpha = 0.5,
+    beta = 5 there), made for the mismatch of mixture-of-experts policies.
     ``mode="reject"``: weight 1[lower <= w <= cap], pure rejection: outliers dropped, the kept tokens
     uncorrected. ``level="sequence"`` uses the sequence weight exp(sum log w). The weight carries no gradient.
+    ``level="geometric"`` (mis / reject): a sequence is kept or dropped whole by the geometric mean of its token
+    ratios, whatever its length (Liu, Li et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+    Training-Inference Mismatch"):
+
+        w_geo(y) = exp( 1/|y| sum_t log w_t )      keep(y) = 1[lower <= w_geo(y) <= cap]
+        weight_t = w_t * keep(y)  (mis)            weight_t = keep(y)  (reject)
     """
 
     requires = frozenset({"old_logprobs", "rollout_logprobs"})
@@ -37,18 +46,24 @@ class OffPolicyCorrection:
         mode: Literal["tis", "mis", "reject"] = "tis",
         cap: float = 2.0,
         lower: float | None = None,
-        level: Literal["token", "sequence"] = "token",
+        level: Literal["token", "sequence", "geometric"] = "token",
     ):
         """
         Args:
             mode: tis (truncate w at ``cap``), mis (w, zeroed outside [lower, cap]) or reject (1, zeroed outside).
             cap: upper bound on w.
             lower: mis / reject: also zero w below this (None = no lower bound).
-            level: token (per-token w) or sequence (product over the sequence's valid tokens).
+            level: token (per-token w), sequence (product over the sequence's valid tokens) or geometric (mis /
+                reject: each sequence kept or dropped by the geometric mean of its token ratios).
         """
-        if mode not in ("tis", "mis", "reject") or level not in ("token", "sequence"):
+        if mode not in ("tis", "mis", "reject") or level not in ("token", "sequence", "geometric"):
             raise ValueError(
-                f"OffPolicyCorrection: mode must be tis|mis|reject and level token|sequence, got {mode!r}, {level!r}"
+                "OffPolicyCorrection: mode must be tis|mis|reject and level token|sequence|geometric, got "
+                f"{mode!r}, {level!r}"
+            )
+        if mode == "tis" and level == "geometric":
+            raise ValueError(
+                "OffPolicyCorrection: level geometric is a mask (mode mis or reject), not a truncation; use mode mis"
             )
         if cap <= 0:
             raise ValueError(f"OffPolicyCorrection: cap must be > 0, got {cap}")
@@ -61,7 +76,13 @@ class OffPolicyCorrection:
         if self.level == "sequence":
             log_w = log_w.sum(-1, keepdim=True).expand_as(mask)
         w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-        if self.mode == "tis":
+        if self.level == "geometric":  # (B, 1): the geometric mean of each sequence's token ratios
+            geo = (log_w.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)).exp()
+            keep = ((geo <= self.cap) & (geo >= (self.lower if self.lower is not None else 0.0))).float()
+            keep = keep.expand_as(mask)
+            weight = w * keep if self.mode == "mis" else keep
+            affected = 1.0 - keep
+        elif self.mode == "tis":
             weight = w.clamp(max=self.cap)
             affected = (w > self.cap).float()
         else:

@@ -37,8 +37,14 @@ PER_TOKEN = (
     "teacher_topk_logprobs",
     "teacher_logits",
     "sampling_support",
+    "routed_experts",
 )
-PROMPT = ("prompt_ids", "prompt_mask")
+PROMPT = ("prompt_ids", "prompt_mask", "prompt_routed_experts")
+ROUTES = ("routed_experts", "prompt_routed_experts")
+"""A mixture-of-experts sampler's routes: the experts each router (layer) chose for each token the sampler fed its
+model, (B, T, L, K) long, -1 where unknown (padding, a sampler that did not say): the trainer's own router decides
+there. ``routed_experts[:, t]`` are response token t's (the last sampled token is never fed: -1);
+``prompt_routed_experts`` the prompt's, left-padded like it."""
 ROWS = ("columns", "score_parts")
 """Per-row fields that are not one tensor: ``columns`` (name -> a list, one value per sample), ``score_parts``
 (name -> a (B,) tensor). Any field whose value is a list is per row too, one entry per sample (``images``: a prompt's
@@ -80,6 +86,10 @@ class RolloutBatch:
     teacher_logits: Tensor | None = None  # (b, r, V) a teacher's logits, set on a micro-batch of the update only
     # (B, R, K) long: the token ids the sampler kept at each position (vLLM's sampling_mask), -1 padded
     sampling_support: Tensor | None = None
+    routed_experts: Tensor | None = (
+        None  # (B, R, L, K) long: the experts the sampler's routers chose per response token
+    )
+    prompt_routed_experts: Tensor | None = None  # (B, P, L, K) long: the same for the prompt's tokens (-1: unknown)
     columns: Columns | None = None  # per row: the data row (prompt, answer, ...), prompts / completions / transcripts
     score_parts: dict[str, Tensor] | None = None  # name -> (B,): a Composite reward's unweighted parts
     images: list | None = None  # per row: the prompt's images (a list of PIL images; empty for a text-only prompt)
@@ -203,17 +213,24 @@ class RolloutBatch:
             if isinstance(values[0], list):  # per row
                 merged[f.name] = [entry for v in values for entry in v]
                 continue
+            fill = -1 if f.name in ROUTES else 0  # a padded position's route is unknown
             if f.name == "sampling_support":  # (B, R, K): K differs between rollouts; -1 lists no token
                 width, k = max(v.shape[1] for v in values), max(v.shape[2] for v in values)
                 values = [
                     torch.nn.functional.pad(v, (0, k - v.shape[2], 0, width - v.shape[1]), value=-1) for v in values
                 ]
-            elif f.name in PER_TOKEN:  # (B, R) or (B, R, K): padded along R
+            elif f.name in PER_TOKEN:  # (B, R) or (B, R, ...): padded along R
                 width = max(v.shape[1] for v in values)
-                values = [torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, width - v.shape[1])) for v in values]
-            elif f.name in PROMPT:
+                values = [
+                    torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, width - v.shape[1]), value=fill)
+                    for v in values
+                ]
+            elif f.name in PROMPT:  # (B, P) or (B, P, ...): left-padded along P
                 width = max(v.shape[1] for v in values)
-                values = [torch.nn.functional.pad(v, (width - v.shape[1], 0)) for v in values]
+                values = [
+                    torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (width - v.shape[1], 0), value=fill)
+                    for v in values
+                ]
             merged[f.name] = torch.cat(values)
         return cls(**merged)
 

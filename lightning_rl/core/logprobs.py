@@ -28,6 +28,7 @@ from lightning_rl.core.inputs import (
 )
 from lightning_rl.core.moe import RouterRecorder, experts_per_token
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
+from lightning_rl.core.routes import Routes, batch_routes, replaying
 from lightning_rl.core.truncation import Truncation, kept_normaliser, kept_softmax
 
 _CHUNK_ELEMENTS = 1 << 22  # ~16 MB of fp32 per chunk
@@ -182,9 +183,12 @@ def response_logits(
     return response_outputs(model, prompt_ids, prompt_mask, response_ids, response_mask, image_inputs)[0]
 
 
-def _model_call(model, routers: RouterRecorder | None, input_ids: Tensor, **kwargs) -> tuple:
-    """``model(input_ids=..., **kwargs)`` and, with ``routers``, the call's router logits (rows, length, L, E)."""
-    with routers.recording() if routers is not None else nullcontext():
+def _model_call(
+    model, routers: RouterRecorder | None, input_ids: Tensor, routes: Tensor | None = None, **kwargs
+) -> tuple:
+    """``model(input_ids=..., **kwargs)`` and, with ``routers``, the call's router logits (rows, length, L, E); with
+    ``routes`` (rows, length, L, K) its routers replay them (lightning_rl.core.routes.replaying)."""
+    with routers.recording() if routers is not None else nullcontext(), replaying(model, routes):
         out = model(input_ids=input_ids, **kwargs)
     return out, None if routers is None else routers.take(*input_ids.shape)
 
@@ -202,9 +206,11 @@ def response_outputs(
     response_mask: Tensor,
     image_inputs: list | None = None,
     routers: RouterRecorder | None = None,
+    routes: Routes | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logits predicting each response token (B, R, V) and, with ``routers``, the router logits (B, R, L, E) at the same
     positions (the position whose output predicts token t: the prompt's last for t = 0, response token t - 1 after).
+    With ``routes`` every model call replays the sampler's routes at the positions it computes.
 
     Position ``P - 1 + t`` predicts response token ``t``; only those ``R`` positions go through
     the LM head when the model supports ``logits_to_keep``.
@@ -231,7 +237,7 @@ def response_outputs(
         and len(set(runs)) == 1
         and _packable(model, prompt_ids.shape[1], r, runs[0])
     ):
-        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0], routers)
+        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0], routers, routes)
     if runs is None and image_inputs is not None and forward_accepts(model, "logits_to_keep"):
         runs = [1] * b
     # transformers drops the cache under activation checkpointing while gradients flow: no cache sharing then
@@ -248,7 +254,8 @@ def response_outputs(
             )
         if forward_accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = r + 1
-        out, router = _model_call(model, routers, input_ids, **kwargs)
+        whole = None if routes is None else torch.cat(routes, dim=1)  # (B, P + R, L, K)
+        out, router = _model_call(model, routers, input_ids, whole, **kwargs)
         return _each(lambda x: x[:, -(r + 1) : -1], out.logits, router)  # (B, R, V), (B, R, L, E)
     input_ids, attention_mask, position_ids = sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
     p = prompt_ids.shape[1]
@@ -261,6 +268,7 @@ def response_outputs(
         model,
         routers,
         prompt_ids[first],
+        None if routes is None else routes[0][first],
         attention_mask=prompt_mask[first],
         position_ids=position_ids[..., first, :p],
         use_cache=True,
@@ -288,6 +296,7 @@ def response_outputs(
         model,
         routers,
         response_ids[:, :-1],
+        None if routes is None else routes[1][:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=position_ids[..., p:-1],
         use_cache=True,
@@ -308,7 +317,13 @@ def _packable(model, p: int, r: int, g: int) -> bool:
 
 
 def _packed_group_logits(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, g: int, routers: RouterRecorder | None = None
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    g: int,
+    routers: RouterRecorder | None = None,
+    routes: Routes | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Each group in one row: [prompt | response 1 | ... | response G], one model call. Shapes: (B, P), (B, R) ->
     (B, R, V), and with ``routers`` (B, R, L, E).
@@ -340,8 +355,12 @@ def _packed_group_logits(
         mask = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
     else:
         mask = allowed
+    row_routes = None
+    if routes is not None:  # laid out as the row: the group's prompt, then its G responses
+        tail = routes[1].shape[2:]
+        row_routes = torch.cat([routes[0][::g], routes[1].reshape(u, g * r, *tail)], dim=1)  # (U, L, L', K)
     out, router = _model_call(
-        model, routers, input_ids, attention_mask=mask[:, None], position_ids=positions, use_cache=False,
+        model, routers, input_ids, row_routes, attention_mask=mask[:, None], position_ids=positions, use_cache=False,
         logits_to_keep=g * r + 1,
     )  # fmt: skip
 
@@ -364,6 +383,7 @@ def policy_logprobs(
     chunk_rows: int | None = None,
     packed: bool = False,
     truncation: Truncation | None = None,
+    replay_routes: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, R) of ``batch.response_ids`` under ``model`` and, optionally, entropy (B, R), zero on padding.
     ``truncation``: the sampler's top-k / top-p, which the log-probs are renormalised under, over the kept sets the
@@ -374,7 +394,15 @@ def policy_logprobs(
     allows it; log-probs and entropy are then chunked over the real tokens only. Rows with images are refused there.
     """
     out = policy_outputs(
-        model, batch, temperature, with_entropy, entropy_grad, chunk_rows, packed, truncation=truncation
+        model,
+        batch,
+        temperature,
+        with_entropy,
+        entropy_grad,
+        chunk_rows,
+        packed,
+        truncation=truncation,
+        replay_routes=replay_routes,
     )
     return out.logprobs, out.entropy
 
@@ -390,20 +418,28 @@ def policy_outputs(
     keep_logits: bool = False,
     keep_router_logits: bool = False,
     truncation: Truncation | None = None,
+    replay_routes: bool = False,
 ) -> PolicyForward:
     """`policy_logprobs` as a `PolicyForward`: with ``keep_logits`` the response logits themselves (`ResponseLogits`),
     with ``keep_router_logits`` a mixture-of-experts policy's router logits at the same positions (`RouterLogits`);
-    ``truncation``: the sampler's top-k / top-p, applied as it was (`lightning_rl.core.truncation`)."""
+    ``truncation``: the sampler's top-k / top-p, applied as it was (`lightning_rl.core.truncation`); with
+    ``replay_routes`` the routers replay the sampler's routes (``batch.routed_experts``; routing replay)."""
     if packed:
         refuse_images(batch)
     reported = batch.sampling_support if truncation is not None else None  # the sampler's kept sets: its policy only
     routers = RouterRecorder(model) if keep_router_logits else None
+    routes = batch_routes(batch) if replay_routes else None
     router = None
     if packed and packable(model, batch.prompt_mask, batch.response_mask):
         row = pack(
-            batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, attention_backend(model)
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            attention_backend(model),
+            routes,
         )
-        with routers.recording() if routers is not None else nullcontext():
+        with routers.recording() if routers is not None else nullcontext(), replaying(model, row.routes):
             logits = packed_outputs(model, row)  # (N, V)
         if routers is not None:
             router = routers.take(*row.input_ids.shape)[0, row.columns]  # (N, L, E)
@@ -419,6 +455,7 @@ def policy_outputs(
             batch.response_mask,
             batch.image_inputs,
             routers,
+            routes,
         )
         targets, support = batch.response_ids, reported  # (B, R), (B, R, K) or None
         scatter = token_mask = None

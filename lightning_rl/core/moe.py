@@ -7,8 +7,8 @@ logits in that module's output). Qwen3-MoE's ``Qwen3MoeTopKRouter``, OLMoE's, Mi
 ``(router_logits, scores, indices)``: logits (N, E) for the N tokens of the call, the top-k weights and the experts
 chosen. `routers` reads that declaration, so every family transformers ships is found by the same code, and every hook
 on a router goes through `router_hooks` (recording the logits for the loss and the metrics, `RouterRecorder`;
-replaying the sampler's choices in the trainer's forward). The declaration is a transformers internal: its test
-(tests/lightning_rl/core/test_moe.py) names it and the version it was read from.
+replaying the sampler's choices in the trainer's forward: lightning_rl.core.routes). The declaration is a transformers
+internal: its test (tests/lightning_rl/core/test_moe.py) names it and the version it was read from.
 
 Statistics over the tokens that count (a mask), per layer l and expert i, with k experts per token:
 

@@ -35,6 +35,7 @@ class PackedRow:
     attention_mask: Tensor | None  # (1, 1, L, L) bool (SDPA) or additive float (eager); None: from position ids
     columns: Tensor  # (N,)
     token_mask: Tensor  # (B, R) bool
+    routes: Tensor | None = None  # (1, L, L', K): a sampler's routes of the row's tokens, to replay (-1: unknown)
 
     def scatter(self, values: Tensor) -> Tensor:
         """Per-token values in packed order back to the padded layout, zeros on padding. Shape: (N, ...) -> (B, R, ...)."""
@@ -59,9 +60,15 @@ def packable(model, prompt_mask: Tensor, response_mask: Tensor) -> bool:
 
 
 def pack(
-    prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor, backend: str | None = "sdpa"
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    backend: str | None = "sdpa",
+    routes: tuple[Tensor, Tensor] | None = None,
 ) -> PackedRow:
-    """Lay out left-padded prompts (B, P) and right-padded responses (B, R) as one packed row (see the module docstring)."""
+    """Lay out left-padded prompts (B, P) and right-padded responses (B, R) as one packed row (see the module docstring);
+    ``routes`` (the sampler's, (B, P, L, K) and (B, R, L, K)) are laid out as their tokens."""
     device = response_ids.device
     share = backend in MASKED_BACKENDS
     prompt_lengths = prompt_mask.sum(-1).tolist()
@@ -71,11 +78,13 @@ def pack(
         flags = ((prompt_ids[1:] == prompt_ids[:-1]) & (prompt_mask[1:] == prompt_mask[:-1])).all(-1).tolist()
         same = [False, *flags]  # same[i]: row i reuses row i - 1's prompt
     width = prompt_ids.shape[1]
-    ids, positions, segments, prompt_of, columns = [], [], [], [], []
+    ids, positions, segments, prompt_of, columns, routed = [], [], [], [], [], []
     offset, prompt_segment, segment = 0, -1, 0
     for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
         if not same[i]:  # the prompt's real tokens (left-padded: the last p columns)
             ids.append(prompt_ids[i, width - p :])
+            if routes is not None:
+                routed.append(routes[0][i, width - p :])
             positions.append(torch.arange(p, device=device))
             segments.append(torch.full((p,), segment, device=device))
             prompt_of.append(torch.full((p,), -1, device=device))
@@ -84,6 +93,8 @@ def pack(
         if r == 0:
             continue
         ids.append(response_ids[i, :r])
+        if routes is not None:
+            routed.append(routes[1][i, :r])
         positions.append(p + torch.arange(r, device=device))
         segments.append(torch.full((r,), segment, device=device))
         prompt_of.append(torch.full((r,), prompt_segment, device=device))
@@ -102,7 +113,12 @@ def pack(
         mask = mask[None, None]
     token_mask = response_mask != 0
     return PackedRow(
-        input_ids, position_ids, mask, torch.cat(columns) if columns else position_ids.new_zeros(0), token_mask
+        input_ids,
+        position_ids,
+        mask,
+        torch.cat(columns) if columns else position_ids.new_zeros(0),
+        token_mask,
+        torch.cat(routed)[None] if routes is not None else None,
     )
 
 

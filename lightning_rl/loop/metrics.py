@@ -12,6 +12,7 @@ from torch import Tensor
 from lightning_rl.core.forward_outputs import RouterLogits
 from lightning_rl.core.moe import expert_counts, load_cv, router_entropy
 from lightning_rl.core.ops import all_reduce_sum, dist_ready
+from lightning_rl.core.routes import route_agreement, routes_agree, sampler_routes
 
 
 class WeightedMeans:
@@ -101,13 +102,32 @@ class ExpertLoad:
     """A mixture-of-experts policy's routing in one iteration's update, over the tokens that count:
     ``moe/router_entropy`` (the routers' mean entropy) and ``moe/expert_load_cv`` (the coefficient of variation of the
     tokens per expert, per layer, averaged over layers: lightning_rl.core.moe), taken once from the counts of every
-    micro-batch and rank, so it is the iteration's load and not a mean of small batches' ones."""
+    micro-batch and rank, so it is the iteration's load and not a mean of small batches' ones. With the sampler's routes
+    on the batch, ``moe/route_agreement``: the fraction of the sampler's token x layer x k routes the trainer's own
+    routers also choose (the router's choice, also when replay forces the sampler's), and with the sampler's log-probs
+    the trainer/sampler gap split by whether a token's routes all agree: ``moe/logprob_diff_mean_agreeing`` and
+    ``moe/logprob_diff_mean_disagreeing``."""
 
     def __init__(self) -> None:
         self.counts: Tensor | None = None  # (L, E)
 
-    def add(self, router: RouterLogits, mask: Tensor, metrics: WeightedMeans) -> None:
-        """One micro-batch's routers; ``mask`` (B, R): the tokens that count."""
+    def add(
+        self, router: RouterLogits, mask: Tensor, metrics: WeightedMeans, batch=None, diff: Tensor | None = None
+    ) -> None:
+        """One micro-batch's routers; ``mask`` (B, R): the tokens that count; ``batch``: the micro-batch (its routes);
+        ``diff`` (B, R): |trainer - sampler| log-prob of each token."""
+        given = None if batch is None else sampler_routes(batch.prompt_routed_experts, batch.routed_experts)
+        if given is not None:  # (B, R, L, K) where the router logits are taken
+            hits, total = route_agreement(router.logits, router.align(given), router.align(mask))
+            metrics.add("moe/route_agreement", hits / total.clamp_min(1), total)
+            if diff is not None:
+                agree = routes_agree(router.logits, router.align(given)).float()  # (B, R) or (N,)
+                counted, gap = router.align(mask).float(), router.align(diff)
+                for name, part in (("agreeing", agree), ("disagreeing", 1.0 - agree)):
+                    tokens = (counted * part).sum()
+                    metrics.add(
+                        f"moe/logprob_diff_mean_{name}", (gap * counted * part).sum() / tokens.clamp_min(1), tokens
+                    )
         mask = router.align(mask)
         counts = expert_counts(router.logits, mask, router.top_k)
         self.counts = counts if self.counts is None else self.counts + counts

@@ -94,6 +94,7 @@ class RLModule(LightningModule):
         teacher: Teacher | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),
         loop: LoopConfig = LoopConfig(),
+        routing_replay: bool = False,
     ):
         """
         Args:
@@ -117,6 +118,10 @@ class RLModule(LightningModule):
                 VLLMTeacher, CompletionsTeacher) (None = no teacher).
             optimizer: the policy's AdamW, LR schedule and gradient clipping.
             loop: epochs, mini-batches, micro-batches and logging.
+            routing_replay: every trainer forward of a mixture-of-experts policy (old log-probs, the update) routes each
+                token to the experts the sampler chose (the rollout's ``routed_experts``), with gates from the current
+                router logits over them, so the loss is the network the sampler ran and the routers still learn
+                (routing replay, "R3": Ma et al. 2025, arXiv:2510.11370). The reference and the critic route themselves.
         """
         super().__init__()
         self.automatic_optimization = False
@@ -129,7 +134,22 @@ class RLModule(LightningModule):
         self.sampling, self.loss_terms = sampling, list(loss_terms or [])
         self.val_reward = val_reward if val_reward is not None else reward
         self.ptx, self.agent, self.teacher = ptx, agent, teacher
-        self.optimizer_cfg, self.loop = optimizer, loop
+        self.optimizer_cfg, self.loop, self.routing_replay = optimizer, loop, routing_replay
+        if routing_replay and "routed_experts" not in rollout.provides:
+            raise ValueError(
+                f"model.routing_replay: {type(rollout).__name__} does not report the sampler's routes; use HFRollout, or "
+                "SGLangRollout / VLLMRollout with return_routes: true, or set model.routing_replay: false"
+            )
+        if routing_replay and agent is not None:
+            raise ValueError(
+                f"model.routing_replay with model.agent ({type(agent).__name__}): an episode's transcript carries no "
+                "routes (its turns' prompts are laid out anew), so there is nothing to replay; set model.routing_replay: false"
+            )
+        if routing_replay and policy.gradient_checkpointing:
+            raise ValueError(
+                "model.routing_replay with model.policy.gradient_checkpointing: the recomputed forward would route "
+                "itself, not replay; set one of them false"
+            )
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
         # a batch sampled by older weights (asynchronous) needs pi_prox, the weights before this update, recomputed
@@ -165,6 +185,12 @@ class RLModule(LightningModule):
         for slot in ROSTER:  # policy, reference, critic, rewards, teacher (lightning_rl.roster)
             if not (replaying and slot.collects):
                 slot.build(self)
+        if self.routing_replay:
+            from lightning_rl.core.routes import replay_unsupported
+
+            said = replay_unsupported(self.policy)
+            if said:
+                raise ValueError(said)
         if not replaying:
             self.rollout.setup(self.tokenizer)
         if self.agent is not None and not replaying:
@@ -192,6 +218,7 @@ class RLModule(LightningModule):
             self.loop_state,
             {slot.name: slot.optimizer(self) for slot, _ in trained(self)},
             self.teacher.logits if "teacher_logits" in self.needs else None,
+            self.routing_replay,
         )
         self.reporter = Reporter(
             loop,

@@ -47,10 +47,12 @@ class PolicyUpdate:
         state: LoopState,
         group_configs: dict[str, OptimizerConfig],
         teacher_logits: Callable[[RolloutBatch], Tensor] | None = None,
+        routing_replay: bool = False,
     ):
         """``state``: the optimizer step counters (LR schedules) and the mini-batch shuffle, checkpointed.
         ``group_configs``: each parameter group's settings, by name (the roster's trained slots). ``teacher_logits``:
-        the teacher's full distribution on a micro-batch (``teacher_logits``), when a loss term reads it."""
+        the teacher's full distribution on a micro-batch (``teacher_logits``), when a loss term reads it.
+        ``routing_replay``: the policy's routers replay the sampler's routes (``model.routing_replay``)."""
         self.policy, self.critic, self.surrogate, self.aggregator, self.kl = policy, critic, surrogate, aggregator, kl
         self.loss_terms, self.ptx, self.loop, self.optimizer_cfg, self.health, self.state = (
             loss_terms,
@@ -60,7 +62,7 @@ class PolicyUpdate:
             health,
             state,
         )
-        self.group_configs, self.teacher_logits = group_configs, teacher_logits
+        self.group_configs, self.teacher_logits, self.routing_replay = group_configs, teacher_logits, routing_replay
         self.moe = is_moe(policy)
         for i, term in enumerate(loss_terms):
             if "router_logits" in term.reads and not self.moe:
@@ -196,6 +198,7 @@ class PolicyUpdate:
             keep_logits="logits" in reads,
             keep_router_logits=routing is not None,
             truncation=truncation,
+            replay_routes=self.routing_replay,
         )
         logprobs, entropy = forward.logprobs, forward.entropy
         if self.teacher_logits is not None:  # the teacher's whole distribution, one micro-batch at a time
@@ -227,7 +230,8 @@ class PolicyUpdate:
             per_token = per_token + term(forward, micro)
         metrics.add("policy/entropy", masked_mean(entropy.detach(), micro.loss_mask), tokens)
         if routing is not None:
-            routing.add(forward.router_logits, micro.loss_mask, metrics)
+            diff = None if micro.rollout_logprobs is None else (micro.old_logprobs - micro.rollout_logprobs).abs()
+            routing.add(forward.router_logits, micro.loss_mask, metrics, micro, diff)
         metrics.add_all(surrogate_metrics, tokens)
         return self.aggregator(per_token, micro.loss_mask, total)
 

