@@ -55,7 +55,7 @@ test-fast: $(STAMP)
 # the documentation's own lint (a table without its header row, an absolute machine path), then the site, strict
 docs: $(STAMP)
 	$(VENV)/bin/python scripts/lint_docs.py
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -120,7 +120,7 @@ def test_teacher_kl_sampled_keeps_its_gradient_where_the_teacher_rejects_the_tok
         response_mask=torch.ones(1, 2),
         teacher_logprobs=torch.tensor([[-21.0, -25.03]]),
     )
-    term = TeacherKL(coef=1.0, variant="sampled")(logprobs, None, batch)
+    term = TeacherKL(coef=1.0, variant="sampled")(PolicyForward(logprobs), batch)
     torch.testing.assert_close(term, torch.tensor([[0.5 * 20.954**2, 0.5 * 24.98**2]]), rtol=1e-6, atol=0)
     term.sum().backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[20.954, 24.98]]), rtol=0, atol=1e-5)

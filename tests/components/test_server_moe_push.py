@@ -44,11 +44,11 @@ def test_each_experts_tensors_go_to_the_fused_tensor_each_engine_holds():
 
 
 def test_a_fused_tensor_that_kept_its_checksum_is_named_once_with_the_pushed_ones_it_holds():
-    before = {f"{LAYER}.w13_weight": "1", f"{LAYER}.w2_weight": "2"}
-    after = {f"{LAYER}.w13_weight": "5", f"{LAYER}.w2_weight": "2"}
+    before = {f"{LAYER}.w13_weight": {"tp0": "1"}, f"{LAYER}.w2_weight": {"tp0": "2"}}  # {name: {rank: digest}}
+    after = {f"{LAYER}.w13_weight": {"tp0": "5"}, f"{LAYER}.w2_weight": {"tp0": "2"}}
     changed = [f"{LAYER}.{e}.{p}.weight" for e in range(4) for p in ("gate_proj", "up_proj", "down_proj")]
     stale, unknown = stale_tensors(changed, before, after, SGLangEngine.fusions)
-    assert unknown == [] and [p for p, _ in stale] == [f"{LAYER}.{e}.down_proj.weight" for e in range(4)]
+    assert unknown == [] and [p for p, _, _ in stale] == [f"{LAYER}.{e}.down_proj.weight" for e in range(4)]
     finding = checksum_finding(SGLangError, "http://s", changed, before, after, SGLangEngine.fusions)
     assert finding == (
         f"4 of the 12 tensors the trainer changed kept their checksum on the server: {LAYER}.0.down_proj.weight and 3 "
@@ -60,7 +60,7 @@ def test_a_name_no_fusion_maps_stops_the_push_naming_what_the_server_holds_besid
     """The issue's report: vLLM held the experts under other names, the check said to switch verification off, and
     with it off the expert pushes never landed. The error names the server's tensors beside the unmapped one and the
     map to extend, and does not offer switching the check off."""
-    held = {f"{LAYER}.routed_experts.w13_weight": "1", f"{LAYER}.routed_experts.w2_weight": "2"}
+    held = {f"{LAYER}.routed_experts.w13_weight": {"tp0": "1"}, f"{LAYER}.routed_experts.w2_weight": {"tp0": "2"}}
     changed = [f"{LAYER}.gate_up_proj"] + [f"model.layers.1.mlp.experts.{e}.w9.weight" for e in range(6)]
     with pytest.raises(VLLMError, match=r"name none of") as caught:
         checksum_finding(VLLMError, "http://v", changed, held, held, VLLMEngine.fusions, "vllm.VLLMEngine")

@@ -84,9 +84,9 @@ def test_a_continued_responses_routes_are_the_concatenation():
         asked.append(request)
         n_in = len(request.input_ids)
         if len(asked) == 1:  # routes of positions 0..3 (prompt, token 0): rows tagged by position
-            return [Answer([7, 8], [-1.0, -1.0], "abort", "1", np.arange(n_in + 1)[:, None].repeat(4, 1))]
+            return [Answer([7, 8], [-1.0, -1.0], "abort", "1", routes=np.arange(n_in + 1)[:, None].repeat(4, 1))]
         rows = np.arange(request.routes_from, n_in + 1)[:, None].repeat(4, 1)  # positions 4, 5
-        return [Answer([9, 10], [-1.0, -1.0], "length", "2", rows)]
+        return [Answer([9, 10], [-1.0, -1.0], "length", "2", routes=rows)]
 
     engine = SimpleNamespace(generate=generate, client=SimpleNamespace(gate=SimpleNamespace(sampling=nullcontext),
                              max_retries=3))  # fmt: skip

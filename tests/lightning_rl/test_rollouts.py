@@ -111,17 +111,18 @@ def test_a_batch_read_back_is_the_batch_written_bit_for_bit(tmp_path):
 
 
 def test_a_tensor_field_added_later_is_a_column_like_the_others(tmp_path):
-    """A routing-replay field (tokens x layers x top_k experts per sample) travels without a change to the format."""
+    """A field added to the batch later (here tokens x layers x top_k per sample, as routing replay's) travels without a
+    change to the format."""
 
     @dataclass
-    class RoutedBatch(RolloutBatch):
-        routed_experts: Tensor | None = None  # (B, R, layers, top_k)
+    class LaterBatch(RolloutBatch):
+        later_routes: Tensor | None = None  # (B, R, layers, top_k)
 
     routes = torch.randint(0, 8, (4, 5, 3, 2), dtype=torch.int16)
-    batch = RoutedBatch(**{f.name: getattr(full_batch(), f.name) for f in fields(RolloutBatch)}, routed_experts=routes)
+    batch = LaterBatch(**{f.name: getattr(full_batch(), f.name) for f in fields(RolloutBatch)}, later_routes=routes)
     path = write_iteration(recorded(batch=batch), tmp_path, "test")
-    back = read_batch(pq.read_table(path), tmp_path, RoutedBatch)
-    assert back.routed_experts.dtype == torch.int16 and torch.equal(back.routed_experts, routes)
+    back = read_batch(pq.read_table(path), tmp_path, LaterBatch)
+    assert back.later_routes.dtype == torch.int16 and torch.equal(back.later_routes, routes)
     assert_same_batch(full_batch(), RolloutBatch(**{f.name: getattr(back, f.name) for f in fields(RolloutBatch)}))
 
 

@@ -110,7 +110,7 @@ def _parse(url: str, item: dict, req: Request | None = None) -> Answer:
         [float(lp[0]) for lp in logprobs],
         (meta.get("finish_reason") or {}).get("type", "stop"),
         None if served is None else str(served),
-        routed,
+        routes=routed,
     )
 
 
