@@ -249,11 +249,6 @@ class LineProgress(ProgressBar):
     def on_train_start(self, trainer, pl_module) -> None:
         self.clock.start()
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        # the bar's last frame stays; what fit says after training (its summary, `RunSummary`) goes below it, where a
-        # redraw of the live bar would otherwise write over it
-        self._stop_progress()
-
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self.clock.begin_iteration()
         self.speed.begin(trainer.callback_metrics)
