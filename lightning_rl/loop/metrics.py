@@ -123,11 +123,12 @@ class ExpertLoad:
             if diff is not None:
                 agree = routes_agree(router.logits, router.align(given)).float()  # (B, R) or (N,)
                 counted, gap = router.align(mask).float(), router.align(diff)
-                for name, part in (("agreeing", agree), ("disagreeing", 1.0 - agree)):
+                for tag, part in (
+                    ("moe/logprob_diff_mean_agreeing", agree),
+                    ("moe/logprob_diff_mean_disagreeing", 1.0 - agree),
+                ):
                     tokens = (counted * part).sum()
-                    metrics.add(
-                        f"moe/logprob_diff_mean_{name}", (gap * counted * part).sum() / tokens.clamp_min(1), tokens
-                    )
+                    metrics.add(tag, (gap * counted * part).sum() / tokens.clamp_min(1), tokens)
         mask = router.align(mask)
         counts = expert_counts(router.logits, mask, router.top_k)
         self.counts = counts if self.counts is None else self.counts + counts

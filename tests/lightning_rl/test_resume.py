@@ -47,7 +47,7 @@ COMPOSITE = [
     "--model.rollout.init_args.temperature=3.0",
     "--model.rollout.init_args.group_size=2",
     "--model.advantage.init_args.scale=none",
-    '--model.reward={"class_path": "components.reward.Composite", "init_args": {"rewards": [%s, %s]}}'
+    '--model.reward={"class_path": "components.reward.Composite", "init_args": {"rewards": [%s, %s], "names": ["digits", "accuracy"]}}'
     % (
         SHAPED_PART
         % '{"class_path": "components.reward.FunctionReward", "init_args": {"fn": "tests.lightning_rl.rewards.digit_count"}}',

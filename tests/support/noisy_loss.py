@@ -8,6 +8,7 @@ from torch import Tensor
 
 from components.loss_terms import LossTerm
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.forward_outputs import PolicyForward
 
 
 class RandomTokenNLL(LossTerm):
@@ -17,6 +18,7 @@ class RandomTokenNLL(LossTerm):
     def __init__(self, coef: float = 1.0):
         self.coef = coef
 
-    def __call__(self, logprobs: Tensor, entropy: Tensor | None, batch: RolloutBatch) -> Tensor:
+    def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
+        logprobs = forward.logprobs  # (B, R)
         kept = (torch.rand(logprobs.shape, device=logprobs.device) < 0.5).float()  # (B, R)
         return -self.coef * logprobs.float() * kept
