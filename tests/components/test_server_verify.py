@@ -139,7 +139,7 @@ def test_a_push_one_tensor_parallel_rank_did_not_load_fails_naming_that_rank(tin
             with pytest.raises(
                 SGLangError,
                 match=rf"{server.url} does not hold the weights just pushed \(version 3\): (\d+) of the \1 tensors the "
-                r"trainer changed kept their checksum on the server: model\.norm\.weight on rank dp0:pp0:tp1, ",
+                r"trainer changed kept their checksum on the server: [\w.]+ on rank dp0:pp0:tp1, ",
             ) as failed:
                 rollout.sync_weights(policy)
             assert "tp0" not in str(failed.value)
