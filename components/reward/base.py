@@ -136,6 +136,11 @@ class Reward(ABC):
     def name(self) -> str:
         return type(self).__name__
 
+    @property
+    def part_name(self) -> str:
+        """Its name as a part of a `Composite` (the ``reward/<part>`` tag): one word, no punctuation."""
+        return self.name
+
 
 class NotAScore(ValueError):
     """A reward's output that is not B finite numbers; ``what`` says what it was, in a few words."""

@@ -27,7 +27,8 @@ class Composite(nn.Module, Reward):
         Args:
             rewards: the reward terms (each a class_path / init_args entry in YAML).
             weights: one weight per term (None = all 1.0).
-            names: one name per term, for logging and `DynamicSampling(part=...)` (None = each reward's class name).
+            names: one name per term, for logging and `DynamicSampling(part=...)` (None = each reward's class name, a
+                `FunctionReward`'s function name).
         """
         super().__init__()
         if not rewards:
@@ -37,12 +38,13 @@ class Composite(nn.Module, Reward):
             raise ValueError(
                 f"Composite: {len(rewards)} rewards but {len(weights)} weights; give one weight per reward"
             )
-        if names is None:  # class names, numbered where a class repeats: ExactMatch, ExactMatch_2
+        if names is None:  # class names (a function's name), numbered where one repeats: ExactMatch, ExactMatch_2
             seen: dict[str, int] = {}
             names = []
             for reward in rewards:
-                seen[reward.name] = seen.get(reward.name, 0) + 1
-                names.append(reward.name if seen[reward.name] == 1 else f"{reward.name}_{seen[reward.name]}")
+                seen[reward.part_name] = seen.get(reward.part_name, 0) + 1
+                count = seen[reward.part_name]
+                names.append(reward.part_name if count == 1 else f"{reward.part_name}_{count}")
         names = list(names)
         if len(names) != len(rewards) or len(set(names)) != len(names):
             raise ValueError(

@@ -33,6 +33,10 @@ class MissingEOSPenalty(nn.Module, Reward):
     def name(self) -> str:
         return f"MissingEOSPenalty({self.reward.name})"
 
+    @property
+    def part_name(self) -> str:
+        return self.reward.part_name
+
     def setup(self, tokenizer) -> None:
         self.reward.setup(tokenizer)
 

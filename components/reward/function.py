@@ -24,6 +24,11 @@ def function_name(fn: Callable[..., Any]) -> str:
     return f"{named.__module__}.{named.__qualname__}"
 
 
+def short_name(fn: Callable[..., Any]) -> str:
+    """``correctness``: ``fn``'s own name, a tag where the dotted path would read as folders."""
+    return function_name(fn).rsplit(".", 1)[-1]
+
+
 def _named_parameters(fn: Callable[..., Any]) -> tuple[dict[str, inspect.Parameter], bool] | None:
     """``fn``'s parameters by name and whether it takes ``**kwargs``; None when Python cannot tell (a builtin)."""
     try:
@@ -88,6 +93,10 @@ class FunctionReward(Reward):
     @property
     def name(self) -> str:
         return f"FunctionReward({function_name(self.fn)})"
+
+    @property
+    def part_name(self) -> str:
+        return short_name(self.fn)
 
     def data_columns(self) -> frozenset[str]:
         """``fn``'s named parameters without a default, less prompts, completions and ``kwargs``."""

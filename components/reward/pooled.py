@@ -16,7 +16,7 @@ from lightning_rl.core.errors import RewardError
 
 from .base import OnFailure, Reward, as_scores, columns, failure_line
 from .deadline import DeadlineExceeded, deadline
-from .function import accepted, columns_read, function_name
+from .function import accepted, columns_read, function_name, short_name
 
 GRACE_S = 5.0
 """Slack on the whole batch's bound, for calls a worker could not interrupt (stuck in C code)."""
@@ -76,6 +76,10 @@ class PooledReward(Reward):
     @property
     def name(self) -> str:
         return f"PooledReward({function_name(self.fn)})"
+
+    @property
+    def part_name(self) -> str:
+        return short_name(self.fn)
 
     def data_columns(self) -> frozenset[str]:
         """``fn``'s named parameters without a default, less prompts, completions and ``kwargs``."""

@@ -125,6 +125,10 @@ class Shaped(ScoreNormalizer, Reward):
     def name(self) -> str:
         return f"Shaped({self.reward.name})"
 
+    @property
+    def part_name(self) -> str:
+        return self.reward.part_name
+
     def setup(self, tokenizer) -> None:
         self.reward.setup(tokenizer)
 

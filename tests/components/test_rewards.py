@@ -53,6 +53,19 @@ def test_composite_is_the_weighted_sum_and_names_its_parts():
     assert "0.2*Format" in composite.name
     unweighted = Composite([ExactMatch(), ExactMatch()])
     torch.testing.assert_close(unweighted(batch.replace(columns=meta)), torch.tensor([0.0, 0.0, 2.0]))
+    assert unweighted.names == ["ExactMatch", "ExactMatch_2"]
+
+
+def completion_length(completions, **_):
+    return [float(len(text)) for text in completions]
+
+
+def test_a_functions_part_is_named_by_the_function_so_its_tag_reads_as_one_word():
+    # reward/<part>: the dotted path (tests.components.test_rewards.completion_length) would read as folders
+    composite = Composite([FunctionReward(completion_length), MissingEOSPenalty(FunctionReward(completion_length))])
+    assert composite.names == ["completion_length", "completion_length_2"]
+    parts = composite.score(_batch([2, 1]).replace(columns={"completions": ["ab", "c"]})).parts
+    torch.testing.assert_close(parts["completion_length"], torch.tensor([2.0, 1.0]))
 
 
 def test_composite_errors_name_the_culprit():

@@ -40,7 +40,8 @@ def test_the_shipped_visual_task_runs_a_few_iterations(tmp_path):
     written = scalars(tmp_path)
     assert [step for step, _ in written["val/reward"]] == [0, 2, 3]  # before the first iteration, at 2, after the last
     assert 0 < written["val/reward"][0][1] < 1  # the shipped policy is well below perfect and not hopeless
-    assert set(images(tmp_path)) == {"samples/0", "samples/1"} and images(tmp_path)["samples/0"] == [1, 3]
+    # the two rows' pictures at iterations 1 and 3, and the held-out curve the summary draws at the end
+    assert set(images(tmp_path)) == {"samples/0", "samples/1", "val/curve"} and images(tmp_path)["samples/0"] == [1, 3]
     table = texts(tmp_path)["samples/text_summary"][0][1]
     assert "| images |" in table and "1 image (56x56)" in table
     frozen = load_causal_lm(ModelSpec(path=str(ASSET)))
