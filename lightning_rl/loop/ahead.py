@@ -14,6 +14,10 @@ random stream for its own samples, which an in-process round draws from too.
 
 A checkpoint records the data position of the first round not yet trained: a resumed run samples those prompts
 again, with its own weights, so no prompt is lost or trained twice.
+
+A SIGTERM while the trainer waits for a round (one stuck in a tool call, say) ends the wait at once in a
+single-process run (``stopped``): Lightning only looks at the signal at an iteration's end, which a round waiting
+for every tool's timeout would put off for as long.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 
 from components.rollout import Rollout
@@ -48,9 +53,17 @@ class _Round:
 class RolloutAhead:
     """Rounds of (prompts, sampled batch) produced ``depth`` ahead of the one being trained, in data order."""
 
-    def __init__(self, rollout: Rollout, produce: Produce, depth: int, data: Any = None):
-        """``data``: the data module; its ``state_dict`` before each round's prompts is where a resume starts."""
-        self.rollout, self.produce, self.depth = rollout, produce, depth
+    def __init__(
+        self,
+        rollout: Rollout,
+        produce: Produce,
+        depth: int,
+        data: Any = None,
+        stopped: Callable[[], bool] = lambda: False,
+    ):
+        """``data``: the data module; its ``state_dict`` before each round's prompts is where a resume starts.
+        ``stopped``: whether the run was told to stop (a SIGTERM), asked while the trainer waits for a round."""
+        self.rollout, self.produce, self.depth, self.stopped = rollout, produce, depth, stopped
         self.position = data.state_dict if hasattr(data, "rewind") else (lambda: None)
         init = _same_device_initializer()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead", initializer=init)
@@ -93,6 +106,8 @@ class RolloutAhead:
         round_ = self._pending.popleft()
         if self._first_untrained is None:
             self._first_untrained = round_.position
+        while not wait([round_.future], timeout=0.2).done:
+            self._raise_if_stopped("waiting for the next round of samples")
         batch, metrics = round_.future.result()  # a failed rollout (e.g. a dead server) raises here
         return round_.data, batch, metrics
 
@@ -127,10 +142,21 @@ class RolloutAhead:
             else:
                 self._push = self._pusher.submit(push)
             return
-        with self._weights, torch.no_grad():
-            for mine, theirs in zip(self._sampler.parameters(), policy.parameters()):
-                mine.copy_(theirs)
-            self.rollout.sync_weights(self._sampler)
+        while not self._weights.acquire(timeout=0.2):  # held by the round sampling
+            self._raise_if_stopped("waiting for the round sampling to hand over the sampler's weights")
+        try:
+            with torch.no_grad():
+                for mine, theirs in zip(self._sampler.parameters(), policy.parameters()):
+                    mine.copy_(theirs)
+                self.rollout.sync_weights(self._sampler)
+        finally:
+            self._weights.release()
+
+    def _raise_if_stopped(self, waiting: str) -> None:
+        """Lightning's own SIGTERM exception, raised mid-iteration: the fault callbacks save the last completed
+        iteration (or this one, once its update is done), then the run exits with status 143."""
+        if self.stopped():
+            raise SIGTERMException(f"stopped (SIGTERM) while {waiting}")
 
     def trained(self) -> None:
         """The iteration under way is done: its rounds will not be sampled again after a resume."""

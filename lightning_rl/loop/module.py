@@ -419,7 +419,11 @@ class RLModule(LightningModule):
         if self.loop.max_staleness > 0 and self.replay is None:
             check_asynchronous(self.rollout, self.trainer, self.agent)
             produce = lambda prompts, policy: self.collector.produce(prompts, policy, self.device)  # noqa: E731
-            self.collector.ahead = RolloutAhead(self.rollout, produce, self.loop.max_staleness, self.trainer.datamodule)
+            # several ranks stop together at an iteration's end (Lightning syncs the signal): one alone would hang them
+            stopped = lambda: self.trainer.received_sigterm and self.trainer.world_size == 1  # noqa: E731
+            self.collector.ahead = RolloutAhead(
+                self.rollout, produce, self.loop.max_staleness, self.trainer.datamodule, stopped
+            )
 
     def teardown(self, stage: str) -> None:
         if self.collector is not None and self.collector.ahead is not None:

@@ -28,6 +28,7 @@ rollout = getattr(rollouts, engine)(launch=launch, verify_every=0, sync_before_f
 rollout.setup(load_tokenizer(model))
 print(rollout.server.process.pid, flush=True)
 if how == "exception":
+    sys.stdin.readline()  # once the test has seen the server running
     raise RuntimeError("a component failed")
 time.sleep(600)
 """
@@ -40,6 +41,7 @@ def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: s
         [sys.executable, "-c", TRAINER, engine, model, how, json.dumps(launch)],
         cwd=REPO,
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -51,7 +53,10 @@ def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: s
             raise AssertionError(f"the trainer did not launch its server: {line}{trainer.communicate()[1][-3000:]}")
         group = int(line)
         assert group_alive(group), "the server runs while its trainer does"
-        if how != "exception":
+        if how == "exception":
+            trainer.stdin.write("\n")
+            trainer.stdin.flush()
+        else:
             trainer.send_signal({"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}[how])
         trainer.wait(timeout=start_s)
     finally:

@@ -123,8 +123,28 @@ class TorchGroupWeightTransferEngine(WeightTransferEngine[GroupInitInfo, BucketI
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        self._keep_partly_pushed_experts()
         finalize_layerwise_reload(self.model, self.model_config)
         self._repack_tied_lm_head()
+
+    def _keep_partly_pushed_experts(self) -> None:
+        """A mixture-of-experts layer the push carried only part of keeps the weights it held. vLLM's layerwise reload
+        would build the layer anew from the parts it received and leave the rest uninitialised memory (its delayed
+        processing, meant for padding), whose checksum moves like a loaded tensor's: kept, a tensor the push missed
+        keeps its checksum and the trainer's verification names it (and the next push sends the layer whole)."""
+        from vllm.model_executor.model_loader.reload import layerwise
+
+        for name, layer in self.model.named_modules():
+            info = layerwise.LAYERWISE_INFO.get(layer)
+            if not (hasattr(layer, "w13_weight") and hasattr(layer, "w2_weight")) or info is None:
+                continue
+            if info.can_load() and info.kernel_tensors is not None and 0 < info.load_numel < info.load_numel_total:
+                logger.warning(
+                    "lightning_rl weight transfer: %s received %d of its %d elements; it keeps the weights it held",
+                    name, info.load_numel, info.load_numel_total,
+                )  # fmt: skip
+                layerwise._place_kernel_tensors(layer, info)
+                info.reset()
 
     def _repack_tied_lm_head(self) -> None:
         """vLLM's layerwise reload never processes a tied ParallelLMHead again, so on the CPU build its packed oneDNN
