@@ -46,6 +46,10 @@ WORKERS ?= auto
 PYTEST := $(PY) -m pytest -n $(WORKERS) --dist loadgroup
 
 test: $(STAMP) $(VLLM_STAMP)
+	$(PYTEST) -m "not soak"
+
+# everything: `make test` and the soak tests (real servers killed and restarted, stuck processes waited out)
+test-all: $(STAMP) $(VLLM_STAMP)
 	$(PYTEST)
 
 test-fast: $(STAMP)
@@ -61,4 +65,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install vllm-env run test test-fast lint docs
+.PHONY: install vllm-env run test test-all test-fast lint docs

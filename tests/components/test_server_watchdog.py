@@ -74,6 +74,7 @@ def test_no_launched_sglang_server_outlives_its_trainer(tmp_path, tiny_model_pat
     assert gone_within(group, 15) == []
 
 
+@pytest.mark.soak
 @pytest.mark.slow
 def test_no_launched_vllm_server_outlives_a_sigkilled_trainer(tmp_path):
     from tests.fixtures.vllm_server import SERVER_ARGS, TINY_CALC, unavailable, widen_heads

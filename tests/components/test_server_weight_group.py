@@ -58,6 +58,7 @@ JOIN = textwrap.dedent(
 )
 
 
+@pytest.mark.soak
 @pytest.mark.slow
 def test_a_server_refusing_to_join_at_once_leaves_one_line_and_status_1():
     for _ in range(5):  # the abort depended on how soon the refusal came back: a few tries

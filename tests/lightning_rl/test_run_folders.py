@@ -216,6 +216,7 @@ def test_version_folders_are_claimed_exclusively(tmp_path):
     assert claim_version(tmp_path).name == "version_4"
 
 
+@pytest.mark.soak
 @pytest.mark.slow
 def test_two_ranks_share_one_run_folder_and_resume_it(tmp_path, tiny_model_path):
     """DDP on 2 CPU processes: only rank 0 claims a version (Lightning broadcasts its folders), and a resume through

@@ -402,6 +402,7 @@ def test_console_of_a_fit_on_sglang_and_its_validate_has_none_of_the_noise(tmp_p
     assert "val/reward" in validate
 
 
+@pytest.mark.soak
 @pytest.mark.slow
 def test_lora_fit_and_export_print_no_deprecation_of_transformers(tmp_path, tiny_model_path):
     args = cli_args(tmp_path, tiny_model_path, 1, "--data.val_data=null", config="configs/grpo_lora.yaml")
