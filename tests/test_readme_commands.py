@@ -598,6 +598,7 @@ def test_the_vllm_teacher_commands_as_printed(scratch, run):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.xdist_group("vllm")
 def test_the_vllm_rollout_as_printed(scratch, run):
     """`make vllm-env` (which `make test` has run: the environment is there), then GRPO sampled by a launched vLLM."""

@@ -146,7 +146,7 @@ def test_fsdp2_grpo_steps_equal_one_process_and_generation_works_sharded(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["tiny_model_path", "tiny_moe_path"])
+@pytest.mark.parametrize("model", ["tiny_model_path", pytest.param("tiny_moe_path", marks=pytest.mark.soak)])
 def test_fsdp2_resume_from_a_sharded_checkpoint_continues_exactly(tmp_path, model, request):
     """2 ranks, real sampling, adaptive KL (sharded reference), 2 shuffled mini-batches: 2 iterations straight ==
     1, stop, resume from the folder of shards, 1 more. Each rank's random state and data position must come back.

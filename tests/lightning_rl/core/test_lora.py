@@ -341,7 +341,7 @@ def one_process_lora(tmp_path_factory, tiny_model_path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.soak)])
 def test_two_processes_equal_one_with_a_lora_policy_and_its_base_as_reference(
     tmp_path, tiny_model_path, one_process_lora, strategy
 ):

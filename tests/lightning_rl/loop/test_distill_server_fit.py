@@ -34,6 +34,7 @@ def _learned(root) -> tuple[float, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.xdist_group("vllm")
 def test_the_student_learns_from_a_vllm_teacher_the_run_launches_and_stops(tmp_path, caplog):
     from tests.fixtures.vllm_server import unavailable
