@@ -182,6 +182,13 @@ def test_a_lora_adapter_is_pushed_and_sampled(engine, prompts):
     assert gap(load_causal_lm(ModelSpec(path=engine.model)), batch) > 1e-2  # the adapter moved the served distribution
 
 
+# the real vLLM's restart on the MoE repeats the dense one's at length (30 s): `make test-all`
+KILLED = [
+    pytest.param(*p.values, marks=[*p.marks, pytest.mark.soak], id=p.id) if p.id == "vllm-moe" else p for p in ENGINES
+]
+
+
+@pytest.mark.parametrize("engine", KILLED, indirect=True)
 def test_a_killed_server_is_named_and_a_restarted_one_gets_the_whole_policy(engine, policy, prompts):
     rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed", max_retries=1, server_wait_s=0)
     rollout.sync_weights(policy)
