@@ -375,13 +375,10 @@ def part_moe(check: Check, budget: float) -> None:
     ratio = [line for line in lines if line.startswith("logprob gap with / without routing replay:")]
     if not ratio:
         return check.failed("m", what, code, text, seconds, budget)
-    agreement = [line for line in lines if "agreement" in line][-2:]
-    check.row(
-        "m",
-        what,
-        ratio[-1].rsplit(":", 1)[1].strip() + (" (" + "; ".join(agreement) + ")" if agreement else ""),
-        seconds,
-    )
+    # the table's rows: | off | max gap | mean gap | agreeing | disagreeing | route agreement | accuracy |
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith(("| off", "| on"))]
+    shown = "; ".join(f"{r[0]}: max gap {r[1]}, route agreement {r[5]}" for r in rows if len(r) >= 6)
+    check.row("m", what, ratio[-1].rsplit(":", 1)[1].strip() + (f" ({shown})" if shown else ""), seconds)
 
 
 def part_long(check: Check, budget: float) -> None:
