@@ -317,6 +317,50 @@ def test_closing_interrupts_the_round_sampling_and_starts_no_queued_one():
     assert started == [0] and len(interrupts) >= 2  # round 1 never sampled; round 0 ended by a later interrupt
 
 
+def test_a_sigterm_ends_the_wait_for_a_stuck_round_and_for_the_samplers_weights():
+    """A round stuck in a tool call holds the in-process sampler's weights: once the run is told to stop, the trainer's
+    wait for that round (take) and for the weights (push) each end within a poll with Lightning's SIGTERMException,
+    not when the stuck call returns (the tool's timeout)."""
+    import threading
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lightning_rl.loop.ahead import RolloutAhead
+
+    batch = RolloutBatch(
+        response_ids=torch.ones(1, 1, dtype=torch.long), response_mask=torch.ones(1, 1, dtype=torch.long)
+    )
+    stuck, released, stopped = threading.Event(), threading.Event(), threading.Event()
+
+    def produce(prompts, policy):
+        if prompts > 0:
+            stuck.set()
+            released.wait(30)  # a tool that never returns until the test ends
+        return batch, {}
+
+    counter = iter(range(10))
+    rollout = SimpleNamespace(samples_in_process=True, weight_version=0, sync_weights=lambda policy: None)
+    ahead = RolloutAhead(rollout, produce, depth=1, stopped=stopped.is_set)
+    policy = torch.nn.Linear(1, 1)
+    try:
+        ahead.take(lambda: {"prompts": next(counter)}, policy)  # round 0; round 1 starts and gets stuck
+        assert stuck.wait(10)
+        stopped.set()
+        start = time.monotonic()
+        with pytest.raises(SIGTERMException, match="sampler's weights"):
+            ahead.push(policy)  # the stuck round holds the sampler's copy
+        with pytest.raises(SIGTERMException, match="next round of samples"):
+            ahead.take(lambda: {"prompts": next(counter)}, policy)
+        assert time.monotonic() - start < 5  # two polls, not the stuck call
+        stopped.clear()
+        released.set()
+        ahead.push(policy)  # the weights are free again once the round has returned
+    finally:
+        released.set()
+        ahead.close()
+
+
 def test_no_round_is_requested_past_the_last_iteration():
     """A bound deeper than the run (max_staleness 100, 3 iterations) requests the run's rounds, not 101: the final
     validation would wait for every round queued (issue 24: 130 s instead of 26 s)."""
