@@ -30,9 +30,10 @@ import torch  # noqa: E402
 
 from benchmarks._common import load_note  # noqa: E402
 from components.env import FunctionTool, PythonTool, ToolEnvironment, ToolError, tool_concurrency  # noqa: E402
-from components.rollout import MultiTurnRollout, Rollout  # noqa: E402
+from components.rollout import MultiTurnRollout  # noqa: E402
 from components.rollout.base import response_mask_from_eos  # noqa: E402
 from lightning_rl.core.batch import Prompts, RolloutBatch  # noqa: E402
+from lightning_rl.core.contracts import Rollout  # noqa: E402
 from lightning_rl.core.models import load_tokenizer  # noqa: E402
 from lightning_rl.core.sampling_params import SamplingParams  # noqa: E402
 

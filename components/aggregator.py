@@ -8,32 +8,12 @@ micro-batches with accumulation, or split across ranks gives the same loss and g
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 from torch import Tensor
 
+from lightning_rl.core import contracts
+from lightning_rl.core.deprecation import moved
 
-class Aggregator(ABC):
-    @abstractmethod
-    def weights(self, mask: Tensor) -> Tensor:
-        """Per-token weight before the global normalisation. Shape: (B, R)."""
-
-    @abstractmethod
-    def denominator(self, mask: Tensor) -> Tensor:
-        """This shard's share of the normaliser (summable over shards). Shape: ()."""
-
-    def __call__(self, per_token_loss: Tensor, mask: Tensor, total: Tensor | float | None = None) -> Tensor:
-        """Scalar loss. ``total`` = the normaliser of the whole batch; None = this batch is the whole batch."""
-        if per_token_loss.shape != mask.shape:
-            raise ValueError(
-                f"{type(self).__name__}: loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} differ"
-            )
-        mask = mask.float()
-        if total is None:
-            total = self.denominator(mask)
-        numerator = (per_token_loss.float() * self.weights(mask)).sum()
-        total = total.clamp_min(1.0) if isinstance(total, Tensor) else max(float(total), 1.0)
-        return numerator / total
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.aggregator", ("Aggregator",))
 
 
 def _sequence_count(mask: Tensor) -> Tensor:
@@ -41,7 +21,7 @@ def _sequence_count(mask: Tensor) -> Tensor:
     return (mask.sum(-1) > 0).float().sum()
 
 
-class TokenMean(Aggregator):
+class TokenMean(contracts.Aggregator):
     """sum_i sum_t l_it / sum_i |o_i|: every token weighs the same (DAPO token-level loss, arXiv:2503.14476)."""
 
     def weights(self, mask: Tensor) -> Tensor:
@@ -51,7 +31,7 @@ class TokenMean(Aggregator):
         return mask.sum()
 
 
-class SeqMeanTokenMean(Aggregator):
+class SeqMeanTokenMean(contracts.Aggregator):
     """(1/N) sum_i (1/|o_i|) sum_t l_it: every sequence weighs the same (original GRPO, arXiv:2402.03300 eq. 3)."""
 
     def weights(self, mask: Tensor) -> Tensor:
@@ -61,7 +41,7 @@ class SeqMeanTokenMean(Aggregator):
         return _sequence_count(mask)
 
 
-class SeqMeanTokenSum(Aggregator):
+class SeqMeanTokenSum(contracts.Aggregator):
     """(1/N) sum_i sum_t l_it: the sequence log-likelihood weighting of REINFORCE / RLOO (arXiv:2402.14740)."""
 
     def weights(self, mask: Tensor) -> Tensor:
@@ -71,7 +51,7 @@ class SeqMeanTokenSum(Aggregator):
         return _sequence_count(mask)
 
 
-class TokenSumNorm(Aggregator):
+class TokenSumNorm(contracts.Aggregator):
     """(1/N) sum_i sum_t l_it / C with a constant C (e.g. max_new_tokens): Dr. GRPO's length-independent
     denominator (Liu et al. 2025, arXiv:2503.20783)."""
 
@@ -91,7 +71,7 @@ class TokenSumNorm(Aggregator):
         return _sequence_count(mask)
 
 
-class TokenSum(Aggregator):
+class TokenSum(contracts.Aggregator):
     """sum_i sum_t l_it: no normaliser, every token weighs 1 whatever the batch holds (the Tinker API's losses,
     ``loss = (per-token loss).sum()``; the learning rate then acts per token trained on). Exact over micro-batches;
     under data parallelism the ranks' gradients are averaged, so the update is the sum over the ranks' tokens divided

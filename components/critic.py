@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import OptimizerConfig
+from lightning_rl.core.contracts import Critic
 from lightning_rl.core.inputs import forward_accepts, image_kwargs, row_positions, sequence_inputs
 from lightning_rl.core.lora import LoraSpec, apply_lora, is_lora
 from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained, vision_prefixes
@@ -23,7 +24,7 @@ from lightning_rl.core.ops import masked_mean
 from lightning_rl.core.packing import attention_backend, pack, packable, packed_outputs, refuse_images
 
 
-class ValueCritic(nn.Module):
+class ValueCritic(Critic):
     """Trainable critic for PPO-style estimators (GAE). Built lazily in the module's ``configure_model``."""
 
     requires = frozenset({"returns", "values"})

@@ -25,8 +25,8 @@ from typing import Literal
 from torch import Tensor
 
 from components.kl import kl_estimate
-from components.loss_terms import LossTerm
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import LossTerm
 from lightning_rl.core.divergence import exact_reverse_kl, topk_reverse_kl
 from lightning_rl.core.forward_outputs import PolicyForward
 

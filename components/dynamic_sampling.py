@@ -6,10 +6,11 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import GroupFilter
 from lightning_rl.core.ops import group_view
 
 
-class DynamicSampling:
+class DynamicSampling(GroupFilter):
     """DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11): keep only groups whose rewards are
     not all equal, and sample more prompts until the batch holds as many groups as it asked for.
 

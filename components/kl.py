@@ -23,9 +23,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import KLPenalty
 
 Estimator = Literal["k1", "k2", "k3"]
 LOG_RATIO_CAP = 20.0  # the largest log rho (k3) or |log pi / pi_old| (importance weight) put through exp
@@ -45,7 +46,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: Estimator) ->
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
-class KLRegularizer(nn.Module):
+class KLRegularizer(KLPenalty):
     """KL penalty against the reference model; its coefficient is a buffer, so checkpoints carry it.
 
     Adaptive control (Ziegler et al. 2019, arXiv:1909.08593, sec. 2.2) when ``target`` is set:

@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 from torch import Tensor
 
+from lightning_rl.core import contracts
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.deprecation import moved
 from lightning_rl.core.forward_outputs import PolicyForward
 
-
-class LossTerm(ABC):
-    """``__call__(forward, batch) -> (B, R)`` added to the per-token loss. ``forward`` is the policy's forward on the
-    micro-batch (`PolicyForward`): its log-probs, and what the term names in ``reads`` (``entropy`` with gradient,
-    ``logits``: the whole distribution at each response position, ``router_logits``: a mixture-of-experts policy's
-    routers); ``requires`` names the batch fields it reads."""
-
-    requires: frozenset[str] = frozenset()
-    reads: frozenset[str] = frozenset()
-
-    @abstractmethod
-    def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
-        """Shape: (B, R)."""
-
-    def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
-        """How many tokens that count this term puts a gradient on (0 = none: a batch whose advantages are all
-        zero may then skip its update). Default: every token, unless the coefficient is 0. Shape: ()."""
-        return batch.loss_mask.sum() * float(getattr(self, "coef", 1.0) != 0)
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.loss_term", ("LossTerm",))
 
 
-class EntropyBonus(LossTerm):
+class EntropyBonus(contracts.LossTerm):
     """-alpha * H(pi_theta(. | s_t)): rewards high entropy (Schulman et al. 2017, eq. 9).
 
     H is the full-vocabulary entropy of the tempered policy at each response position.
@@ -48,7 +31,7 @@ class EntropyBonus(LossTerm):
         return -self.coef * forward.entropy
 
 
-class PositiveNLL(LossTerm):
+class PositiveNLL(contracts.LossTerm):
     """-mu * log pi_theta(a_t | s_t) on every token of a positive sample (score > threshold): VAPO's
     positive-example LM loss (Yue et al. 2025, arXiv:2504.05118; mu = 0.1 there).
 
@@ -79,5 +62,5 @@ class PositiveNLL(LossTerm):
         return (positive * batch.loss_mask).sum() * float(self.coef != 0)
 
 
-__all__ = ["LossTerm", "EntropyBonus", "PositiveNLL"]
+__all__ = ["EntropyBonus", "PositiveNLL"]
 # and on-policy distillation's components.distill.TeacherKL, a mixture of experts' components.moe.LoadBalancingLoss

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from lightning_rl.core.contracts import PretrainLoss
 from lightning_rl.core.inputs import mask_positions
 from lightning_rl.core.logprobs import sampled_logprobs
 from lightning_rl.core.ops import masked_mean
 
 
-class PretrainMix:
+class PretrainMix(PretrainLoss):
     """PPO-ptx (Ouyang et al. 2022, arXiv:2203.02155, eq. 2): the RL objective plus gamma times the
     log-likelihood of pretraining text, so the policy keeps its language modelling ("alignment tax"):
 

@@ -92,13 +92,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from components.advantage import GroupNormalized
-from components.reward import FunctionReward, PooledReward, as_scores
+from components.reward import FunctionReward, PooledReward
 from components.rollout import HFRollout
 from components.rollout.sglang.client import SGLangError, wait_for_answers
 from lightning_rl.callbacks import FiniteCheckpoints
 from lightning_rl.callbacks.context_length import check_context_length
 from lightning_rl.callbacks.fault import ResumableCheckpoints
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.core.contracts import as_scores
 from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.data.sources import check_jsonl
@@ -321,8 +322,8 @@ def test_tool_flood(capfd):
 
 
 def test_bad_tool_text():
-    from components.env import FunctionTool, Step, ToolEnvironment, Turn
-    from components.env.base import checked_step
+    from components.env import FunctionTool, ToolEnvironment
+    from lightning_rl.core.contracts import Step, Turn, checked_step
     from tests.fixtures.tools import unencodable
 
     env = ToolEnvironment([FunctionTool(unencodable)])

@@ -15,6 +15,7 @@ OURS = ("lightning_rl", "components")
 LAYERS: list[tuple[str, list[str]]] = [
     ("core", ["lightning_rl.core"]),  # what components may import: batch, sampling params, ops, models, data sources
     ("components", ["components"]),  # the swappable parts
+    ("defaults", ["lightning_rl.defaults"]),  # the parts a run gets where its config names none
     ("data", ["lightning_rl.data"]),  # prompts, tasks, row sources, preference pairs
     (
         "state",  # what a run holds and writes: the model roster, random streams, the checkpoint format, the
@@ -178,6 +179,18 @@ def test_components_import_only_the_core():
         for module, _, line in _imports(path)
         if module.startswith("lightning_rl")
         and not (module == "lightning_rl.core" or module.startswith("lightning_rl.core."))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_loop_knows_components_only_by_their_contracts():
+    """The loop imports the contracts (lightning_rl.core.contracts) and the defaults (lightning_rl.defaults), never a
+    component module."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _files("lightning_rl/loop")
+        for module, _, line in _imports(path)
+        if module == "components" or module.startswith("components.")
     ]
     assert not bad, "\n".join(bad)
 

@@ -1,4 +1,5 @@
-from .base import AdvantageEstimator, Advantages
+from lightning_rl.core.deprecation import moved
+
 from .distill import DistillAdvantage
 from .gae import GAE
 from .group import GroupNormalized
@@ -8,8 +9,6 @@ from .reinforce_pp import ReinforcePlusPlus, reward_to_go
 from .remax import ReMax
 
 __all__ = [
-    "Advantages",
-    "AdvantageEstimator",
     "DistillAdvantage",
     "GAE",
     "GroupNormalized",
@@ -19,3 +18,6 @@ __all__ = [
     "ReMax",
     "reward_to_go",
 ]
+
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.advantage", ("AdvantageEstimator", "Advantages"))

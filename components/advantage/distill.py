@@ -24,8 +24,7 @@ import torch
 
 from components.kl import kl_estimate
 from lightning_rl.core.batch import RolloutBatch
-
-from .base import AdvantageEstimator, Advantages, Whiten
+from lightning_rl.core.contracts import AdvantageEstimator, Advantages, Whiten
 
 
 class DistillAdvantage(AdvantageEstimator):

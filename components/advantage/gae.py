@@ -26,9 +26,8 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import AdvantageEstimator, Advantages, Whiten
 from lightning_rl.core.ops import reverse_scan, steps_first
-
-from .base import AdvantageEstimator, Advantages, Whiten
 
 
 class GAE(AdvantageEstimator):

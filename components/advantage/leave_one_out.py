@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import AdvantageEstimator, Advantages, Whiten
 from lightning_rl.core.ops import broadcast_to_tokens, group_view, sequence_rewards
 
-from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
+from .base import reject_greedy_rows
 
 
 class LeaveOneOut(AdvantageEstimator):

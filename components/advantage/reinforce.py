@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import AdvantageEstimator, Advantages, Whiten
 from lightning_rl.core.ops import all_reduce_sum, broadcast_to_tokens, sequence_rewards
 
-from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
+from .base import reject_greedy_rows
 
 
 class ReinforceBaseline(AdvantageEstimator, nn.Module):

@@ -6,9 +6,10 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import AdvantageEstimator, Advantages, Whiten
 from lightning_rl.core.ops import group_view, reverse_scan, sequence_rewards, steps_first
 
-from .base import AdvantageEstimator, Advantages, Whiten, reject_greedy_rows
+from .base import reject_greedy_rows
 
 
 def reward_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:

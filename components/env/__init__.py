@@ -1,4 +1,5 @@
-from .base import Environment, Step, Turn
+from lightning_rl.core.deprecation import moved
+
 from .concurrency import tool_concurrency
 from .function_tool import FunctionTool
 from .protocol import ToolProtocol
@@ -8,9 +9,6 @@ from .tool_env import ToolEnvironment
 from .tools import Calculator, Tool, ToolError
 
 __all__ = [
-    "Environment",
-    "Step",
-    "Turn",
     "ToolProtocol",
     "ToolEnvironment",
     "Tool",
@@ -21,3 +19,6 @@ __all__ = [
     "SandboxFusionTool",
     "tool_concurrency",
 ]
+
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.environment", ("Environment", "Step", "Turn"))

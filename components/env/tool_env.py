@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Environment, Step, Turn
+from lightning_rl.core.contracts import Environment, Step, Turn
+
 from .protocol import ToolProtocol
 from .tools import Tool, ToolError
 

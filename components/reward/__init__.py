@@ -1,4 +1,5 @@
-from .base import Reward, RewardInputs, as_scores
+from lightning_rl.core.deprecation import moved
+
 from .composite import Composite
 from .eos import MissingEOSPenalty
 from .format import Format
@@ -11,9 +12,6 @@ from .result import ResultScore
 from .verifier import MathVerify
 
 __all__ = [
-    "Reward",
-    "RewardInputs",
-    "as_scores",
     "FunctionReward",
     "ExactMatch",
     "Composite",
@@ -29,3 +27,6 @@ from .model import RewardModel  # noqa: E402
 from .shaping import Shaped  # noqa: E402
 
 __all__ += ["RewardModel", "Shaped"]
+
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.reward", ("Reward", "RewardInputs", "as_scores"))

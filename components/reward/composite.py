@@ -6,8 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
-
-from .base import Reward, Scores
+from lightning_rl.core.contracts import Reward, Scores
 
 
 class Composite(nn.Module, Reward):

@@ -6,8 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
-
-from .base import Reward
+from lightning_rl.core.contracts import Reward
 
 
 class MissingEOSPenalty(nn.Module, Reward):

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
-
-from .base import OnFailure, Reward, column
+from lightning_rl.core.contracts import Reward
+from lightning_rl.core.contracts.reward import OnFailure, column
 
 
 class Format(Reward):

@@ -13,8 +13,9 @@ from typing import Any, Callable
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Reward, RewardInputs, as_scores
+from lightning_rl.core.contracts.reward import ROLLOUT_COLUMNS, OnFailure, columns
 
-from .base import ROLLOUT_COLUMNS, OnFailure, Reward, RewardInputs, as_scores, columns
 from .deadline import DeadlineExceeded, deadline
 
 

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Reward
 from lightning_rl.core.inputs import mask_positions, sequence_inputs
 from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained
 
-from .base import Reward
 from .shaping import ScoreNormalizer
 
 TINY_REWARD_MODEL_PATH = str(Path(__file__).resolve().parents[2] / "lightning_rl" / "assets" / "tiny-arith-rm")

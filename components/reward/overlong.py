@@ -5,8 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
-
-from .base import Reward
+from lightning_rl.core.contracts import Reward
 
 
 class OverlongPenalty(Reward):

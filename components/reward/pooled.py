@@ -12,9 +12,10 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Reward, as_scores
+from lightning_rl.core.contracts.reward import OnFailure, columns, failure_line
 from lightning_rl.core.errors import RewardError
 
-from .base import OnFailure, Reward, as_scores, columns, failure_line
 from .deadline import DeadlineExceeded, deadline
 from .function import accepted, columns_read, function_name, short_name
 

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
-
-from .base import OnFailure, Reward, column
+from lightning_rl.core.contracts import Reward
+from lightning_rl.core.contracts.reward import OnFailure, column
 
 TAGS = ("__tuple__", "__set__", "__frozenset__", "__dict__")
 """How `entry_to_json` writes what JSON has no type for: ``{"__tuple__": [...]}``, ``{"__dict__": [[key, value], ...]}``

@@ -8,38 +8,24 @@
 
 Like batch norm, the running statistics update only in train mode (not during validation); they are
 buffers (``running_count``, ``running_mean``, ``running_m2``), so checkpoints carry them. Inside
-`raw_scores` (validation) every shaping is skipped: scores are reported on the reward's own scale.
+`raw_scores` (lightning_rl.core.contracts; validation) every shaping is skipped: scores are reported on the reward's own scale.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts.reward import Reward, Scores, scoring_raw
+from lightning_rl.core.deprecation import moved
 from lightning_rl.core.ops import all_reduce_sum
 
-from .base import Reward, Scores
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.reward", ("raw_scores",))
 
 Normalize = Literal["none", "static", "running"]
-
-_RAW = ContextVar("raw_scores", default=False)
-
-
-@contextmanager
-def raw_scores() -> Iterator[None]:
-    """Within this context every `ScoreNormalizer` (`Shaped`, `RewardModel`), however deeply nested in other rewards,
-    returns its raw scores and leaves its statistics alone: what validation reports (pass@k counts a score >= 1 as
-    solved, which a normalised score says nothing about), whatever the training shaping."""
-    token = _RAW.set(True)
-    try:
-        yield
-    finally:
-        _RAW.reset(token)
 
 
 class ScoreNormalizer(nn.Module):
@@ -60,7 +46,7 @@ class ScoreNormalizer(nn.Module):
     def normalized(self, scores: Tensor) -> Tensor:
         """Apply the configured normalisation and clipping to raw scores (B,). When either is on, the raw scores'
         mean is kept as ``reward/raw_mean`` in ``last_metrics`` (``reward/mean`` is then the shaped reward)."""
-        if _RAW.get():
+        if scoring_raw():
             return scores
         if self.normalize != "none" or self.clip is not None:
             self.last_metrics = {"reward/raw_mean": scores.detach().float().mean()}

@@ -1,5 +1,6 @@
-from .agent import Agent
-from .base import Rollout, response_mask_from_eos
+from lightning_rl.core.deprecation import moved
+
+from .base import response_mask_from_eos
 from .endpoint import OpenAIAgent, VerifiersAgent
 from .hf import HFRollout
 from .multi_turn import MultiTurnRollout
@@ -7,8 +8,6 @@ from .sglang import SGLangRollout
 from .vllm import VLLMRollout
 
 __all__ = [
-    "Agent",
-    "Rollout",
     "HFRollout",
     "SGLangRollout",
     "VLLMRollout",
@@ -17,3 +16,6 @@ __all__ = [
     "VerifiersAgent",
     "response_mask_from_eos",
 ]
+
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts", ("Agent", "Rollout"))

@@ -28,12 +28,13 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.contracts import Rollout
 from lightning_rl.core.inputs import forward_accepts, image_kwargs, last_positions, row_positions
 from lightning_rl.core.moe import is_moe
 from lightning_rl.core.routes import RouteRecorder
 from lightning_rl.core.sampling_params import SamplingParams
 
-from .base import Rollout, configured_params, response_mask_from_eos
+from .base import configured_params, response_mask_from_eos
 from .interrupt import check_interrupted
 
 

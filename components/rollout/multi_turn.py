@@ -40,15 +40,13 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from components.env import Environment, Turn, tool_concurrency
-from components.env.base import checked_step
+from components.env import tool_concurrency
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.contracts import Agent, Environment, Rollout, Turn, checked_step
 from lightning_rl.core.models import context_length
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.core.sampling_params import SamplingParams
 
-from .agent import Agent
-from .base import Rollout
 from .chat_turns import ChatTurns
 from .episode import Episode, episode_batch, episode_metrics, left_pad, token_versions, transcript
 from .interrupt import SamplingInterrupted, interruptible

@@ -1,4 +1,6 @@
-from .base import OffPolicyCorrection, Surrogate
+from lightning_rl.core.deprecation import moved
+
+from .base import OffPolicyCorrection
 from .cispo import CISPO
 from .clipped import ClippedSurrogate
 from .covariance import CovariancePG
@@ -9,7 +11,6 @@ from .policy_gradient import PolicyGradient
 from .stable_reinforce import StableReinforce
 
 __all__ = [
-    "Surrogate",
     "OffPolicyCorrection",
     "ClippedSurrogate",
     "CISPO",
@@ -20,3 +21,6 @@ __all__ = [
     "DRO",
     "StableReinforce",
 ]
+
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.surrogate", ("Surrogate",))

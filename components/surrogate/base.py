@@ -1,24 +1,25 @@
-"""The surrogate contract, the importance ratio, and the trainer/sampler off-policy correction.
-
-A surrogate returns an *unreduced* per-token loss (B, R); only the aggregator reduces it.
-"""
+"""What surrogates share beside their contract (`lightning_rl.core.contracts.Surrogate`): the importance ratio and the
+trainer/sampler off-policy correction."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from lightning_rl.core import contracts
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.deprecation import moved
 from lightning_rl.core.ops import masked_mean
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.surrogate", ("Surrogate",))
 
 LOG_RATIO_CLAMP = 20.0
 """|log ratio| is clamped before exp so one numerical blip cannot produce an inf ratio."""
 
 
-class OffPolicyCorrection:
+class OffPolicyCorrection(contracts.Correction):
     """Correct for the sampler's numerics differing from the trainer's (Yao et al. 2025, "Your efficient RL
     framework secretly brings you off-policy RL training").
 
@@ -94,39 +95,6 @@ class OffPolicyCorrection:
             "offpolicy/affected_frac": masked_mean(affected, mask),
         }
         return weight.detach(), {k: v.detach() for k, v in metrics.items()}
-
-
-class Surrogate(ABC):
-    """``__call__(logprobs, batch) -> (per_token_loss (B, R), metrics)``; logprobs carry the gradient."""
-
-    requires: frozenset[str] = frozenset({"advantages", "old_logprobs"})
-
-    def __init__(self, correction: OffPolicyCorrection | None = None):
-        self.correction = correction
-        if correction is not None:
-            self.requires = self.requires | correction.requires
-
-    @property
-    def inert_on_policy(self) -> str | None:
-        """A term of this surrogate that is exactly 0, value and gradient, when pi_theta = pi_old on every update (one
-        epoch of one mini-batch), named for the warning a config then gets; None when every term acts on-policy."""
-        return None
-
-    @abstractmethod
-    def per_token_loss(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """Unreduced loss before the off-policy correction. Shape: (B, R)."""
-
-    def __call__(self, logprobs: Tensor, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        if logprobs.shape != batch.response_ids.shape:
-            raise ValueError(
-                f"{type(self).__name__}: logprobs {tuple(logprobs.shape)} must match response_ids {tuple(batch.response_ids.shape)}"
-            )
-        loss, metrics = self.per_token_loss(logprobs, batch)
-        if self.correction is not None:
-            weight, extra = self.correction(batch)
-            loss = loss * weight
-            metrics.update(extra)
-        return loss, metrics
 
 
 def token_log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:

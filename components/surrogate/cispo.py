@@ -6,9 +6,10 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Surrogate
 from lightning_rl.core.ops import masked_mean
 
-from .base import OffPolicyCorrection, Surrogate, ratio_metrics, token_log_ratio
+from .base import OffPolicyCorrection, ratio_metrics, token_log_ratio
 
 
 class CISPO(Surrogate):

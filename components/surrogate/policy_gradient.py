@@ -5,8 +5,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Surrogate
 
-from .base import OffPolicyCorrection, Surrogate, ratio_metrics, token_log_ratio
+from .base import OffPolicyCorrection, ratio_metrics, token_log_ratio
 
 
 class PolicyGradient(Surrogate):

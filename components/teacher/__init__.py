@@ -1,12 +1,12 @@
 """Teachers for on-policy distillation: they score the tokens the student sampled."""
 
-from .base import Teacher, TeacherScores, tokenizer_mismatch
+from lightning_rl.core.deprecation import moved
+
+from .base import tokenizer_mismatch
 from .hf import TINY_TEACHER_PATH, HFTeacher
 from .server import CompletionsTeacher, ServerTeacher, SGLangTeacher, VLLMTeacher  # noqa: F401 (ServerTeacher: their base, no component itself)
 
 __all__ = [
-    "Teacher",
-    "TeacherScores",
     "tokenizer_mismatch",
     "HFTeacher",
     "TINY_TEACHER_PATH",
@@ -14,3 +14,6 @@ __all__ = [
     "VLLMTeacher",
     "CompletionsTeacher",
 ]
+
+
+__getattr__ = moved(__name__, "lightning_rl.core.contracts.teacher", ("Teacher", "TeacherScores"))

@@ -16,11 +16,12 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Teacher, TeacherScores
 from lightning_rl.core.errors import ConfigError
 from lightning_rl.core.logprobs import response_logits, sampled_logprobs
 from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm, load_tokenizer
 
-from .base import Teacher, TeacherScores, tokenizer_mismatch
+from .base import tokenizer_mismatch
 
 TINY_TEACHER_PATH = str(Path(__file__).resolve().parents[2] / "lightning_rl" / "assets" / "tiny-arith-teacher")
 """The built-in task's teacher: a tiny Qwen2 trained on exact answers, in bfloat16 (scripts/make_tiny_teacher.py)."""

@@ -28,9 +28,9 @@ from components.rollout.server.settings import Servers, WeightPush
 from components.rollout.sglang.engine import SGLangEngine
 from components.rollout.vllm.engine import VLLMEngine
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Teacher, TeacherScores
 
 from .answers import check_scored
-from .base import Teacher, TeacherScores
 from .hf import TINY_TEACHER_PATH
 from .vocabulary import check_served_tokenizer
 

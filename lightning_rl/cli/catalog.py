@@ -6,32 +6,33 @@ import importlib
 import inspect
 
 KINDS = {
-    "rollout": ("components.rollout", "Rollout"),
-    "reward": ("components.reward", "Reward"),
-    "advantage": ("components.advantage", "AdvantageEstimator"),
-    "surrogate": ("components.surrogate", "Surrogate"),
-    "aggregator": ("components.aggregator", "Aggregator"),
-    "kl": ("components.kl", "KLRegularizer"),
-    "critic": ("components.critic", "ValueCritic"),
-    "teacher": ("components.teacher", "Teacher"),
-    "sampling": ("components.dynamic_sampling", "DynamicSampling"),
-    "loss_terms": ("components.loss_terms", "LossTerm", "components.distill", "components.load_balance"),
-    "ptx": ("components.ptx", "PretrainMix"),
-    "agent": ("components.rollout", "Agent"),
-    "agent.init_args.env": ("components.env", "Environment"),
-    "agent.init_args.env.init_args.tools": ("components.env", "Tool"),
+    "rollout": ("Rollout", "components.rollout"),
+    "reward": ("Reward", "components.reward"),
+    "advantage": ("AdvantageEstimator", "components.advantage"),
+    "surrogate": ("Surrogate", "components.surrogate"),
+    "aggregator": ("Aggregator", "components.aggregator"),
+    "kl": ("KLPenalty", "components.kl"),
+    "critic": ("Critic", "components.critic"),
+    "teacher": ("Teacher", "components.teacher"),
+    "sampling": ("GroupFilter", "components.dynamic_sampling"),
+    "loss_terms": ("LossTerm", "components.loss_terms", "components.distill", "components.load_balance"),
+    "ptx": ("PretrainLoss", "components.ptx"),
+    "agent": ("Agent", "components.rollout"),
+    "agent.init_args.env": ("Environment", "components.env"),
+    "agent.init_args.env.init_args.tools": ("components.env.Tool", "components.env"),
 }
-"""model.<key> -> (module, the contract's class, more modules): the concrete subclasses of the contract that the modules
-hold are listed."""
+"""model.<key> -> (its contract: a name in lightning_rl.core.contracts, or a dotted path; the modules whose concrete
+subclasses of it are listed)."""
 
 
 def catalog() -> dict[str, list[tuple[str, str]]]:
     """{model key: [(class_path, first docstring line)]}, concrete classes only."""
     out = {}
-    for key, (module_name, base_name, *more) in KINDS.items():
-        base = getattr(importlib.import_module(module_name), base_name)
+    for key, (contract, *modules) in KINDS.items():
+        where, _, name = contract.rpartition(".")
+        base = getattr(importlib.import_module(where or "lightning_rl.core.contracts"), name)
         seen = {}
-        for name_of_module in (module_name, *more):
+        for name_of_module in modules:
             module = importlib.import_module(name_of_module)
             for name in getattr(module, "__all__", dir(module)):
                 obj = getattr(module, name, None)

@@ -1,5 +1,5 @@
 """`PolicyForward`: what one forward pass of the policy gives its loss, the one input of every loss term
-(``components.loss_terms.LossTerm``): the sampled tokens' log-probs always, and where a term reads them (its
+(``lightning_rl.core.contracts.LossTerm``): the sampled tokens' log-probs always, and where a term reads them (its
 ``reads``) the entropy, the logits at the response positions (`ResponseLogits`: distillation's full distribution) and
 a mixture-of-experts policy's router logits (`RouterLogits`: a load-balancing loss, the routing metrics).
 

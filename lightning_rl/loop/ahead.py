@@ -35,8 +35,8 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 
-from components.rollout import Rollout
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.contracts import Rollout
 from lightning_rl.core.ops import masked_mean
 
 Produce = Callable[[Prompts, nn.Module], tuple[RolloutBatch, dict]]

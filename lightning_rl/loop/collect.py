@@ -15,11 +15,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from components.dynamic_sampling import DynamicSampling
-from components.reward import Reward
-from components.rollout import Agent, Rollout
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
+from lightning_rl.core.contracts import Agent, GroupFilter, Reward, Rollout
 from lightning_rl.core.ops import all_reduce_sum, zero_variance_fraction
 from lightning_rl.core.sampling_params import SamplingParams
 from lightning_rl.loop.ahead import RolloutAhead, drop_stale
@@ -38,7 +36,7 @@ class Collector:
         rollout: Rollout,
         reward: Reward,
         agent: Agent | None,
-        sampling: DynamicSampling | None,
+        sampling: GroupFilter | None,
         loop: LoopConfig,
         tokenizer,
     ):

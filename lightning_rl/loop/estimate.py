@@ -3,15 +3,14 @@ per-turn rewards, the KL penalty when it sits in the reward), then the advantage
 
 from __future__ import annotations
 
-from components.advantage import AdvantageEstimator
-from components.kl import KLRegularizer
 from lightning_rl.core.batch import RolloutBatch, terminal_rewards
+from lightning_rl.core.contracts import AdvantageEstimator, KLPenalty
 from lightning_rl.core.ops import explained_variance, masked_mean, sequence_kl
 from lightning_rl.loop.metrics import WeightedMeans
 
 
 def estimate(
-    batch: RolloutBatch, advantage: AdvantageEstimator, kl: KLRegularizer | None, metrics: WeightedMeans
+    batch: RolloutBatch, advantage: AdvantageEstimator, kl: KLPenalty | None, metrics: WeightedMeans
 ) -> RolloutBatch:
     """``batch`` with ``token_rewards``, ``advantages`` and ``returns``; their statistics go to ``metrics``."""
     rewards = terminal_rewards(batch.scores, batch.action_tokens)

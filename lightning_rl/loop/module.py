@@ -17,23 +17,11 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from jsonargparse import lazy_instance
 from lightning import LightningModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
-from components.advantage import AdvantageEstimator, GroupNormalized
-from components.aggregator import Aggregator, TokenMean
-from components.critic import ValueCritic
-from components.dynamic_sampling import DynamicSampling
-from components.kl import KLRegularizer
-from components.loss_terms import LossTerm
-from components.ptx import PretrainMix
-from components.reward import ExactMatch, Reward
-from components.rollout import Agent, HFRollout, Rollout
-from components.surrogate import ClippedSurrogate, Surrogate
-from components.teacher import Teacher
-from lightning_rl import checkpoint
+from lightning_rl import checkpoint, defaults
 from lightning_rl.callbacks import (
     ContextLengthCheck,
     FiniteCheckpoints,
@@ -46,6 +34,16 @@ from lightning_rl.callbacks import (
     ValidateBeforeAndAfter,
 )
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.core.contracts import (
+    AdvantageEstimator,
+    Agent,
+    Aggregator,
+    LossTerm,
+    Reward,
+    Rollout,
+    Surrogate,
+    Teacher,
+)
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
 from lightning_rl.core.truncation import Truncation
@@ -78,18 +76,18 @@ class RLModule(LightningModule):
     def __init__(
         self,
         policy: ModelSpec = ModelSpec(),
-        rollout: Rollout = lazy_instance(HFRollout, group_size=8, max_new_tokens=8, temperature=1.0),
-        reward: Reward = lazy_instance(ExactMatch),
-        advantage: AdvantageEstimator = lazy_instance(GroupNormalized),
-        surrogate: Surrogate = lazy_instance(ClippedSurrogate, eps_low=0.2, eps_high=0.2),
-        aggregator: Aggregator = lazy_instance(TokenMean),
-        kl: KLRegularizer | None = None,
-        critic: ValueCritic | None = None,
+        rollout: Rollout = defaults.ROLLOUT,
+        reward: Reward = defaults.REWARD,
+        advantage: AdvantageEstimator = defaults.ADVANTAGE,
+        surrogate: Surrogate = defaults.SURROGATE,
+        aggregator: Aggregator = defaults.AGGREGATOR,
+        kl: defaults.KL | None = None,
+        critic: defaults.CRITIC | None = None,
         reference: ModelSpec | None = None,
-        sampling: DynamicSampling | None = None,
+        sampling: defaults.SAMPLING | None = None,
         loss_terms: list[LossTerm] | None = None,
         val_reward: Reward | None = None,
-        ptx: PretrainMix | None = None,
+        ptx: defaults.PTX | None = None,
         agent: Agent | None = None,
         teacher: Teacher | None = None,
         optimizer: OptimizerConfig = OptimizerConfig(lr=1e-4),

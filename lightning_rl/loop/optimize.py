@@ -9,15 +9,10 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from components.aggregator import Aggregator
-from components.critic import ValueCritic
-from components.kl import KLRegularizer
-from components.loss_terms import LossTerm
-from components.ptx import PretrainMix
-from components.surrogate import Surrogate
 from lightning_rl.checkpoint import LoopState
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.core.contracts import Aggregator, Critic, KLPenalty, LossTerm, PretrainLoss, Surrogate
 from lightning_rl.core.logprobs import policy_outputs
 from lightning_rl.core.microbatch import micro_batches
 from lightning_rl.core.moe import is_moe
@@ -35,12 +30,12 @@ class PolicyUpdate:
     def __init__(
         self,
         policy: nn.Module,
-        critic: ValueCritic | None,
+        critic: Critic | None,
         surrogate: Surrogate,
         aggregator: Aggregator,
-        kl: KLRegularizer | None,
+        kl: KLPenalty | None,
         loss_terms: list[LossTerm],
-        ptx: PretrainMix | None,
+        ptx: PretrainLoss | None,
         loop: LoopConfig,
         optimizer: OptimizerConfig,
         health: TrainingHealth,

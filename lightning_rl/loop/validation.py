@@ -6,7 +6,7 @@ least one of ``k`` samples drawn without replacement from the ``n`` is correct, 
 A sample is correct when its score is >= 1 (a 0/1 reward's success). mean@n is the mean score of the
 n samples (any reward), so for a 0/1 reward pass@1 == mean@n.
 
-Every validation score is the reward's raw score (`components.reward.shaping.raw_scores`): a `Shaped`
+Every validation score is the reward's raw score (`lightning_rl.core.contracts.raw_scores`): a `Shaped`
 reward's or a `RewardModel`'s normalisation and clipping shape what training sees, not what is reported.
 """
 
@@ -18,10 +18,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from components.reward import Reward
-from components.reward.shaping import raw_scores
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.config import LoopConfig
+from lightning_rl.core.contracts import Reward, raw_scores
 from lightning_rl.lightning_compat import validation_results
 from lightning_rl.loop.collect import Collector
 

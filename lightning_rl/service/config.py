@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from components.rollout.base import Rollout
+from lightning_rl.core.contracts import Rollout
 
 DEFAULT_PORT = 8000
 

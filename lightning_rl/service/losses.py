@@ -27,16 +27,9 @@ import torch
 from torch import Tensor
 
 from components.aggregator import TokenSum
-from components.surrogate import (
-    CISPO,
-    DRO,
-    ClippedSurrogate,
-    ImportanceSampling,
-    PolicyGradient,
-    StableReinforce,
-    Surrogate,
-)
+from components.surrogate import CISPO, DRO, ClippedSurrogate, ImportanceSampling, PolicyGradient, StableReinforce
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Surrogate
 from lightning_rl.service.errors import BadRequest
 
 RL_INPUTS = frozenset({"target_tokens", "logprobs", "advantages"})

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from components.rollout.base import Rollout
 from components.rollout.hf import HFRollout
 from lightning_rl.core.batch import Prompts
+from lightning_rl.core.contracts import Rollout
 from lightning_rl.core.logprobs import sampled_logprobs
 from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.sampling_params import SamplingParams

@@ -7,9 +7,9 @@ import string
 
 import pytest
 
-from components.env import Environment, Step
 from components.rollout import MultiTurnRollout
 from components.rollout.chat_turns import ChatTurns
+from lightning_rl.core.contracts import Environment, Step
 from tests.helpers import prompts
 from tests.support.multi_turn import Scripted
 

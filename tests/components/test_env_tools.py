@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from components.env import Calculator, FunctionTool, PythonTool, Step, ToolEnvironment, ToolError, ToolProtocol, Turn
+from components.env import Calculator, FunctionTool, PythonTool, ToolEnvironment, ToolError, ToolProtocol
+from lightning_rl.core.contracts import Step, Turn
 
 
 def _turn(text: str, finish: str = "stop") -> Turn:

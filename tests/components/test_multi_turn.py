@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from components.env import Environment, Step
 from components.rollout import HFRollout, SGLangRollout
+from lightning_rl.core.contracts import Environment, Step
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from lightning_rl.core.sampling_params import SamplingParams
@@ -167,7 +167,7 @@ class Wrong(Environment):
 @pytest.mark.parametrize(
     "answer, message",
     [
-        (("=7", None, False), r"Wrong.step returned a tuple; it must return components.env.Step"),
+        (("=7", None, False), r"Wrong.step returned a tuple; it must return lightning_rl.core.contracts.Step"),
         (Step(None, None, False), r"observation=None with done=False"),
         (Step("x", float("nan"), False), r"reward=nan; it must be a finite number"),
         (Step("x", None, 1), r"done=1; it must be True or False"),

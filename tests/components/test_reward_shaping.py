@@ -71,7 +71,7 @@ def test_running_normalisation_is_the_identity_until_the_statistics_have_a_sprea
 
 def test_raw_scores_skip_every_shaping_even_inside_a_composite():
     from components.reward import Composite
-    from components.reward.shaping import raw_scores
+    from lightning_rl.core.contracts import raw_scores
 
     shaped = Shaped(FunctionReward(fixed_scores), normalize="static", mean=1.0, std=0.5, clip=0.5)
     torch.testing.assert_close(_call(shaped, ["half", "full", "two"]), torch.tensor([-0.5, 0.0, 0.5]))

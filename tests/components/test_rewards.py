@@ -146,7 +146,7 @@ def test_missing_eos_penalty_replaces_truncated_scores():
 def test_scores_as_numpy_arrays_numpy_scalars_and_0d_tensors_are_accepted():
     import numpy as np
 
-    from components.reward import as_scores
+    from lightning_rl.core.contracts import as_scores
 
     expected = torch.tensor([1.0, 0.0, 0.5])
     for values in (

@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from components.env import SandboxFusionTool, ToolEnvironment, ToolError, Turn
+from components.env import SandboxFusionTool, ToolEnvironment, ToolError
+from lightning_rl.core.contracts import Turn
 from tests.fixtures.sandbox_fusion_server import FakeSandboxFusion
 
 

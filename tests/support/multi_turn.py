@@ -7,10 +7,10 @@ import threading
 
 import torch
 
-from components.env import Environment, Step
-from components.rollout import MultiTurnRollout, Rollout
+from components.rollout import MultiTurnRollout
 from components.rollout.base import response_mask_from_eos
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Environment, Rollout, Step
 from lightning_rl.core.sampling_params import SamplingParams
 from tests.helpers import prompts
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from components.loss_terms import LossTerm
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import LossTerm
 from lightning_rl.core.forward_outputs import PolicyForward
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from components.rollout import Rollout
 from components.rollout.base import response_mask_from_eos
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.contracts import Rollout
 from lightning_rl.core.sampling_params import SamplingParams
 
 HERMES = '<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>'

@@ -43,12 +43,11 @@ import torch
 from torch import Tensor, nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.contracts import Agent, Rollout
 from lightning_rl.core.errors import ConfigError, import_object
 from lightning_rl.core.models import context_length
 from lightning_rl.core.sampling_params import SamplingParams
 
-from ..agent import Agent
-from ..base import Rollout
 from ..episode import Episode, left_pad, response_fields, transcript
 from .chat import ChatTemplate, longest_token_bytes
 from .conversation import Conversation

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from lightning_rl.core.batch import Prompts, RolloutBatch
+from lightning_rl.core.contracts import Rollout
 from lightning_rl.core.sampling_params import SamplingParams
 
-from ..base import Rollout, configured_params
+from ..base import configured_params
 from .connection import Connection
 from .engine import Engine
 from .fanout import wait_for_answers

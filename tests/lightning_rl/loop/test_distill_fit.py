@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from components.distill import TeacherKL
-from components.teacher import Teacher, TeacherScores
 from lightning_rl.checkpoint import load_checkpoint
 from lightning_rl.cli import main
+from lightning_rl.core.contracts import Teacher, TeacherScores
 from tests.lightning_rl.cli_runs import cli_args, run_cli, scalars, texts
 
 
