@@ -26,13 +26,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from lightning_rl.core.lora import check_base, is_lora
 from lightning_rl.digests import CheckpointError, check_not_empty, checked, unreadable, with_digests
@@ -73,6 +74,13 @@ class LoopState:
 
 
 # ---------------------------------------------------------------------------------------------- what is saved
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A LightningModule whose iterations resume exactly (an `RLModule`): its loop state is in its checkpoints."""
+
+    loop_state: LoopState
 
 
 def frozen_parameter_names(module: nn.Module) -> set[str]:
@@ -315,7 +323,7 @@ def non_finite_entries(state: dict[str, Any]) -> list[str]:
     """Names of the floating-point tensors of ``state`` that hold a NaN or inf."""
     bad = []
     for name, value in state.items():
-        local = getattr(value, "_local_tensor", value)  # a DTensor shard: each rank checks its own
+        local = value.to_local() if isinstance(value, DTensor) else value  # a DTensor shard: each rank checks its own
         if isinstance(local, Tensor) and local.is_floating_point() and not bool(torch.isfinite(local).all()):
             bad.append(name)
     return bad

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 DIGESTS = "tensor_digests"
 """The checkpoint entry: {tensor path: sha256 hex of its dtype, shape and bytes}."""
@@ -46,7 +47,7 @@ def tensors(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, Tenso
 
 
 def digest(tensor: Tensor) -> str:
-    local = getattr(tensor, "_local_tensor", tensor)  # a DTensor: this rank's shard
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor  # a DTensor: this rank's shard
     data = local.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()  # (bytes,)
     sha = hashlib.sha256(f"{local.dtype}{tuple(local.shape)}".encode())
     sha.update(data)

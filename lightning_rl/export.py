@@ -65,7 +65,7 @@ def _build(auto_class, config, state: dict[str, Tensor], what: str):
     with torch.device("meta"):
         model = auto_class.from_config(config)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    tied = set(model._tied_weights_keys or [])  # a transformers class attribute, None where nothing is tied
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise ValueError(

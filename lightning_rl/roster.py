@@ -23,17 +23,47 @@ from __future__ import annotations
 import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Container, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from components.reward.model import RewardModel, scalar_head
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.config import OptimizerConfig
+from lightning_rl.core.config import LoopConfig, OptimizerConfig
+from lightning_rl.core.contracts import Critic, KLPenalty, Reward, Teacher
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.lora import LoraSpec, adapters_disabled, is_lora
-from lightning_rl.core.models import freeze, load_causal_lm
+from lightning_rl.core.models import ModelSpec, freeze, load_causal_lm
+from lightning_rl.core.truncation import Truncation
+
+
+@runtime_checkable
+class Run(Protocol):
+    """What the roster reads of a run, and the models it builds on it: the run context every `Slot` callable receives
+    (an `RLModule` is one). Components are known by their contracts."""
+
+    policy_spec: ModelSpec
+    reference_spec: ModelSpec | None
+    optimizer_cfg: OptimizerConfig
+    loop: LoopConfig
+    needs: Container[str]
+    """Every `RolloutBatch` field some component reads."""
+    reference_is_base: bool
+    """A LoRA policy's reference is its base model (adapters off): no second model."""
+    recompute_old: bool
+    """pi_old is recomputed before the update (off-policy, asynchronous, or read before the optimize phase)."""
+    routing_replay: bool
+    truncation: Truncation | None
+    tokenizer: Any
+    policy: nn.Module | None
+    reference: nn.Module | None
+    critic: Critic | None
+    reward: Reward
+    val_reward: Reward
+    teacher: Teacher | None
+    kl: KLPenalty | None
+
 
 Scorer = Callable[[RolloutBatch, float, bool], dict[str, Tensor]]
 """One trainer forward over a micro-batch: (chunk, sampling temperature, packed) -> {RolloutBatch field: (b, r, ...)}."""
@@ -49,44 +79,44 @@ class LoraRoot:
     """The adapted model's state-dict prefix in an `RLModule` checkpoint."""
     key: str
     """The config key of its LoRA settings (errors name it)."""
-    model: Callable[[Any], nn.Module | None]
-    spec: Callable[[Any], LoraSpec | None]
-    base_path: Callable[[Any], str | None]
+    model: Callable[[Run], nn.Module | None]
+    spec: Callable[[Run], LoraSpec | None]
+    base_path: Callable[[Run], str | None]
     """The base model's path, as errors about another base name it."""
 
 
 @dataclass(frozen=True)
 class Slot:
     """One model of an `RLModule`: how it is built, trained, checkpointed, sharded, exported and scored. Each
-    callable takes the module."""
+    callable takes the run (`Run`: the module, typed by what the roster reads of it)."""
 
     name: str
     """The module's attribute, the state-dict prefix (``name.``), the checkpoint's ``hf_export`` entry, export's folder."""
     key: str
     """Its config key."""
-    build: Callable[[Any], None]
+    build: Callable[[Run], None]
     """Build the model on the module (in ``configure_model``, once the tokenizer exists)."""
     trains: bool = False
     """Its trainable parameters are a parameter group of the one optimizer (named ``name``)."""
-    reloaded: Callable[[Any], bool] = lambda m: True
+    reloaded: Callable[[Run], bool] = lambda m: True
     """Checkpoints leave its frozen weights out; it is built again from its path (False: checkpoints store it)."""
-    optimizer: Callable[[Any], OptimizerConfig] | None = None
+    optimizer: Callable[[Run], OptimizerConfig] | None = None
     """A trained slot's AdamW settings."""
     lora: LoraRoot | None = None
-    shard: Callable[[Any], list[ShardUnit]] = lambda m: []
+    shard: Callable[[Run], list[ShardUnit]] = lambda m: []
     """The units FSDP2 shards (a frozen model's too: it saves memory; its forward all-gathers like the policy's)."""
-    export_info: Callable[[Any], dict | None] | None = None
+    export_info: Callable[[Run], dict | None] | None = None
     """What ``lightning-rl export`` rebuilds the model from (checkpoint entry ``hf_export[name]``); None = not exported."""
     export_as: str | None = None
     """How ``lightning-rl export`` writes it (a kind of lightning_rl.export: ``causal_lm``, ``value_model``)."""
-    scorer: Callable[[Any], Scorer | None] = lambda m: None
+    scorer: Callable[[Run], Scorer | None] = lambda m: None
     """The trainer forward's pass with this model over a micro-batch, or None when the run needs none."""
-    note: Callable[[Any], str | None] = lambda m: None
+    note: Callable[[Run], str | None] = lambda m: None
     """What ``--dry_run`` says of the slot besides its parameter count (e.g. a reference without a model of its own)."""
     collects: bool = False
     """It serves the collect phase only (it scores responses): a replay from recorded rollouts builds none."""
 
-    def model(self, module) -> Any:
+    def model(self, module: Run) -> Any:
         """The object the module holds in this slot (a model or a component), or None."""
         return getattr(module, self.name, None)
 
@@ -94,7 +124,7 @@ class Slot:
 # ---------------------------------------------------------------------------------------------- policy
 
 
-def _build_policy(m) -> None:
+def _build_policy(m: Run) -> None:
     m.policy = load_causal_lm(m.policy_spec)
 
 
@@ -107,7 +137,7 @@ def policy_export_info(policy, spec) -> dict[str, Any]:
     return info
 
 
-def _policy_scorer(m) -> Scorer | None:
+def _policy_scorer(m: Run) -> Scorer | None:
     if not m.recompute_old:  # on policy and nothing reads pi_old before the update: the optimize phase takes it
         return None
     rows = m.loop.logprob_chunk_rows
@@ -136,17 +166,17 @@ POLICY = Slot(
 # ---------------------------------------------------------------------------------------------- reference
 
 
-def _build_reference(m) -> None:
+def _build_reference(m: Run) -> None:
     if "ref_logprobs" in m.needs and not m.reference_is_base:
         m.reference = freeze(load_causal_lm(m.reference_spec or m.policy_spec, "model.reference"))
 
 
-def reference_model(m):
+def reference_model(m: Run):
     """Context giving the model that scores ``ref_logprobs``: the loaded reference, or the LoRA policy with adapters off."""
     return nullcontext(m.reference) if m.reference is not None else adapters_disabled(m.policy)
 
 
-def _reference_scorer(m) -> Scorer | None:
+def _reference_scorer(m: Run) -> Scorer | None:
     if m.reference is None and not m.reference_is_base:
         return None
     rows = m.loop.logprob_chunk_rows
@@ -177,23 +207,23 @@ REFERENCE = Slot(
 # ---------------------------------------------------------------------------------------------- critic
 
 
-def _build_critic(m) -> None:
+def _build_critic(m: Run) -> None:
     if m.critic is not None:
-        m.critic.build(m.policy_spec.path, getattr(m.reward, "path", None), policy=m.policy)
+        m.critic.build(m.policy_spec.path, m.reward.model_path, policy=m.policy)
 
 
-def _critic_base(m) -> str | None:
+def _critic_base(m: Run) -> str | None:
     critic = m.critic
     return None if critic is None else (critic.path if critic.init_from == "path" else critic.init_from)
 
 
-def _critic_export_info(m) -> dict | None:
+def _critic_export_info(m: Run) -> dict | None:
     critic = m.critic
     if critic is None or critic.backbone is None:
         return None
     info = {"config": critic.backbone.config.to_dict()}
     if is_lora(critic.backbone):
-        reward_path = getattr(m.reward, "path", None)
+        reward_path = m.reward.model_path
         info.update(
             init_from=critic.init_from, path=critic.path, dtype=critic.dtype, lora=dataclasses.asdict(critic.lora)
         )
@@ -209,8 +239,8 @@ CRITIC = Slot(
     reloaded=lambda m: False,
     optimizer=lambda m: m.critic.optimizer,
     lora=LoraRoot(
-        "critic.backbone.", "model.critic.init_args.lora", lambda m: getattr(m.critic, "backbone", None),
-        lambda m: getattr(m.critic, "lora", None), _critic_base,
+        "critic.backbone.", "model.critic.init_args.lora", lambda m: m.critic.backbone if m.critic is not None else None,
+        lambda m: m.critic.lora if m.critic is not None else None, _critic_base,
     ),
     shard=lambda m: [(m.critic, m.critic.backbone)] if m.critic is not None else [],
     export_info=_critic_export_info,
@@ -250,47 +280,39 @@ VAL_REWARD = Slot(
 # ---------------------------------------------------------------------------------------------- teacher
 
 
-def _teacher_scorer(m) -> Scorer | None:
+def _teacher_scorer(m: Run) -> Scorer | None:
     if m.teacher is None:
         return None
     return lambda chunk, t, packed: {k: v for k, v in m.teacher.score(chunk)._asdict().items() if v is not None}
-
-
-def _teacher_note(m) -> str | None:
-    urls = getattr(m.teacher, "urls", None)
-    if urls:  # a server teacher: no model in this process
-        return f"scored by {m.teacher.connection.engine.name} at {', '.join(urls)}"
-    model, device = getattr(m.teacher, "model", None), getattr(m.teacher, "device_name", None)
-    if model is None or device is None:
-        return None
-    return f"{sum(p.numel() for p in model.parameters()):,} parameters on {device}, outside the strategy"
 
 
 TEACHER = Slot(
     "teacher",
     "model.teacher",
     lambda m: m.teacher.setup(m.tokenizer) if m.teacher is not None else None,
-    shard=lambda m: [(m.teacher.shard_unit, None)] if getattr(m.teacher, "shard_unit", None) is not None else [],
+    shard=lambda m: (
+        [(m.teacher.shard_unit, None)] if m.teacher is not None and m.teacher.shard_unit is not None else []
+    ),
     scorer=_teacher_scorer,
-    note=_teacher_note,
+    note=lambda m: m.teacher.describe() if m.teacher is not None else None,
 )
 
 
 ROSTER: tuple[Slot, ...] = (POLICY, REFERENCE, CRITIC, REWARD, VAL_REWARD, TEACHER)
 
 
-def trained(module) -> list[tuple[Slot, nn.Module]]:
+def trained(module: Run) -> list[tuple[Slot, nn.Module]]:
     """(slot, model) of every trained slot the module holds, in roster order (the optimizer's parameter groups)."""
     return [(slot, slot.model(module)) for slot in ROSTER if slot.trains and slot.model(module) is not None]
 
 
-def training_modes(module) -> Tensor:
+def training_modes(module: Run) -> Tensor:
     """(M,) bool: the training flag of every submodule of the trained models, in roster order (dropout in the update
     depends on them, and a sampler that switches the policy to eval mode and back changes them)."""
     return torch.tensor([m.training for _, model in trained(module) for m in model.modules()], dtype=torch.bool)
 
 
-def set_training_modes(module, modes: Tensor) -> None:
+def set_training_modes(module: Run, modes: Tensor) -> None:
     """Set what `training_modes` returned (on a module holding the same models)."""
     submodules = [m for _, model in trained(module) for m in model.modules()]
     if len(submodules) != len(modes):
@@ -299,6 +321,6 @@ def set_training_modes(module, modes: Tensor) -> None:
         submodule.training = mode
 
 
-def scorers(module) -> list[Scorer]:
+def scorers(module: Run) -> list[Scorer]:
     """The trainer forward's passes this run needs, in roster order."""
     return [scorer for slot in ROSTER if (scorer := slot.scorer(module)) is not None]

@@ -22,6 +22,8 @@ from lightning.pytorch.cli import instantiate_class
 
 from lightning_rl.callbacks.progress import missing_progress_bar
 from lightning_rl.checkpoint import with_atomic_checkpoints
+from lightning_rl.core.models import PolicyHolder
+from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.runs import check_continued_policy, resolve_checkpoint, start_run
 
 DEFAULT_TRAINER_CONFIG = str(Path(__file__).with_name("default_trainer.yaml"))
@@ -106,6 +108,5 @@ def begin_run(trainer, stage: str, ckpt_path, new_run: bool = False, policy_path
 def link_tokenizer(model, data) -> None:
     """`TOKENIZER_LINK` for a model and data module built in Python: a data module whose tokenizer is not set takes the
     policy's path."""
-    hparams = getattr(data, "hparams", None)
-    if hparams is not None and "tokenizer" in hparams and hparams.tokenizer is None and hasattr(model, "policy_spec"):
-        hparams.tokenizer = model.policy_spec.path
+    if isinstance(data, PromptDataModule) and data.hparams.tokenizer is None and isinstance(model, PolicyHolder):
+        data.hparams.tokenizer = model.policy_spec.path

@@ -226,3 +226,10 @@ def shown_path(path: Path) -> str:
     """``path`` relative to the working folder when it is under it, as a config would write it."""
     path = Path(os.path.abspath(path))
     return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def tensorboard(trainer):
+    """The run's TensorBoard writer (a `SummaryWriter`: custom scalar layouts, histograms, text, images), on global rank
+    0 and when the run's logger is a `TensorBoardLogger`; None otherwise (another logger draws none of these)."""
+    logger = trainer.logger
+    return logger.experiment if trainer.global_rank == 0 and isinstance(logger, TensorBoardLogger) else None

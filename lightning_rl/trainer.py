@@ -18,6 +18,7 @@ import lightning
 
 from lightning_rl.callbacks.record import RecordRollouts
 from lightning_rl.console import quiet
+from lightning_rl.core.models import PolicyHolder
 from lightning_rl.run_setup import (
     as_list,
     begin_run,
@@ -93,8 +94,8 @@ class Trainer(lightning.Trainer):
     def _begin(self, stage: str, model, data, ckpt_path, new_run: bool = False):
         """The run set-up the CLI does too (lightning_rl.run_setup): the checkpoint path resolved, the run's folder
         chosen, the policy's tokenizer for the prompts."""
-        spec = getattr(model, "policy_spec", None)
-        ckpt_path = begin_run(self, stage, ckpt_path, new_run, spec.path if spec is not None else None)
+        policy_path = model.policy_spec.path if isinstance(model, PolicyHolder) else None
+        ckpt_path = begin_run(self, stage, ckpt_path, new_run, policy_path)
         link_tokenizer(model, data)
         return ckpt_path
 

@@ -60,6 +60,11 @@ class Composite(nn.Module, Reward):
     def name(self) -> str:
         return "Composite(" + ", ".join(f"{w:g}*{r.name}" for r, w in zip(self.rewards, self.weights)) + ")"
 
+    @property
+    def model_path(self) -> str | None:
+        """The first part's that scores with a learned reward model."""
+        return next((r.model_path for r in self.rewards if r.model_path is not None), None)
+
     def setup(self, tokenizer) -> None:
         for reward in self.rewards:
             reward.setup(tokenizer)

@@ -101,6 +101,10 @@ class RewardModel(ScoreNormalizer, Reward):
         self.trust_remote_code = trust_remote_code
         self.model: nn.Module | None = None
 
+    @property
+    def model_path(self) -> str:
+        return self.path
+
     def setup(self, tokenizer) -> None:
         """Load the frozen classifier once (the module calls this in ``configure_model``)."""
         if self.model is not None:

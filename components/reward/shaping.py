@@ -115,6 +115,10 @@ class Shaped(ScoreNormalizer, Reward):
     def part_name(self) -> str:
         return self.reward.part_name
 
+    @property
+    def model_path(self) -> str | None:
+        return self.reward.model_path
+
     def setup(self, tokenizer) -> None:
         self.reward.setup(tokenizer)
 

@@ -90,6 +90,11 @@ class HFTeacher(Teacher, nn.Module):
     def shard_unit(self) -> nn.Module | None:
         return self.model if self.device_name is None else None
 
+    def describe(self) -> str | None:
+        if self.model is None or self.device_name is None:  # in the module tree: counted with the policy's models
+            return None
+        return f"{sum(p.numel() for p in self.model.parameters()):,} parameters on {self.device_name}, outside the strategy"
+
     def train(self, mode: bool = True) -> "HFTeacher":
         """The teacher stays in eval mode."""
         self.training = mode

@@ -111,6 +111,9 @@ class ServerTeacher(Teacher):
     def urls(self) -> list[str]:
         return self.connection.urls
 
+    def describe(self) -> str:
+        return f"scored by {self.connection.engine.name} at {', '.join(self.urls)}"
+
     def setup(self, tokenizer) -> None:
         """Connect (start the server if asked to), then refuse a teacher that reads the policy's token ids otherwise."""
         if self.connection.open:

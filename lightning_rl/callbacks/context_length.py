@@ -9,6 +9,7 @@ from lightning import Callback
 
 from lightning_rl.core.models import context_length
 from lightning_rl.core.packing import NO_PACKING_WITH_IMAGES
+from lightning_rl.data.prompts import PromptDataModule
 
 
 def check_context_length(
@@ -36,13 +37,14 @@ class ContextLengthCheck(Callback):
     for data with images before the first iteration (the trainer would refuse it at its first packed forward)."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        data, agent = trainer.datamodule, getattr(pl_module, "agent", None)
-        if getattr(data, "image_columns", None) and pl_module.loop.max_tokens_per_micro_batch is not None:
+        data, agent = trainer.datamodule, pl_module.agent  # pl_module: the RLModule that adds this callback
+        ours = isinstance(data, PromptDataModule)  # a data module of the user's own: its prompts' lengths are unknown
+        if ours and data.image_columns and pl_module.loop.max_tokens_per_micro_batch is not None:
             raise ValueError(NO_PACKING_WITH_IMAGES)
         check_context_length(
-            getattr(pl_module.policy, "config", None),
-            getattr(data, "longest_prompt", None),
-            getattr(data, "hparams", {}).get("max_prompt_length"),
+            pl_module.policy.config,
+            data.longest_prompt if ours else None,
+            data.hparams.get("max_prompt_length") if ours else None,
             *(
                 (agent.max_total_tokens, "model.agent.init_args.max_total_tokens")  # None: fits by construction
                 if agent is not None

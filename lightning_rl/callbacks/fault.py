@@ -32,9 +32,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_rl.checkpoint import non_finite_entries
+from lightning_rl.checkpoint import Resumable, non_finite_entries
 from lightning_rl.core.errors import NonFiniteTrainingError
 from lightning_rl.core.ops import all_reduce_sum
+from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.runs import shown_path
 
 
@@ -64,17 +65,15 @@ class ResumableCheckpoints(Callback):
         self._start: dict | None = None  # what the running iteration started from (see on_train_batch_start)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        data, state = (
-            trainer.datamodule,
-            getattr(pl_module, "loop_state", None),
-        )  # any LightningModule; RLModule's loop state
+        data = trainer.datamodule
+        state = pl_module.loop_state if isinstance(pl_module, Resumable) else None  # any LightningModule
         self._start = {
             "step": trainer.global_step,
             "loop": state.snapshot()
             if state is not None
             else None,  # random streams (replaced, not mutated, per iteration), optimizer steps
             "position": data.state_dict()
-            if hasattr(data, "rewind")
+            if isinstance(data, PromptDataModule)
             else None,  # every stream's (prompts, PPO-ptx text)
         }
 
@@ -97,7 +96,7 @@ class ResumableCheckpoints(Callback):
             )
             return
         start = self._start
-        state = getattr(pl_module, "loop_state", None)  # any LightningModule; RLModule's loop state
+        state = pl_module.loop_state if isinstance(pl_module, Resumable) else None  # any LightningModule
         if state is not None and state.trained:  # its update is done (the failure came after it, e.g. in the push)
             start = None  # saved as it is: nothing to go back to
         elif (

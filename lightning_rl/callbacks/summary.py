@@ -9,9 +9,10 @@ from datetime import timedelta
 from typing import Callable
 
 from lightning import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_rl.runs import run_folder, shown_path
+from lightning_rl.runs import run_folder, shown_path, tensorboard
 
 CURVE_TAG = "val/curve"
 """The TensorBoard image of the held-out score per iteration, written at the end of fit."""
@@ -53,8 +54,8 @@ class RunSummary(Callback):
         if not trainer.is_global_zero or self.started is None:
             return
         rank_zero_info("\n".join(self.lines(trainer)))
-        experiment = getattr(trainer.logger, "experiment", None)
-        if self.points and hasattr(experiment, "add_image"):
+        experiment = tensorboard(trainer)
+        if self.points and experiment is not None:
             import numpy as np
 
             picture = curve_picture(self.points)
@@ -82,7 +83,7 @@ class RunSummary(Callback):
 def last_checkpoint(trainer) -> str | None:
     """Where the last checkpoint of this fit is, as a command line would name it; None when nothing was saved."""
     for callback in trainer.checkpoint_callbacks:
-        path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+        path = (callback.last_model_path or callback.best_model_path) if isinstance(callback, ModelCheckpoint) else ""
         if path:
             return shown_path(path)
     return None

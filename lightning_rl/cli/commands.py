@@ -60,6 +60,7 @@ from lightning_rl.callbacks.record import RecordRollouts  # noqa: E402
 from lightning_rl.cli.replay import add_arguments as add_replay_arguments  # noqa: E402
 from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
 from lightning_rl.console import quiet, results_table  # noqa: E402
+from lightning_rl.core.models import PolicyHolder  # noqa: E402
 from lightning_rl.data import PromptDataModule  # noqa: E402
 from lightning_rl.loop.module import RLModule  # noqa: E402
 from lightning_rl.run_setup import (  # noqa: E402
@@ -223,13 +224,12 @@ class RunCLI(LightningCLI):
         # the run's folder, before Lightning creates anything (lightning_rl.run_setup): `latest` in --ckpt_path is
         # resolved first, a run's own checkpoint continues that run, and a new version folder is claimed atomically
         config = self.config_init[subcommand]
-        spec = getattr(self.model, "policy_spec", None)
         config["ckpt_path"] = begin_run(
             self.trainer,
             subcommand,
             config.get("ckpt_path"),
             new_run=bool(config.get("new_run")),
-            policy_path=spec.path if spec is not None else None,
+            policy_path=self.model.policy_spec.path if isinstance(self.model, PolicyHolder) else None,
         )
         ending_on_sigterm(self.trainer, lambda: super(RunCLI, self)._run_subcommand(subcommand))
 

@@ -10,6 +10,8 @@ import inspect
 import torch
 from torch import Tensor
 
+from lightning_rl.core.hf_configs import image_token_id, model_config
+
 
 def mask_positions(attention_mask: Tensor) -> Tensor:
     """Position ids from the attention mask (the running count of real tokens). Shape: (B, T) -> (B, T).
@@ -81,9 +83,8 @@ def row_positions(
     if fn is None:
         return mask_positions(attention_mask)
     grids = [entry["image_grid_thw"] for entry in image_inputs if "image_grid_thw" in entry]
-    config = getattr(model, "config", None)
     token_types = torch.zeros_like(input_ids, dtype=torch.int)
-    token_types[..., :prompt_width][input_ids[..., :prompt_width] == getattr(config, "image_token_id", None)] = 1
+    token_types[..., :prompt_width][input_ids[..., :prompt_width] == image_token_id(model_config(model))] = 1
     positions, _ = fn(
         input_ids,
         mm_token_type_ids=token_types,
@@ -102,7 +103,7 @@ def last_positions(positions: Tensor) -> Tensor:
 def check_no_placeholders(model, response_ids: Tensor, response_mask: Tensor) -> None:
     """A forward over whole rows (prompt and response) with images fills every image placeholder id with image features:
     a response in which the policy sampled one (the sampler read it as a token) cannot be scored that way; say so."""
-    image_token = getattr(getattr(model, "config", None), "image_token_id", None)
+    image_token = image_token_id(model_config(model))
     if image_token is not None and bool(((response_ids == image_token) & (response_mask != 0)).any()):
         raise ValueError(
             f"the policy sampled its image placeholder token (id {image_token}) in a response, which a forward over whole rows with "

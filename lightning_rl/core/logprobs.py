@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from lightning_rl.core.forward_outputs import PolicyForward, ResponseLogits, RouterLogits
+from lightning_rl.core.hf_configs import attention_settings, model_config
 from lightning_rl.core.inputs import (
     check_no_placeholders,
     forward_accepts,
@@ -309,10 +310,9 @@ def response_outputs(
 def _packable(model, p: int, r: int, g: int) -> bool:
     """The packed layout needs a custom 4D mask (SDPA / eager attention take one as is), no sliding window shorter
     than a response's real context, and a short row (the per-call cost it saves matters most there)."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+    backend, window = attention_settings(model_config(model))
+    if backend not in ("sdpa", "eager"):
         return False
-    window = getattr(config, "sliding_window", None)
     return p + g * r <= PACKED_ROW_MAX_TOKENS and (window is None or window >= p + r)
 
 

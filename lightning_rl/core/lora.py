@@ -150,7 +150,7 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
 
 def reference_is_base(policy_spec, reference_spec, needs) -> bool:
     """A LoRA policy without an explicit reference takes its reference log-probs from its own base weights."""
-    return getattr(policy_spec, "lora", None) is not None and reference_spec is None and "ref_logprobs" in needs
+    return policy_spec.lora is not None and reference_spec is None and "ref_logprobs" in needs
 
 
 @torch.no_grad()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from lightning_rl.core.errors import closest_path
+from lightning_rl.core.hf_configs import context_length, is_vision_language, model_config  # noqa: F401 (context_length: read from here too)
 from lightning_rl.core.lora import LoraSpec, apply_lora
 
 TINY_MODEL_PATH = str(Path(__file__).parents[1] / "assets" / "tiny-arith")
@@ -37,6 +38,14 @@ class ModelSpec:
     train_vision: bool = False
     """Vision-language policies (Qwen2-VL, Qwen2.5-VL, ...): also train the vision tower and its projector (with
     ``lora``: put adapters there too). False keeps them frozen; only the language model learns."""
+
+
+@runtime_checkable
+class PolicyHolder(Protocol):
+    """A LightningModule that trains a policy loaded from a `ModelSpec` (an RLModule, the SFT recipe's): a run's folder
+    and its prompts' tokenizer follow the policy's path."""
+
+    policy_spec: ModelSpec
 
 
 def check_model_path(path: str, what: str) -> None:
@@ -119,21 +128,6 @@ def freeze(model: nn.Module) -> nn.Module:
     return model.eval()
 
 
-def context_length(config) -> int | None:
-    """The positions a model was built for: its config's ``max_position_embeddings`` (a vision-language model's is
-    its text model's); None when the config does not say."""
-    for part in (config, getattr(config, "text_config", None)):
-        positions = getattr(part, "max_position_embeddings", None)
-        if isinstance(positions, int) and positions > 0:
-            return positions
-    return None
-
-
-def is_vision_language(config) -> bool:
-    """Whether a model config is a vision-language model's (a text decoder reading image tokens: it has a vision tower)."""
-    return getattr(config, "vision_config", None) is not None
-
-
 def policy_class(config):
     """The auto class that builds a policy from ``config``: ``AutoModelForImageTextToText`` for a vision-language
     model (Qwen2-VL, Qwen2.5-VL, LLaVA, ...), ``AutoModelForCausalLM`` otherwise."""
@@ -148,7 +142,7 @@ def policy_class(config):
 def vision_prefixes(model: nn.Module) -> list[str]:
     """Names of the modules outside the language model and its output head (a vision-language model's vision tower and
     projector, e.g. ``model.visual``); [] for a text model."""
-    if not is_vision_language(getattr(model, "config", None)):
+    if not is_vision_language(model_config(model)):
         return []
     language = [m for m in (model.get_decoder(), model.get_output_embeddings()) if m is not None]
     contains = {id(m) for m in language}

@@ -30,6 +30,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from lightning_rl.core import hf_configs
+
 
 @dataclass(frozen=True)
 class Router:
@@ -84,11 +86,9 @@ def is_moe(model: nn.Module) -> bool:
 def experts_per_token(model: nn.Module) -> int:
     """k, the experts each token is routed to (the config's ``num_experts_per_tok``, a text model's for a
     vision-language model)."""
-    config = model.config
-    for part in (config, getattr(config, "text_config", None)):
-        k = getattr(part, "num_experts_per_tok", None)
-        if isinstance(k, int) and k > 0:
-            return k
+    k = hf_configs.experts_per_token(model.config)
+    if k is not None:
+        return k
     raise ValueError(
         f"{type(model).__name__} has routers but its config gives no num_experts_per_tok: the experts each token is "
         "routed to are unknown"

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.hf_configs import attention_settings, model_config
+
 MASKED_BACKENDS = ("sdpa", "eager")
 
 
@@ -44,15 +47,14 @@ class PackedRow:
 
 
 def attention_backend(model) -> str | None:
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None)
+    return attention_settings(model_config(model))[0]
 
 
 def packable(model, prompt_mask: Tensor, response_mask: Tensor) -> bool:
     """Whether ``pack`` applies: a transformers model with a known attention backend, no sliding window,
     non-empty prompts, and responses whose real tokens are a prefix of their row."""
-    config = getattr(model, "config", None)
-    if config is None or attention_backend(model) is None or getattr(config, "sliding_window", None) is not None:
+    backend, window = attention_settings(model_config(model))
+    if backend is None or window is not None:
         return False
     lengths = response_mask.sum(-1, keepdim=True)  # (B, 1)
     prefix = torch.arange(response_mask.shape[1], device=response_mask.device) < lengths  # (B, R)
@@ -129,10 +131,10 @@ NO_PACKING_WITH_IMAGES = (
 )
 
 
-def refuse_images(batch) -> None:
+def refuse_images(batch: RolloutBatch) -> None:
     """Packing lays rows out with one position per token; image tokens take multimodal positions (and their images
     must follow them into the row), which this layout does not carry, so a batch with images is refused, not approximated."""
-    if getattr(batch, "image_inputs", None) is not None:
+    if batch.image_inputs is not None:
         raise ValueError(NO_PACKING_WITH_IMAGES)
 
 

@@ -42,7 +42,7 @@ def count_unknown_tokens(
     tokenizer, token_ids: list[list[int]], texts: list[str], source: str, tokenizer_name: str
 ) -> int:
     """Prompt tokens that are the tokenizer's unknown token; warns once (for ``source``) with an example."""
-    unk = getattr(tokenizer, "unk_token_id", None)
+    unk = tokenizer.unk_token_id
     if unk is None:
         return 0
     counts = [ids.count(unk) for ids in token_ids]

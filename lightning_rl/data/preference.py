@@ -98,13 +98,14 @@ class PairDataModule(LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.train_rows = self.val_rows = None
+        self._tok = None  # loaded when first needed
 
     def _tokenizer(self):
         if self.hparams.tokenizer is None:
             raise ValueError(
                 "data.tokenizer is not set: the CLI links it to model.path; in Python pass tokenizer=<model path>"
             )
-        if not hasattr(self, "_tok"):
+        if self._tok is None:
             self._tok = load_tokenizer(self.hparams.tokenizer, "data.tokenizer")
         return self._tok
 

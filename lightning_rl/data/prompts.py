@@ -203,6 +203,8 @@ class PromptDataModule(LightningDataModule):
         self.bad_images: dict[str, int] = {}
         """Rows left out for a bad image per data source (``bad_images: skip``)."""
         self.image_columns: dict[str, ImageColumn] = {}  # of each data source that has images
+        self._tok = None  # loaded when first needed (the CLI links data.tokenizer after construction)
+        self._processor = None  # a vision-language policy's, loaded with the first image column
         self._restored_position: dict | None = None
 
     # ---- loading and tokenising -------------------------------------------------------------
@@ -212,7 +214,7 @@ class PromptDataModule(LightningDataModule):
                 "data.tokenizer is not set: the CLI and lightning_rl.Trainer link it to model.policy.path; with a "
                 "lightning.Trainer pass tokenizer=<model path>"
             )
-        if not hasattr(self, "_tok"):
+        if self._tok is None:
             self._tok = load_tokenizer(self.hparams.tokenizer, "model.policy.path (the tokenizer of data.tokenizer)")
         return self._tok
 
@@ -228,7 +230,7 @@ class PromptDataModule(LightningDataModule):
             rows = rows.select(range(min(limit, len(rows))))
         tokenizer, hp = self._tokenizer(), self.hparams
 
-        if hp.chat_template and not getattr(tokenizer, "chat_template", None):
+        if hp.chat_template and not tokenizer.chat_template:
             raise ValueError(
                 f"data.chat_template is true but the tokenizer of {hp.tokenizer!r} has no chat template; "
                 "set data.chat_template: false (prompts are then tokenised as plain text) or use a chat model's tokenizer"
@@ -298,7 +300,7 @@ class PromptDataModule(LightningDataModule):
                 f"{source!r} has an image column ({column!r}) but data.chat_template is false: the chat template places the images; "
                 "set data.chat_template: true (and a vision-language model.policy)"
             )
-        self._processor = getattr(self, "_processor", None) or load_processor(
+        self._processor = self._processor or load_processor(
             hp.tokenizer, self._tokenizer(), "model.policy.path (the processor of data.tokenizer)"
         )
         rows, self.image_columns[source], bad = encode_source(

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.contracts import Rollout
 from lightning_rl.core.ops import masked_mean
+from lightning_rl.data.prompts import PromptDataModule
 
 Produce = Callable[[Prompts, nn.Module], tuple[RolloutBatch, dict]]
 """(prompts, sampler policy) -> (the sampled batch, the rollout's metrics)."""
@@ -58,13 +59,13 @@ class RolloutAhead:
         rollout: Rollout,
         produce: Produce,
         depth: int,
-        data: Any = None,
+        data: PromptDataModule | None = None,
         stopped: Callable[[], bool] = lambda: False,
     ):
         """``data``: the data module; its ``state_dict`` before each round's prompts is where a resume starts.
         ``stopped``: whether the run was told to stop (a SIGTERM), asked while the trainer waits for a round."""
         self.rollout, self.produce, self.depth, self.stopped = rollout, produce, depth, stopped
-        self.position = data.state_dict if hasattr(data, "rewind") else (lambda: None)
+        self.position = data.state_dict if data is not None else (lambda: None)
         init = _same_device_initializer()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead", initializer=init)
         self._pending: deque[_Round] = deque()  # requested, not yet taken

@@ -47,6 +47,7 @@ from lightning_rl.core.contracts import (
 from lightning_rl.core.lora import reference_is_base
 from lightning_rl.core.models import ModelSpec, check_model_path, load_tokenizer
 from lightning_rl.core.truncation import Truncation
+from lightning_rl.data.prompts import PromptDataModule
 from lightning_rl.distributed import hf_zero3_config
 from lightning_rl.lightning_compat import count_iteration
 from lightning_rl.loop.ahead import RolloutAhead, check_asynchronous
@@ -171,6 +172,14 @@ class RLModule(LightningModule):
         self.validator: Validator | None = None
         self.replay: Replay | None = None  # lightning-rl replay: batches from a rollout record (replay_from)
         self.recording: IterationRecorder | None = None  # record_rollouts: the RecordRollouts callback's loop side
+        self.restored_step = 0  # the iteration of the checkpoint a validate run restored
+
+    @property
+    def prompt_data(self) -> PromptDataModule | None:
+        """The run's data module when it is ours (its prompt lengths, validation sets' names, resumable position);
+        None before a Trainer is attached or with a data module of the user's own."""
+        data = self._trainer.datamodule if self._trainer is not None else None
+        return data if isinstance(data, PromptDataModule) else None
 
     # ------------------------------------------------------------------ models
     def configure_model(self) -> None:
@@ -193,7 +202,7 @@ class RLModule(LightningModule):
             self.rollout.setup(self.tokenizer)
         if self.agent is not None and not replaying:
             self.agent.setup(self.tokenizer, self.rollout)
-            longest = getattr(getattr(self._trainer, "datamodule", None), "longest_prompt", None)
+            longest = self.prompt_data.longest_prompt if self.prompt_data is not None else None
             said = derived_token_limit(self.agent, self.policy.config, longest)
             if said:
                 rank_zero_info(said)
@@ -345,7 +354,7 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ validation
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Greedy accuracy on held-out prompts, pass@k / mean@n from sampled responses (lightning_rl.loop.validation)."""
-        names = getattr(getattr(self._trainer, "datamodule", None), "val_names", None)
+        names = self.prompt_data.val_names if self.prompt_data is not None else None
         prefix = f"val/{names[dataloader_idx]}/" if names else "val/"
         self.validator.step(
             batch["prompts"], self.policy, prefix, self.log, self.global_step, self.global_rank, progress_bar=not names
@@ -362,8 +371,8 @@ class RLModule(LightningModule):
 
     def on_validation_end(self) -> None:
         trainer = self.trainer
-        step = self.global_step if trainer.state.fn == "fit" else getattr(self, "restored_step", 0)
-        self.validator.end(trainer, step, getattr(getattr(trainer, "datamodule", None), "val_names", None))
+        step = self.global_step if trainer.state.fn == "fit" else self.restored_step
+        self.validator.end(trainer, step, self.prompt_data.val_names if self.prompt_data is not None else None)
 
     # ------------------------------------------------------------------ checkpoints (lightning_rl.checkpoint)
     def on_save_checkpoint(self, checkpoint_: dict[str, Any]) -> None:
@@ -405,7 +414,7 @@ class RLModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Before any model loads (Lightning sets the data up first): the dataset columns the rewards read, checked
         against the data (lightning_rl.loop.requirements)."""
-        check_data_columns(self, getattr(self._trainer, "datamodule", None))
+        check_data_columns(self, self.prompt_data)
 
     def on_fit_start(self) -> None:
         """Asynchronous training (``loop.max_staleness`` > 0, lightning_rl.loop.ahead): the rounds sampled ahead. They start
@@ -420,7 +429,7 @@ class RLModule(LightningModule):
             # several ranks stop together at an iteration's end (Lightning syncs the signal): one alone would hang them
             stopped = lambda: self.trainer.received_sigterm and self.trainer.world_size == 1  # noqa: E731
             self.collector.ahead = RolloutAhead(
-                self.rollout, produce, self.loop.max_staleness, self.trainer.datamodule, stopped
+                self.rollout, produce, self.loop.max_staleness, self.prompt_data, stopped
             )
 
     def teardown(self, stage: str) -> None:

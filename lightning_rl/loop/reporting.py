@@ -19,6 +19,7 @@ from lightning_rl.data.checks import visible_text
 from lightning_rl.loop.health import TrainingHealth
 from lightning_rl.loop.metrics import PhaseTimer, WeightedMeans
 from lightning_rl.loop.sample_table import markdown, picture, print_rows, sample_indices, sample_rows
+from lightning_rl.runs import tensorboard
 
 # TensorBoard's Custom Scalars tab, in this order: what a researcher reads first (the Scalars tab sorts groups by name)
 LAYOUT = {
@@ -172,8 +173,8 @@ class Reporter:
         tensors = {k: torch.tensor(v) for k, v in scalars.items()}
         trainer.callback_metrics.update(tensors)
         trainer.logged_metrics.update(tensors)
-        experiment = getattr(trainer.logger, "experiment", None) if trainer.global_rank == 0 else None
-        if hasattr(experiment, "add_custom_scalars") and not self._layout_written:
+        experiment = tensorboard(trainer)
+        if experiment is not None and not self._layout_written:
             experiment.add_custom_scalars(LAYOUT)  # once per run (a resumed run writes it into its own events)
             self._layout_written = True
         if (
@@ -184,9 +185,9 @@ class Reporter:
 
     def _write_histograms(self, trainer, metrics: WeightedMeans) -> None:
         """`HISTOGRAMS` at the scalars' cadence and step, by global rank 0 into a logger that draws them."""
-        experiment = getattr(trainer.logger, "experiment", None) if trainer.global_rank == 0 else None
+        experiment = tensorboard(trainer)
         every = trainer.log_every_n_steps
-        if not hasattr(experiment, "add_histogram") or not every or trainer.global_step % every:
+        if experiment is None or not every or trainer.global_step % every:
             return
         for tag in HISTOGRAMS:
             values = metrics.distribution(tag)
@@ -197,12 +198,10 @@ class Reporter:
         if trainer.global_rank != 0:
             return
         rows = sample_rows(batch, self.loop.log_samples, lambda ids: visible_text(self.tokenizer, ids))
-        experiment = getattr(trainer.logger, "experiment", None)
-        if hasattr(experiment, "add_text"):
+        experiment = tensorboard(trainer)
+        if experiment is not None:
             experiment.add_text("samples", markdown(rows), trainer.global_step)
-        if batch.images is not None and hasattr(
-            experiment, "add_image"
-        ):  # what the policy saw, beside what it answered
+        if batch.images is not None and experiment is not None:  # what the policy saw, beside what it answered
             import numpy as np
 
             for k, (i, row) in enumerate(zip(sample_indices(batch, self.loop.log_samples), rows)):

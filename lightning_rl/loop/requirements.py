@@ -13,6 +13,7 @@ from lightning_rl.core.errors import ConfigError, closest_name
 from lightning_rl.core.forward_outputs import READABLE
 from lightning_rl.core.models import context_length
 from lightning_rl.core.truncation import Truncation
+from lightning_rl.data.prompts import PromptDataModule
 
 # always produced by the module itself
 MODULE_FIELDS = frozenset({"scores", "sample_mask", "token_rewards", "advantages", "old_logprobs", "ref_logprobs"})
@@ -42,7 +43,7 @@ class Needs:
 
 
 def _requires(component) -> frozenset[str]:
-    return frozenset(getattr(component, "requires", frozenset())) if component is not None else frozenset()
+    return frozenset(component.requires) if component is not None else frozenset()
 
 
 def check_requirements(module) -> Needs:
@@ -71,9 +72,9 @@ def check_requirements(module) -> Needs:
     provided = set(module.rollout.provides) | MODULE_FIELDS
     if module.critic is not None:
         provided.add("values")
-    if getattr(module.advantage, "produces_returns", False):
+    if module.advantage.produces_returns:
         provided.add("returns")
-    if getattr(module, "teacher", None) is not None:
+    if module.teacher is not None:
         provided |= module.teacher.provides
     for name, component in {**early, **late, "kl": kl}.items():
         missing = sorted(_requires(component) - provided)
@@ -84,10 +85,10 @@ def check_requirements(module) -> Needs:
             raise ValueError(
                 f"model.{name} ({type(component).__name__}) needs {missing}, which nothing in this config produces. {hints}"
             )
-    # a default built with jsonargparse's lazy_instance has no attributes until its first method call (setup): its
-    # settings are the defaults, which pass these checks
-    params = getattr(module.rollout, "params", None)
-    if params is not None and getattr(module.advantage, "group_relative", False) and params.group_size < 2:
+    # None on a default built with jsonargparse's lazy_instance before its first method call (setup): its settings are
+    # the defaults, which pass these checks
+    params = module.rollout.params
+    if params is not None and module.advantage.group_relative and params.group_size < 2:
         raise ValueError(
             f"model.advantage ({type(module.advantage).__name__}) compares each response with the others sampled for the same "
             f"prompt, but model.rollout.init_args.group_size={params.group_size}: every advantage would be 0 and nothing would train. "
@@ -119,18 +120,18 @@ def check_requirements(module) -> Needs:
     return Needs(frozenset(before | during), frozenset(before))
 
 
-def check_data_columns(module, data) -> None:
+def check_data_columns(module, data: PromptDataModule | None) -> None:
     """Fail before any model loads when a reward reads a dataset column (``data_columns()``) that a data source it
     scores does not deliver: the training reward against ``data.train_data``, the validation reward against each
     ``data.val_data``. A reward gets each column under its ``data.columns`` name: a column read by its own name but
     renamed by the mapping is named with the name it arrives under."""
-    hp = getattr(data, "hparams", None)
-    if hp is None:
+    if data is None:  # a data module of the user's own: its columns are its business
         return
+    hp = data.hparams
     scored = []  # (key, reward, source, columns)
-    if getattr(data, "train_rows", None) is not None:
+    if data.train_rows is not None:
         scored.append(("model.reward", module.reward, hp.train_data, data.train_rows.column_names))
-    if getattr(data, "val_rows", None):
+    if data.val_rows:
         key = "model.val_reward" if module.val_reward is not module.reward else "model.reward"
         sources = list(hp.val_data.values()) if isinstance(hp.val_data, dict) else [hp.val_data]
         scored += [(key, module.val_reward, s, rows.column_names) for s, rows in zip(sources, data.val_rows)]
@@ -157,7 +158,7 @@ def check_data_columns(module, data) -> None:
 def derived_token_limit(agent, policy_config, longest_prompt: int | None) -> str | None:
     """The line a run prints once when ``agent`` was given no ``max_total_tokens``: each episode's row then holds up to the
     policy's context less its prompt. None when it was given; a `ConfigError` when the policy's config gives no context."""
-    if agent is None or getattr(agent, "max_total_tokens", 0) is not None:
+    if agent is None or agent.max_total_tokens is not None:
         return None
     positions = context_length(policy_config)
     if positions is None:

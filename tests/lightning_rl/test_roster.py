@@ -147,3 +147,44 @@ def test_a_checkpoint_keeps_a_nested_reward_models_statistics_and_leaves_its_wei
     loaded.load_state_dict(ckpt["state_dict"], strict=True)
     part = loaded.reward.rewards[1]
     assert (float(part.running_count), float(part.running_mean), float(part.running_m2)) == (8.0, 0.25, 3.5)
+
+
+def test_a_critic_starts_from_a_reward_model_wherever_it_sits_in_the_reward(tmp_path, tiny_model_path):
+    """#47: the critic's ``init_from: reward_model`` read ``getattr(reward, "path", None)``, so a RewardModel inside a
+    Composite or a Shaped was not found and the run stopped ("needs a RewardModel reward"). ``Reward.model_path`` finds
+    it: the value head starts as the reward model's scalar head."""
+    from components.advantage import GAE
+    from components.critic import ValueCritic
+    from components.reward import Composite, ExactMatch, MissingEOSPenalty, RewardModel, Shaped
+    from components.reward.model import scalar_head
+    from lightning_rl.core.models import ModelSpec
+    from lightning_rl.loop.module import RLModule
+    from lightning_rl.recipes.reward_model import save_tiny_reward_model
+
+    path = save_tiny_reward_model(tmp_path / "rm", seed=3)
+    probe = RewardModel(path=path)
+    probe.setup(None)
+    head = scalar_head(probe.model)[1].weight.float()[:1]
+    for reward in (
+        Composite([ExactMatch(), Shaped(RewardModel(path=path), normalize="running")]),
+        MissingEOSPenalty(Shaped(RewardModel(path=path))),
+    ):
+        assert reward.model_path == path
+        module = RLModule(
+            policy=ModelSpec(path=tiny_model_path),
+            reward=reward,
+            advantage=GAE(),
+            critic=ValueCritic(init_from="reward_model"),
+        )
+        module.configure_model()
+        torch.testing.assert_close(module.critic.head.weight, head, rtol=0, atol=0)
+    assert Composite([ExactMatch()]).model_path is None
+
+
+def test_the_module_is_the_run_the_roster_reads(six_models):
+    """Every slot callable receives a `Run`: the attributes the roster reads, typed; an RLModule has them all."""
+    from lightning_rl.roster import Run
+
+    assert isinstance(six_models, Run)
+    missing = [name for name in Run.__annotations__ if not hasattr(six_models, name)]
+    assert not missing

@@ -30,6 +30,8 @@ class AdvantageEstimator(ABC):
 
     requires: frozenset[str] = frozenset({"token_rewards"})
     group_relative: bool = False
+    produces_returns: bool = False
+    """Fills ``returns`` (value targets) for a critic (GAE)."""
     """Compares each response with the others of its prompt's group (a group of 1 gives A = 0: checked at construction)."""
 
     def __init__(self, whiten: Whiten = "none", shift_mean: bool = True, clip: float | None = None):

@@ -14,6 +14,8 @@ from torch import Tensor
 
 
 class Aggregator(ABC):
+    requires: frozenset[str] = frozenset()
+
     @abstractmethod
     def weights(self, mask: Tensor) -> Tensor:
         """Per-token weight before the global normalisation. Shape: (B, R)."""

@@ -18,6 +18,8 @@ class LossTerm(ABC):
 
     requires: frozenset[str] = frozenset()
     reads: frozenset[str] = frozenset()
+    coef: float = 1.0
+    """The term's weight; 0 puts no gradient on any token."""
 
     @abstractmethod
     def __call__(self, forward: PolicyForward, batch: RolloutBatch) -> Tensor:
@@ -26,4 +28,4 @@ class LossTerm(ABC):
     def gradient_tokens(self, batch: RolloutBatch) -> Tensor:
         """How many tokens that count this term puts a gradient on (0 = none: a batch whose advantages are all
         zero may then skip its update). Default: every token, unless the coefficient is 0. Shape: ()."""
-        return batch.loss_mask.sum() * float(getattr(self, "coef", 1.0) != 0)
+        return batch.loss_mask.sum() * float(self.coef != 0)

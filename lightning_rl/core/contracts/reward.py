@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator, Literal, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -163,6 +164,13 @@ class Reward(ABC):
         """Its name as a part of a `Composite` (the ``reward/<part>`` tag): one word, no punctuation."""
         return self.name
 
+    @property
+    def model_path(self) -> str | None:
+        """The checkpoint of the learned reward model this reward scores with, itself or inside it (a part of a
+        `Composite`, the reward a `Shaped` wraps): what a critic with ``init_from: reward_model`` starts from. None: it
+        scores with no learned model."""
+        return None
+
 
 class NotAScore(ValueError):
     """A reward's output that is not B finite numbers; ``what`` says what it was, in a few words."""
@@ -189,7 +197,7 @@ def as_scores(values: Any, batch_size: int, who: str, meta: RewardInputs | None 
 
     Accepted: a list / tuple of numbers (Python, numpy or one-element tensors), a tensor or numpy array
     with B elements ((B,) or (B, 1))."""
-    if type(values).__module__ == "numpy" and hasattr(values, "shape"):  # an array (or a numpy scalar: rejected below)
+    if isinstance(values, (np.ndarray, np.generic)):  # an array (or a numpy scalar: rejected below)
         values = (
             torch.from_numpy(values.reshape(-1) if values.ndim else values.reshape(1))
             if values.dtype.kind in "biuf"
@@ -223,6 +231,6 @@ def _number(value: Any) -> Any:
     """A numpy scalar or a one-element tensor as a Python number; anything else unchanged (and judged by the caller)."""
     if isinstance(value, Tensor) and value.numel() == 1:
         return value.item()
-    if type(value).__module__ == "numpy" and getattr(value, "size", 0) == 1 and value.dtype.kind in "biuf":
+    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1 and value.dtype.kind in "biuf":
         return value.item()
     return value

@@ -21,7 +21,9 @@ class Rollout(ABC):
     provides: frozenset[str] = frozenset(
         {"prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "group_ids"}
     )
-    params: SamplingParams
+    params: SamplingParams | None = None
+    """The configured sampling settings (set by ``__init__``; None only on jsonargparse's lazy default before its first
+    method call, whose settings are the defaults)."""
     truncated_logprobs: bool = True
     """Whether ``rollout_logprobs`` are renormalised over the tokens top-k / top-p kept, as the trainer's are (vLLM's
     processed log-probs, `HFRollout`); False where the engine reports them before the truncation (SGLang)."""

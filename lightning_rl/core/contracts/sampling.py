@@ -15,6 +15,8 @@ class GroupFilter(ABC):
     up to ``max_rounds`` rollout rounds per iteration, until the batch holds as many groups as it asked for."""
 
     max_rounds: int = 1
+    requires: frozenset[str] = frozenset()
+    """`RolloutBatch` fields read besides ``scores`` and ``group_ids``, which every scored batch has."""
 
     @abstractmethod
     def keep(self, batch: RolloutBatch) -> Tensor:

@@ -49,6 +49,10 @@ class Teacher(ABC):
         """The model FSDP2 shards with the others (None: a teacher on its own device or behind a server)."""
         return None
 
+    def describe(self) -> str | None:
+        """What ``--dry_run`` says of the teacher beside the policy's models (where it scores), or None."""
+        return None
+
     def setup(self, tokenizer) -> None:
         """Called once the policy's tokenizer exists: refuse a teacher that reads its token ids otherwise, then load."""
 
