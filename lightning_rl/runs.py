@@ -230,6 +230,10 @@ def shown_path(path: Path) -> str:
 
 def tensorboard(trainer):
     """The run's TensorBoard writer (a `SummaryWriter`: custom scalar layouts, histograms, text, images), on global rank
-    0 and when the run's logger is a `TensorBoardLogger`; None otherwise (another logger draws none of these)."""
-    logger = trainer.logger
-    return logger.experiment if trainer.global_rank == 0 and isinstance(logger, TensorBoardLogger) else None
+    0 and when the run's logger writes TensorBoard events; None otherwise (another logger draws none of these)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    if trainer.global_rank != 0 or trainer.logger is None:
+        return None
+    experiment = trainer.logger.experiment
+    return experiment if isinstance(experiment, SummaryWriter) else None

@@ -63,7 +63,7 @@ class DistillAdvantage(AdvantageEstimator):
         inner = estimator.requires if estimator is not None else frozenset()
         self.requires = inner | ({"old_logprobs", "teacher_logprobs"} if kl_weight > 0 else set())
         self.group_relative = estimator is not None and estimator.group_relative and task_weight > 0
-        self.produces_returns = estimator.produces_returns
+        self.produces_returns = estimator is not None and estimator.produces_returns
 
     def distill_term(self, batch: RolloutBatch) -> torch.Tensor:
         """-kl_weight * k1(pi_old, pi_T) on the model's sampled tokens, zero elsewhere, fp32. Shape: (B, R)."""

@@ -12,6 +12,7 @@ import re
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,7 +47,7 @@ def _tagged(value: Any, where: str) -> Any:
         if all(isinstance(k, str) for k in value) and not (len(value) == 1 and next(iter(value)) in TAGS):
             return {k: _tagged(v, f"{where}[{k!r}]") for k, v in value.items()}
         return {"__dict__": [[_tagged(k, where), _tagged(v, f"{where}[{k!r}]")] for k, v in value.items()]}
-    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+    if isinstance(value, (np.ndarray, np.generic)) and value.ndim == 0:
         return value.item()
     raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__name__}, which cannot be stored as text")
 

@@ -13,7 +13,12 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-_stops = threading.local()
+
+class _Stops(threading.local):
+    stop: Callable[[], bool] | None = None  # this thread's: set by `interruptible`
+
+
+_stops = _Stops()
 
 
 class SamplingInterrupted(Exception):
@@ -23,7 +28,7 @@ class SamplingInterrupted(Exception):
 @contextmanager
 def interruptible(stop: Callable[[], bool]) -> Iterator[None]:
     """Within the block, sampler calls on this thread end (raising `SamplingInterrupted`) once ``stop()`` is true."""
-    previous = getattr(_stops, "stop", None)
+    previous = _stops.stop
     _stops.stop = stop
     try:
         yield
@@ -33,6 +38,6 @@ def interruptible(stop: Callable[[], bool]) -> Iterator[None]:
 
 def check_interrupted() -> None:
     """Raise `SamplingInterrupted` when this thread's caller asked its sampler call to end (a cheap check per step)."""
-    stop = getattr(_stops, "stop", None)
+    stop = _stops.stop
     if stop is not None and stop():
         raise SamplingInterrupted("the sampler call was interrupted (an episode's deadline, a cancel or a stop)")

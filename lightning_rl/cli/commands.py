@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Callable
 
@@ -169,7 +170,7 @@ class SaveConfigBeside(SaveConfigCallback):
         if folder is None:
             return
         folder.mkdir(parents=True, exist_ok=True)
-        stage = str(getattr(stage, "value", stage))  # Lightning passes its TrainerFn enum
+        stage = str(stage.value if isinstance(stage, Enum) else stage)  # Lightning passes its TrainerFn enum
         names = ["config.yaml", "resume_config.yaml"] if stage == "fit" else [f"{stage}_config.yaml"]
         path = claim_file(folder, names)
         self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=self.multifile)

@@ -232,7 +232,7 @@ def drop_stale(batch: RolloutBatch, version: int, max_staleness: int) -> tuple[R
 
 def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> None:
     """Configurations asynchronous training cannot run, named before the first round."""
-    if agent is not None and getattr(trainer, "world_size", 1) > 1:
+    if agent is not None and trainer.world_size > 1:
         raise ValueError(
             "model.loop.max_staleness > 0 with model.agent on several ranks: the episodes' turns are a collective "
             "(every rank takes as many turns as the busiest), which cannot run beside the update; use one rank, or max_staleness: 0"
@@ -242,7 +242,7 @@ def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> Non
             "model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
             "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0"
         )
-    strategy = type(getattr(trainer, "strategy", None)).__name__
+    strategy = type(trainer.strategy).__name__
     if rollout.samples_in_process and strategy in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"):
         raise ValueError(
             f"model.loop.max_staleness > 0 with an in-process sampler needs a full copy of the policy, which {strategy} "

@@ -10,6 +10,7 @@ import sys
 from typing import Callable
 
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
@@ -216,7 +217,7 @@ class Reporter:
         print_rows(
             rows,
             f"samples at iteration {trainer.global_step}",
-            getattr(getattr(bar, "progress", None), "console", None),
+            bar.progress.console if isinstance(bar, RichProgressBar) and bar.progress is not None else None,
         )
 
 

@@ -216,7 +216,16 @@ def test_missing_values_fail_with_the_fix():
         GAE()(batch)
 
     class _Module:  # what check_requirements reads from RLModule
-        advantage, reward, sampling, surrogate, critic, kl, loss_terms = GAE(), None, None, None, None, None, []
+        advantage, reward, sampling, surrogate, critic, kl, loss_terms, teacher = (
+            GAE(),
+            None,
+            None,
+            None,
+            None,
+            None,
+            [],
+            None,
+        )
 
         class rollout:
             provides = frozenset({"prompt_ids", "prompt_mask", "response_ids", "response_mask"})

@@ -222,10 +222,14 @@ def test_bad_reward_functions(tmp_path, tiny_model_path, fn, error, message):
 
 def test_gae_without_critic_fails_before_any_model_loads():
     from components.critic import ValueCritic  # noqa: F401  (the hint names it)
+    from lightning_rl.core.contracts import AdvantageEstimator
     from lightning_rl.loop.module import RLModule
 
-    class NeedsValues:
+    class NeedsValues(AdvantageEstimator):
         requires = frozenset({"values", "token_rewards"})
+
+        def estimate(self, batch):
+            raise AssertionError("the config fails before any batch")
 
     with pytest.raises(ValueError, match=r"needs \['values'\].*components.critic.ValueCritic"):
         RLModule(advantage=NeedsValues())

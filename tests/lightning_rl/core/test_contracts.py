@@ -40,9 +40,13 @@ OLD_PATHS = {
 def test_an_old_import_path_gives_the_contract_with_a_warning_naming_the_new_one(old):
     module = importlib.import_module(old)
     for name in OLD_PATHS[old]:
-        with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved: import it from lightning_rl\.core\.contracts"):
+        with pytest.warns(
+            DeprecationWarning, match=rf"{old}\.{name} moved: import it from lightning_rl\.core\.contracts"
+        ):
             found = getattr(module, name)
-        new = getattr(contracts, name, None) or getattr(importlib.import_module("lightning_rl.core.contracts.reward"), name)
+        new = getattr(contracts, name, None) or getattr(
+            importlib.import_module("lightning_rl.core.contracts.reward"), name
+        )
         assert found is new
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
         module.NoSuchName  # noqa: B018
@@ -64,7 +68,18 @@ def test_every_concrete_component_implements_its_contract():
     from lightning_rl.cli.catalog import catalog
 
     listed = catalog()
-    for key in ("rollout", "reward", "advantage", "surrogate", "aggregator", "kl", "critic", "sampling", "ptx", "agent"):
+    for key in (
+        "rollout",
+        "reward",
+        "advantage",
+        "surrogate",
+        "aggregator",
+        "kl",
+        "critic",
+        "sampling",
+        "ptx",
+        "agent",
+    ):
         assert listed[key], f"model.{key}: no component implements its contract"
         for class_path, _ in listed[key]:
             module, _, name = class_path.rpartition(".")

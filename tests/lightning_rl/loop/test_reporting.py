@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils.tensorboard import SummaryWriter
 
 from lightning_rl.core.config import LoopConfig
 from lightning_rl.loop.health import TrainingHealth
@@ -32,6 +33,8 @@ NEW_TAGS = (
 
 
 class _Logger:
+    experiment = None  # draws nothing (a TensorBoard logger's is a SummaryWriter)
+
     def __init__(self):
         self.logged: list[tuple[int, dict]] = []
 
@@ -137,10 +140,10 @@ def test_a_resumed_run_continues_the_totals(tmp_path, tiny_model_path):
     assert scalars(tmp_path)["total/samples"] == [(2, 48.0)]
 
 
-class _Experiment:
-    """What TensorBoard's SummaryWriter is asked: histograms by tag, with their step and values."""
+class _Experiment(SummaryWriter):
+    """What TensorBoard's SummaryWriter is asked: histograms by tag, with their step and values (no events written)."""
 
-    def __init__(self):
+    def __init__(self):  # a writer that writes nothing: SummaryWriter's own would open an event file
         self.histograms: dict[str, list[tuple[int, list[float]]]] = {}
 
     def add_histogram(self, tag, values, step):
