@@ -48,8 +48,9 @@ from lightning_rl.core.errors import ConfigError, import_object
 from lightning_rl.core.models import context_length
 from lightning_rl.core.sampling_params import SamplingParams
 
+from ..chat_turns import ChatTemplate
 from ..episode import Episode, left_pad, response_fields, transcript
-from .chat import ChatTemplate, longest_token_bytes
+from .chat import longest_token_bytes
 from .conversation import Conversation
 from .outcomes import report_failures, round_metrics
 from .rounds import EpisodeRun, Round
