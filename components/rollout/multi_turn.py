@@ -34,7 +34,6 @@ ended samples a stand-in turn beside the others and discards it.
 
 from __future__ import annotations
 
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -42,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from components.env import tool_concurrency
+from components.env.tool_calls import stop_token_ids
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.contracts import Agent, Environment, Rollout, Turn, checked_step
 from lightning_rl.core.models import context_length
@@ -104,17 +104,7 @@ class MultiTurnRollout(Agent):
                 "model.agent (MultiTurnRollout) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
             )
         self.tokenizer = tokenizer
-        self.stop_ids = []
-        for text in getattr(self.env, "stop_texts", ()):
-            ids = tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) != 1:
-                warnings.warn(
-                    f"the environment's stop text {text!r} is {len(ids)} tokens for this tokenizer and a sampler stops on single "
-                    "tokens: a turn then runs on to EOS or max_new_tokens (the environment still reads its calls). Add the text "
-                    "to the tokenizer as one token, or choose a protocol whose closing tag is one token"
-                )
-                continue
-            self.stop_ids.append(ids[0])
+        self.stop_ids = stop_token_ids(tokenizer, getattr(self.env, "stop_texts", ()), "model.agent.init_args.env")
         self.chat = self._observation_template(tokenizer) if self.chat_template else None
 
     def _observation_template(self, tokenizer) -> ChatTemplate:
