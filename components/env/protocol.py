@@ -1,9 +1,14 @@
-"""`ToolProtocol`: how a tool call is written in the model's turn and how its result is written back."""
+"""`ToolProtocol`: how a tool call is written in the model's turn and how its result is written back.
+
+Calls are found by components.env.tool_calls.TaggedCalls, the grammar the OpenAI endpoint's parsers read calls with.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import NamedTuple
+
+from .tool_calls import TaggedCalls
 
 
 class Call(NamedTuple):
@@ -45,13 +50,12 @@ class ToolProtocol:
         self.call_open, self.call_close = call_open, call_close
         self.result_open, self.result_close = result_open, result_close
         self.max_result_chars = max_result_chars
-        self._call = re.compile(re.escape(call_open) + r"(.*?)(" + re.escape(call_close) + r"|$)", re.DOTALL)
+        self.tags = TaggedCalls(call_open, call_close)
 
     def calls(self, text: str) -> list[Call]:
         """Every call in ``text``, in order."""
         found = []
-        for match in self._call.finditer(text):
-            body, closed = match.group(1).strip(), bool(match.group(2))
+        for body, closed in self.tags.find(text):
             if not closed:
                 found.append(Call(body, error=f"the call was not closed with {self.call_close!r}"))
                 continue

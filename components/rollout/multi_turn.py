@@ -21,7 +21,8 @@ for different episodes: it keeps per-episode state in ``state`` (the contract), 
 ``max_concurrent_tools: 1``.
 
 With ``chat_template: true`` an observation is rendered as the chat template's ``observation_role`` turn
-(components.rollout.chat_turns): only the new segment is tokenised and appended.
+(components.rollout.chat_turns, the segmenter the OpenAI endpoint appends messages with): only the new segment is
+tokenised and appended, and the template must render the turns before it unchanged.
 
 Each turn samples with the sampler's settings (`SamplingParams`) as configured or as given, passed per call and
 never set on the sampler: the environment's stop tokens are added to ``stop_token_ids``, ``max_new_tokens`` is
@@ -33,7 +34,6 @@ ended samples a stand-in turn beside the others and discards it.
 
 from __future__ import annotations
 
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -41,15 +41,18 @@ import torch
 from torch import Tensor, nn
 
 from components.env import tool_concurrency
+from components.env.tool_calls import stop_token_ids
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.contracts import Agent, Environment, Rollout, Turn, checked_step
 from lightning_rl.core.models import context_length
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.core.sampling_params import SamplingParams
 
-from .chat_turns import ChatTurns
+from .chat_turns import ChatTemplate
 from .episode import Episode, episode_batch, episode_metrics, left_pad, token_versions, transcript
 from .interrupt import SamplingInterrupted, interruptible
+
+_OBSERVATION = "OBSERVATION_TEXT_5b9d"  # a stand-in observation: the chat template is tried with it at setup
 
 
 class MultiTurnRollout(Agent):
@@ -101,18 +104,33 @@ class MultiTurnRollout(Agent):
                 "model.agent (MultiTurnRollout) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
             )
         self.tokenizer = tokenizer
-        self.stop_ids = []
-        for text in getattr(self.env, "stop_texts", ()):
-            ids = tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) != 1:
-                warnings.warn(
-                    f"the environment's stop text {text!r} is {len(ids)} tokens for this tokenizer and a sampler stops on single "
-                    "tokens: a turn then runs on to EOS or max_new_tokens (the environment still reads its calls). Add the text "
-                    "to the tokenizer as one token, or choose a protocol whose closing tag is one token"
-                )
-                continue
-            self.stop_ids.append(ids[0])
-        self.chat = ChatTurns(tokenizer, self.observation_role) if self.chat_template else None
+        self.stop_ids = stop_token_ids(tokenizer, getattr(self.env, "stop_texts", ()), "model.agent.init_args.env")
+        self.chat = self._observation_template(tokenizer) if self.chat_template else None
+
+    def _observation_template(self, tokenizer) -> ChatTemplate:
+        """The tokenizer's chat template, checked at setup (not at the first tool call of a run) to take an
+        ``observation_role`` turn after the model's."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "model.agent.init_args.chat_template is true but the policy's tokenizer has no chat template; "
+                "set chat_template: false (observations are then tokenised as plain text) or use a chat model"
+            )
+        template = ChatTemplate(tokenizer)
+        try:
+            self._observation_text(template, _OBSERVATION, [])
+        except Exception as err:
+            raise ValueError(
+                f"the tokenizer's chat template cannot follow the model's turn with a {self.observation_role!r} turn "
+                f"({type(err).__name__}: {err}); set model.agent.init_args.observation_role to a role it accepts "
+                "(e.g. user), or chat_template: false"
+            ) from None
+        return template
+
+    def _observation_text(self, template: ChatTemplate, observation: str, turn_ids: list[int]) -> str:
+        """What is appended after a model turn that ended with ``turn_ids``: the observation as a chat turn."""
+        return template.suffix(
+            [{"role": self.observation_role, "content": observation}], None, turn_ids, append_only=True
+        )
 
     # ------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -276,7 +294,7 @@ class MultiTurnRollout(Agent):
                 )
             return list(observation)
         if self.chat is not None:
-            return self.chat.observation_ids(observation, turn_ids)
+            observation = self._observation_text(self.chat, observation, turn_ids)
         return self.tokenizer.encode(observation, add_special_tokens=False)
 
     # ------------------------------------------------------------------ texts

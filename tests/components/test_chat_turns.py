@@ -1,5 +1,7 @@
-"""Observations as chat turns: with an append-only template the appended ids equal a full re-render of the
-conversation; with one that rewrites earlier turns the transcript keeps the ids that were sampled."""
+"""The one chat-turn segmenter (components.rollout.chat_turns.ChatTemplate), as MultiTurnRollout appends observations
+with it (``append_only``) and as the OpenAI endpoint appends messages: with an append-only template the appended ids
+equal a full re-render of the conversation; with one that rewrites earlier turns the transcript keeps the ids that were
+sampled."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import string
 import pytest
 
 from components.rollout import MultiTurnRollout
-from components.rollout.chat_turns import ChatTurns
+from components.rollout.chat_turns import ChatTemplate
 from lightning_rl.core.contracts import Environment, Step
+from tests.fixtures.chat_templates import FAMILIES, family_tokenizer
 from tests.helpers import prompts
-from tests.support.multi_turn import Scripted
+from tests.support.multi_turn import Echo, Scripted
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -92,15 +95,64 @@ def test_our_ids_are_kept_where_the_template_rewrites_earlier_turns():
     assert ours[start : start + len(sampled[0])] == sampled[0]
 
 
+def _observation(template: ChatTemplate, role: str, text: str, turn_ids: list[int], append_only: bool = True) -> str:
+    return template.suffix([{"role": role, "content": text}], None, turn_ids, append_only=append_only)
+
+
 def test_segment_glue_and_roles():
     tok = chat_tokenizer(CHATML)
-    chat = ChatTurns(tok, "user")
+    chat = ChatTemplate(tok)
     # the model ended its turn with <|im_end|>: the template's "\n" after it, then the new turn and the assistant header
-    assert chat.segment("hi", [5, tok.eos_token_id]) == "\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    segment = _observation(chat, "user", "hi", [5, tok.eos_token_id])
+    assert segment == "\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     # a turn that stopped on a tool tag, without <|im_end|>: the end-of-turn token comes from the template
-    assert chat.segment("hi", [5]).startswith("<|im_end|>\n<|im_start|>user\n")
-    with pytest.raises(ValueError, match="has no chat template"):
-        ChatTurns(chat_tokenizer(None))
+    assert _observation(chat, "user", "hi", [5]).startswith("<|im_end|>\n<|im_start|>user\n")
+    assert _observation(chat, "tool", "hi", []) == "<|im_end|>\n<|im_start|>tool\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.end_of_turn == "<|im_end|>\n" and chat.end_of_turn_id() == tok.eos_token_id
+    sampler = Scripted([], tok.eos_token_id)
+    with pytest.raises(ValueError, match="chat_template is true but the policy's tokenizer has no chat template"):
+        MultiTurnRollout(Echo(), chat_template=True).setup(chat_tokenizer(None), sampler)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("role", ["tool", "user"])
+def test_both_callers_append_a_full_renders_ids_on_each_familys_template(family, role):
+    # MultiTurnRollout (append_only) and the endpoint cut the same segment from an append-only template, and it is what
+    # a full render of the conversation adds after the model's sampled turn (its end-of-turn token included)
+    tok = family_tokenizer(family)
+    chat, eos = ChatTemplate(tok), tok.eos_token_id
+    user, turn = [{"role": "user", "content": "What is 1+2?"}], "<call>1+2</call>"
+    turn_ids = tok.encode(turn, add_special_tokens=False) + [eos]
+    appended = [_observation(chat, role, "<result>3</result>", turn_ids, append_only) for append_only in (True, False)]
+    assert appended[0] == appended[1]
+    conversation = user + [{"role": "assistant", "content": turn}, {"role": role, "content": "<result>3</result>"}]
+    sampled = _render(tok, user, generation_prompt=True) + turn_ids
+    full = _render(tok, conversation, generation_prompt=True)
+    assert sampled + tok.encode(appended[0], add_special_tokens=False) == full
+
+
+def test_append_only_refuses_a_template_that_rewrites_the_turn_before_where_the_endpoint_takes_what_follows():
+    # the model's turn is marked [last] while it is the last one: an observation after it would change rendered ids
+    marks_last = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if loop.last and m.role == 'assistant' %}[last]{% endif %}"
+        "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = chat_tokenizer(marks_last)
+    chat = ChatTemplate(tok)
+    with pytest.raises(ValueError, match="renders the conversation differently once a 'tool' turn follows"):
+        _observation(chat, "tool", "3", [tok.eos_token_id])
+    assert _observation(chat, "tool", "3", [tok.eos_token_id], append_only=False) == (
+        "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with pytest.raises(ValueError, match=r"cannot follow the model's turn with a 'tool' turn \(ValueError: the chat"):
+        MultiTurnRollout(Echo(), chat_template=True).setup(tok, Scripted([], tok.eos_token_id))
+
+
+def test_a_template_that_does_not_render_an_assistant_turn_fails_at_once():
+    with pytest.raises(ValueError, match="does not render an assistant message's content"):
+        ChatTemplate(
+            chat_tokenizer("{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}")
+        )
 
 
 def test_a_template_that_refuses_the_observation_role_fails_at_setup():
@@ -109,9 +161,12 @@ def test_a_template_that_refuses_the_observation_role_fails_at_setup():
         "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('Only user and assistant roles are supported!') }}"
         "{% endif %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
     )
+    tok = chat_tokenizer(strict)
+    sampler = Scripted([], tok.eos_token_id)
     with pytest.raises(
         ValueError,
         match=r"cannot follow the model's turn with a 'tool' turn \(TemplateError: Only user and assistant roles .*observation_role",
     ):
-        ChatTurns(chat_tokenizer(strict), "tool")
-    assert ChatTurns(chat_tokenizer(strict), "user").segment("hi", []) == "[user]hi[assistant]"
+        MultiTurnRollout(Echo(), chat_template=True, observation_role="tool").setup(tok, sampler)
+    MultiTurnRollout(Echo(), chat_template=True, observation_role="user").setup(tok, sampler)
+    assert _observation(ChatTemplate(tok), "user", "hi", []) == "[user]hi[assistant]"

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from components.rollout import HFRollout, OpenAIAgent
+from components.rollout.chat_turns import template_message
 from components.rollout.endpoint import HermesToolCalls, JsonToolCalls
-from components.rollout.endpoint.chat import template_message
 from lightning_rl.core.logprobs import policy_logprobs
 from tests.fixtures.chat_templates import family_tokenizer
 from tests.helpers import prompts

@@ -1,8 +1,9 @@
 """An OpenAI-compatible endpoint served by the trainer during rollout, and the agent component that runs your function on it."""
 
+from components.env.tool_calls import HermesToolCalls, JsonToolCalls, TagToolCalls, ToolCallParser
+
 from .agent import OpenAIAgent, RoundInterrupted
 from .server import EndpointLimits
-from .tool_calls import HermesToolCalls, JsonToolCalls, TagToolCalls, ToolCallParser
 
 __all__ = [
     "OpenAIAgent",

@@ -42,19 +42,20 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from components.env.tool_calls import ToolCallParser, stop_token_ids
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.contracts import Agent, Rollout
 from lightning_rl.core.errors import ConfigError, import_object
 from lightning_rl.core.models import context_length
 from lightning_rl.core.sampling_params import SamplingParams
 
+from ..chat_turns import ChatTemplate
 from ..episode import Episode, left_pad, response_fields, transcript
-from .chat import ChatTemplate, longest_token_bytes
+from .chat import longest_token_bytes
 from .conversation import Conversation
 from .outcomes import report_failures, round_metrics
 from .rounds import EpisodeRun, Round
 from .server import Endpoint, EndpointLimits
-from .tool_calls import ToolCallParser
 
 
 class RoundInterrupted(KeyboardInterrupt):
@@ -142,16 +143,7 @@ class OpenAIAgent(Agent):
         end = self.template.end_of_turn_id() if self.template is not None else None
         self.stop_ids = [] if end is None else [end]
         self.end_ids = {tokenizer.eos_token_id, *self.stop_ids}
-        for text in self.tool_calls.stop_texts:
-            ids = tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) != 1:
-                warnings.warn(
-                    f"model.agent.init_args.tool_calls: the stop text {text!r} is {len(ids)} tokens for this tokenizer and a "
-                    "sampler stops on single tokens: a turn then runs on to its end-of-turn token or max_new_tokens (its calls "
-                    "are still read). Add the text to the tokenizer as one token"
-                )
-                continue
-            self.stop_ids.append(ids[0])
+        self.stop_ids += stop_token_ids(tokenizer, self.tool_calls.stop_texts, "model.agent.init_args.tool_calls")
         self.longest = longest_token_bytes(tokenizer)
         self.endpoint = Endpoint(self.model_name, self.limits)
         self._stop_rounds_on_sigterm()

@@ -2,7 +2,7 @@
 
 Each call continues the episode's current row when the request repeats what the row holds: for a chat call, the
 messages of the row's calls and the replies the endpoint gave, in order; for a completion, the row's text (or ids).
-The next prompt is then the row's recorded ids plus the tokens of only the new messages (``ChatTemplate.suffix_ids``)
+The next prompt is then the row's recorded ids plus the tokens of only the new messages (``ChatTemplate.suffix``)
 or the new text, never a re-render or re-tokenisation of what was sampled. A request that does not repeat the row
 (the agent dropped an earlier turn's reasoning, edited a message, or asks again for the same turn) starts a new row
 from a full render and counts a prefix break: no row ever holds tokens that nobody sampled in its place.
@@ -14,8 +14,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..chat_turns import ChatTemplate
 from ..episode import Episode
-from .chat import ChatTemplate, ContextFull, encode_within, longest_token_bytes, normalized
+from .chat import ContextFull, encode_within, longest_token_bytes, normalized
 
 __all__ = ["Conversation", "ContextFull", "RowLimit", "Pending", "Row"]
 
@@ -93,9 +94,9 @@ class Conversation:
         row = self._current("chat")
         n = len(row.covers) if row is not None else 0
         if row is not None and row.tools == tools_key and len(covers) > n and covers[:n] == row.covers:
-            added = self.template.suffix_ids(messages[n:], tools, row.last_turn, *self._added_budget(row))
+            added = self._encode(self.template.suffix(messages[n:], tools, row.last_turn), self._added_budget(row))
             return self._pending(row, added, covers)
-        prompt = self.template.prompt_ids(messages, tools, *self._prompt_budget())
+        prompt = self._encode(self.template.prompt(messages, tools), self._prompt_budget())
         return self._start(Row(Episode(prompt, None), "chat", tools=tools_key), covers)
 
     def _prompt_budget(self) -> tuple[int | None, type]:
@@ -144,13 +145,14 @@ class Conversation:
             return self._start(Row(Episode(list(prompt), None), "text"), [None])
         done = row.covers[0] if row is not None else None
         if isinstance(done, str) and len(prompt) > len(done) and prompt.startswith(done):
-            added = encode_within(self.tokenizer, prompt[len(done) :], *self._budget_of(self._added_budget(row)))
+            added = self._encode(prompt[len(done) :], self._added_budget(row))
             return self._pending(row, added, [prompt])
-        ids = encode_within(self.tokenizer, prompt, *self._budget_of(self._prompt_budget()))
+        ids = self._encode(prompt, self._prompt_budget())
         return self._start(Row(Episode(ids, None), "text"), [prompt])
 
-    def _budget_of(self, budget: tuple[int | None, type]) -> tuple[int | None, int, type]:
-        return budget[0], self.longest, budget[1]
+    def _encode(self, text: str, budget: tuple[int | None, type]) -> list[int]:
+        """``text``'s ids, refused untokenised when it cannot fit ``budget`` (chat.encode_within)."""
+        return encode_within(self.tokenizer, text, budget[0], self.longest, budget[1])
 
     def _current(self, kind: str) -> Row | None:
         row = self.rows[-1] if self.rows and self.rows[-1].kind == kind else None

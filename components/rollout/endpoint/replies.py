@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 import uuid
 
+from components.env.tool_calls import ToolCallParser
+
 from .parameters import CallLimits
-from .tool_calls import ToolCallParser
 
 
 def _logprob_entries(tokenizer, ids: list[int], logprobs: list[float] | None) -> list[dict]:

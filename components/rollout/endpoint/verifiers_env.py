@@ -18,12 +18,12 @@ import json
 import signal
 from typing import Any
 
+from components.env.tool_calls import ToolCallParser
 from lightning_rl.core.errors import ConfigError, import_object
 from lightning_rl.core.sources import row_source
 
 from .agent import OpenAIAgent
 from .server import EndpointLimits
-from .tool_calls import ToolCallParser
 
 ENVIRONMENT_EXPECTED = (
     "the dotted path of a function that returns a verifiers Environment (e.g. my_env.load_environment)"
