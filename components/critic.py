@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.config import OptimizerConfig
 from lightning_rl.core.contracts import Critic
+from lightning_rl.core.hf_attributes import child
 from lightning_rl.core.inputs import forward_accepts, image_kwargs, row_positions, sequence_inputs
 from lightning_rl.core.lora import LoraSpec, apply_lora, is_lora
 from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained, vision_prefixes
@@ -91,7 +92,8 @@ class ValueCritic(Critic):
                 AutoModelForSequenceClassification.from_pretrained, source, "model.critic", num_labels=1, **kwargs
             )
             self.backbone = getattr(scorer, scorer.base_model_prefix)
-            head = scorer.score if hasattr(scorer, "score") else scorer.classifier
+            head = child(scorer, "score")
+            head = head if head is not None else child(scorer, "classifier")
             self.head = nn.Linear(head.in_features, 1, bias=True, dtype=torch.float32)
             with torch.no_grad():
                 self.head.weight.copy_(head.weight.float()[:1])
@@ -159,7 +161,7 @@ class ValueCritic(Critic):
         )
         states = [head.last_hidden_state[:, -1:]]  # (B, 1, H): before response token 0
         if batch.response_ids.shape[1] > 1:
-            cache = head.cache if hasattr(head, "cache") else head.past_key_values
+            cache = head["cache"] if "cache" in head else head.past_key_values  # transformers 5 renamed it
             rest = self.backbone(
                 input_ids=batch.response_ids[:, :-1],
                 attention_mask=attention_mask[:, :-1],

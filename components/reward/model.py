@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.contracts import Reward
+from lightning_rl.core.hf_attributes import child
 from lightning_rl.core.inputs import mask_positions, sequence_inputs
 from lightning_rl.core.models import DTYPES, disable_dropout, load_pretrained
 
@@ -30,7 +31,7 @@ TINY_REWARD_MODEL_PATH = str(Path(__file__).resolve().parents[2] / "lightning_rl
 
 def scalar_head(scorer: nn.Module) -> tuple[nn.Module, nn.Linear]:
     """(backbone, per-token scalar head) of a transformers decoder sequence classifier."""
-    head = getattr(scorer, "score", None)
+    head = child(scorer, "score")
     if not isinstance(head, nn.Linear) or head.out_features != 1:
         raise ValueError(
             f"{type(scorer).__name__} has no per-token scalar `score` head (num_labels=1); use a decoder sequence classifier "

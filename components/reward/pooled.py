@@ -6,6 +6,7 @@ import math
 import multiprocessing
 import time
 import weakref
+from collections.abc import Sized
 from typing import Any, Callable, Literal
 
 import torch
@@ -119,7 +120,7 @@ class PooledReward(Reward):
                 scores.append(
                     float(
                         as_scores(
-                            value if hasattr(value, "__len__") else [value],
+                            value if isinstance(value, Sized) else [value],
                             1,
                             self.name,
                             {"completions": meta["completions"][i : i + 1]} if "completions" in meta else None,

@@ -44,6 +44,7 @@ from components.env import tool_concurrency
 from components.env.tool_calls import stop_token_ids
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.contracts import Agent, Environment, Rollout, Turn, checked_step
+from lightning_rl.core.hf_attributes import model_config
 from lightning_rl.core.models import context_length
 from lightning_rl.core.ops import all_reduce_sum
 from lightning_rl.core.sampling_params import SamplingParams
@@ -104,13 +105,13 @@ class MultiTurnRollout(Agent):
                 "model.agent (MultiTurnRollout) cannot run with a greedy baseline row (ReMax): set model.rollout.init_args.greedy_baseline: false"
             )
         self.tokenizer = tokenizer
-        self.stop_ids = stop_token_ids(tokenizer, getattr(self.env, "stop_texts", ()), "model.agent.init_args.env")
+        self.stop_ids = stop_token_ids(tokenizer, self.env.stop_texts, "model.agent.init_args.env")
         self.chat = self._observation_template(tokenizer) if self.chat_template else None
 
     def _observation_template(self, tokenizer) -> ChatTemplate:
         """The tokenizer's chat template, checked at setup (not at the first tool call of a run) to take an
         ``observation_role`` turn after the model's."""
-        if not getattr(tokenizer, "chat_template", None):
+        if not tokenizer.chat_template:
             raise ValueError(
                 "model.agent.init_args.chat_template is true but the policy's tokenizer has no chat template; "
                 "set chat_template: false (observations are then tokenised as plain text) or use a chat model"
@@ -151,7 +152,7 @@ class MultiTurnRollout(Agent):
         params = params or sampler.params
         n, prompt_ids = len(prompts), prompts.prompt_ids
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompts.prompt_mask.cpu())]
-        positions = context_length(getattr(policy, "config", None))
+        positions = context_length(model_config(policy))
         if self.max_total_tokens is None and positions is None:
             raise ValueError(
                 "model.agent (MultiTurnRollout): max_total_tokens is null (the policy's context less the prompt) but the "

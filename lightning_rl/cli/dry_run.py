@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
 
 from lightning_rl.callbacks.record import FOLDER, RecordRollouts
 from lightning_rl.roster import ROSTER
@@ -58,7 +59,7 @@ def describe(cli) -> str:
     shown: set[int] = set()
     for slot in ROSTER:  # each model the run holds (lightning_rl.roster), once: a reward that also validates is one
         part = slot.model(model)
-        params = list(part.parameters()) if hasattr(part, "parameters") and id(part) not in shown else []
+        params = list(part.parameters()) if isinstance(part, nn.Module) and id(part) not in shown else []
         shown.add(id(part))
         if params:
             trainable = sum(p.numel() for p in params if p.requires_grad)

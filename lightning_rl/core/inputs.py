@@ -10,7 +10,7 @@ import inspect
 import torch
 from torch import Tensor
 
-from lightning_rl.core.hf_configs import image_token_id, model_config
+from lightning_rl.core.hf_attributes import child, image_token_id, model_config
 
 
 def mask_positions(attention_mask: Tensor) -> Tensor:
@@ -56,7 +56,7 @@ def image_kwargs(image_inputs: list[dict[str, Tensor]] | None, device: torch.dev
 def rope_index(model):
     """The model's own multimodal rotary positions (Qwen2-VL / Qwen2.5-VL's ``get_rope_index``: 3-D positions, time,
     height and width, for image tokens), or None for a model whose positions are one index per token."""
-    for owner in (model, getattr(model, "model", None)):
+    for owner in (model, child(model, "model")):
         fn = getattr(owner, "get_rope_index", None)
         if callable(fn):
             return fn

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from lightning_rl.core.forward_outputs import PolicyForward, ResponseLogits, RouterLogits
-from lightning_rl.core.hf_configs import attention_settings, model_config
+from lightning_rl.core.hf_attributes import attention_settings, model_config
 from lightning_rl.core.inputs import (
     check_no_placeholders,
     forward_accepts,

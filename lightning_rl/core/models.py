@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lightning_rl.core.errors import closest_path
-from lightning_rl.core.hf_configs import context_length, is_vision_language, model_config  # noqa: F401 (context_length: read from here too)
+from lightning_rl.core.hf_attributes import context_length, is_vision_language, model_config  # noqa: F401 (context_length: read from here too)
 from lightning_rl.core.lora import LoraSpec, apply_lora
 
 TINY_MODEL_PATH = str(Path(__file__).parents[1] / "assets" / "tiny-arith")

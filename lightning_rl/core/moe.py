@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.core import hf_configs
+from lightning_rl.core import hf_attributes
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def is_moe(model: nn.Module) -> bool:
 def experts_per_token(model: nn.Module) -> int:
     """k, the experts each token is routed to (the config's ``num_experts_per_tok``, a text model's for a
     vision-language model)."""
-    k = hf_configs.experts_per_token(model.config)
+    k = hf_attributes.experts_per_token(model.config)
     if k is not None:
         return k
     raise ValueError(

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from lightning_rl.core.batch import RolloutBatch
-from lightning_rl.core.hf_configs import attention_settings, model_config
+from lightning_rl.core.hf_attributes import attention_settings, model_config
 
 MASKED_BACKENDS = ("sdpa", "eager")
 

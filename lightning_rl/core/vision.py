@@ -17,6 +17,8 @@ from typing import Any
 
 from torch import Tensor
 
+from lightning_rl.core.hf_attributes import image_token, processor_parts
+
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 """Processor outputs that are per token (rebuilt for every forward from the ids), not image inputs."""
 
@@ -70,9 +72,9 @@ def load_processor(path: str, tokenizer, what: str = "model.policy.path") -> Vis
         processor = load_pretrained(AutoProcessor.from_pretrained, path, what)
     except ImportError as err:  # e.g. the video processor needs torchvision
         processor, missing = None, err
-    image_processor = getattr(processor, "image_processor", None)
+    image_processor, its_tokenizer = processor_parts(processor)
     if processor is not None and image_processor is not None:
-        if getattr(processor, "tokenizer", None) is not None:
+        if its_tokenizer is not None:
             processor.tokenizer = tokenizer  # left padding and the pad token, as the text path sets them
         return VisionProcessor(tokenizer, image_processor, processor)
     try:
@@ -94,7 +96,7 @@ def load_processor(path: str, tokenizer, what: str = "model.policy.path") -> Vis
 
 def _qwen_image_token(tokenizer, image_processor) -> str | None:
     """Qwen2-VL's image placeholder when the tokenizer and image processor follow its conventions, else None."""
-    token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+    token = image_token(tokenizer) or "<|image_pad|>"
     known = token in tokenizer.get_vocab()
     return token if known and hasattr(image_processor, "merge_size") else None
 

@@ -46,6 +46,7 @@ from components.env.tool_calls import ToolCallParser, stop_token_ids
 from lightning_rl.core.batch import Prompts, RolloutBatch
 from lightning_rl.core.contracts import Agent, Rollout
 from lightning_rl.core.errors import ConfigError, import_object
+from lightning_rl.core.hf_attributes import model_config
 from lightning_rl.core.models import context_length
 from lightning_rl.core.sampling_params import SamplingParams
 
@@ -139,7 +140,7 @@ class OpenAIAgent(Agent):
         source = self.template_source
         if source is not None and Path(source).is_file():
             source = Path(source).read_text()
-        self.template = ChatTemplate(tokenizer, source) if source or getattr(tokenizer, "chat_template", None) else None
+        self.template = ChatTemplate(tokenizer, source) if source or tokenizer.chat_template else None
         end = self.template.end_of_turn_id() if self.template is not None else None
         self.stop_ids = [] if end is None else [end]
         self.end_ids = {tokenizer.eos_token_id, *self.stop_ids}
@@ -162,7 +163,7 @@ class OpenAIAgent(Agent):
         data_prompts = [
             ids[mask.bool()].tolist() for ids, mask in zip(prompts.prompt_ids.cpu(), prompts.prompt_mask.cpu())
         ]
-        context = context_length(getattr(policy, "config", None))
+        context = context_length(model_config(policy))
         episodes = [
             EpisodeRun(
                 uuid.uuid4().hex,

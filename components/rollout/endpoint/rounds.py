@@ -30,6 +30,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from lightning_rl.core.batch import Prompts
+from lightning_rl.core.hf_attributes import model_config
 from lightning_rl.core.models import context_length
 
 from ..episode import left_pad, token_versions
@@ -73,7 +74,7 @@ class Round:
         self.calls: queue.Queue[Call] = queue.Queue()
         self.cancelled = threading.Event()
         self.stopped_by: str | None = None  # the signal that stopped the run (SIGTERM), if one did
-        self.context = context_length(getattr(policy, "config", None))
+        self.context = context_length(model_config(policy))
         self._closing = threading.Lock()  # a call is queued before the final drain, or refused
         self._closed = False
 

@@ -105,7 +105,7 @@ class VerifiersAgent(OpenAIAgent):
         import_object(environment, "model.agent.init_args.environment", ENVIRONMENT_EXPECTED)
 
     def setup(self, tokenizer, sampler) -> None:
-        if self.template_source is None and not getattr(tokenizer, "chat_template", None):
+        if self.template_source is None and not tokenizer.chat_template:
             # every model call of a verifiers environment is a chat completion: without a template each would be refused
             raise ConfigError(
                 f"model.agent (VerifiersAgent): the tokenizer of model.policy.path ({tokenizer.name_or_path}) has no chat "

@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 from torch import nn
 
+from lightning_rl.core.hf_attributes import architectures, model_config
+
 from .buckets import plan_buckets
 
 
@@ -46,8 +48,8 @@ def checkpoint_tensors(folder: Path) -> dict[str, tuple[int, ...]] | None:
 
 def served_mismatch(policy: nn.Module, served: Served) -> str | None:
     """Why the server that says ``served`` does not serve ``policy``'s model (None: nothing says so)."""
-    config = getattr(policy, "config", None)
-    mine_arch = list(getattr(config, "architectures", None) or [])
+    config = model_config(policy)
+    mine_arch = architectures(config)
     folder = Path(served.path) if served.path else None
     theirs: dict = {}
     if folder is not None and (folder / "config.json").is_file():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sized
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator, Literal, NamedTuple
@@ -211,7 +212,7 @@ def as_scores(values: Any, batch_size: int, who: str, meta: RewardInputs | None 
             )
         values = values.detach().float().flatten().cpu().tolist()
     if not isinstance(values, (list, tuple)) or len(values) != batch_size:
-        got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
+        got = f"{type(values).__name__} of length {len(values)}" if isinstance(values, Sized) else repr(values)
         raise NotAScore(
             f"reward {who} must return {batch_size} scores (one per sample), got {got}", f"it returned {got}"
         )

@@ -1,5 +1,6 @@
-"""What we read of a transformers model's config, whose attributes vary by model family (each is optional in some):
-read here, by name, in one place (`_optional`), so the rest of the code asks for what it means."""
+"""What we read of transformers' objects whose attributes vary by model family or version (a model's config and its
+family-specific fields, a classifier's head, a processor's parts): read here, by name, in one place (`_optional`), so
+the rest of the code asks for what it means."""
 
 from __future__ import annotations
 
@@ -58,3 +59,24 @@ def experts_per_token(config) -> int | None:
 def is_vision_language(config) -> bool:
     """Whether a model config is a vision-language model's (a text decoder reading image tokens: it has a vision tower)."""
     return _optional(config, "vision_config") is not None
+
+
+def architectures(config) -> list[str]:
+    """The model classes a checkpoint's config names (``architectures``; [] when it names none)."""
+    return list(_optional(config, "architectures") or [])
+
+
+def child(module: nn.Module, name: str) -> nn.Module | None:
+    """A transformers model's direct submodule by its attribute name (a classifier's ``score`` head, a task model's
+    inner ``model``), or None where this family names it otherwise."""
+    return dict(module.named_children()).get(name)
+
+
+def processor_parts(processor) -> tuple[Any, Any]:
+    """A multimodal processor's image processor and tokenizer (None for a part it does not have)."""
+    return _optional(processor, "image_processor"), _optional(processor, "tokenizer")
+
+
+def image_token(tokenizer) -> str | None:
+    """The image placeholder text a vision-language tokenizer declares (``image_token``), or None."""
+    return _optional(tokenizer, "image_token")
