@@ -57,14 +57,14 @@ def test_buckets_are_bounded_and_cover_every_weight_once(policy):
 
 
 def test_servers_with_tensor_parallelism_take_consecutive_ranks_after_the_trainer():
-    from components.rollout.sglang.group import rank_layout
+    from components.rollout.server.group import rank_layout
 
     assert rank_layout([1]) == ([1], 2)
     assert rank_layout([2, 4, 1]) == ([1, 3, 7], 8)  # trainer 0; server 0: 1-2; server 1: 3-6; server 2: 7
 
 
 def test_a_lora_policy_is_sent_merged_bucket_by_bucket_as_merged_state_dict(tiny_model_path):
-    from components.rollout.sglang.buckets import gather
+    from components.rollout.server.buckets import gather
     from lightning_rl.core.lora import LoraSpec, merged_state_dict
 
     lora = load_causal_lm(
@@ -424,7 +424,8 @@ def test_nccl_push_from_a_policy_on_the_gpu_to_a_server_on_another_gpu(tiny_mode
         _perturb(policy)
         rollout.sync_weights(policy)  # nccl: the policy is on a GPU; verified against the server's probe
         assert server.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy)
-        assert torch.distributed.get_backend(rollout._group.group) == "nccl"
+        ((group, _),) = rollout.connection.engine.distributed.group.groups  # one server, one group
+        assert torch.distributed.get_backend(group) == "nccl"
     finally:
         server.stop()
 
