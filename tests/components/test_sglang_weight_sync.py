@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
+from components.rollout.server.buckets import plan_buckets
 from components.rollout.sglang import SGLangError
-from components.rollout.sglang.buckets import plan_buckets
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import ServerProcess
 from tests.helpers import prompts as make_prompts
@@ -387,26 +387,27 @@ def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
 
 
 def test_the_probe_scores_the_same_tokens_on_the_server_and_on_the_trainer(server, policy, tokenizer):
-    from components.rollout.sglang.client import SGLangClient
-    from components.rollout.sglang.verify import (
+    from components.rollout.server.probe import (
         PROBE_TOKENS,
+        Probe,
         probe_prompt,
         server_continuation,
-        server_scores,
         trainer_continuation,
         trainer_scores,
     )
+    from components.rollout.sglang.client import SGLangClient
+    from components.rollout.sglang.engine import SGLangEngine
 
-    client, prompt = SGLangClient(30.0, 0, 0.0), probe_prompt(len(tokenizer))
+    engine, prompt = SGLangEngine(SGLangClient(30.0, 0, 0.0)), probe_prompt(len(tokenizer))
     ids, served, version = server_continuation(
-        client, server.url, prompt, None
+        engine, server.url, Probe(prompt), None
     )  # the server writes, the trainer scores
     expected = trainer_scores(policy.train(), prompt, [ids])
     assert len(ids) == PROBE_TOKENS and expected.shape == (1, PROBE_TOKENS) and version == "default"
     torch.testing.assert_close(served, expected[0], atol=1e-5, rtol=0)
     assert policy.training  # put back as it was
     ids, mine = trainer_continuation(policy, prompt)  # the trainer writes, the server scores (a staged push)
-    served, _ = server_scores(client, server.url, prompt, ids, None)
+    served = torch.tensor(engine.score(server.url, prompt, ids, None, None).logprobs)
     torch.testing.assert_close(served, mine, atol=1e-5, rtol=0)
     torch.testing.assert_close(trainer_scores(policy, prompt, [ids])[0], mine, atol=1e-5, rtol=0)
 
