@@ -245,7 +245,7 @@ def test_sglang_weights_folder():
     from components.rollout import SGLangRollout
 
     rollout = SGLangRollout(base_url="http://127.0.0.1:9")
-    folder = rollout._checkpoint_dir("1").parent
+    folder = rollout.pusher.folders.version(1).parent
     assert folder.is_dir()
     del rollout  # a failed run: close() never called
     gc.collect()

@@ -353,7 +353,7 @@ def test_a_staged_push_is_verified_against_the_weights_it_staged(server, policy,
     push = rollout.stage_weights(policy)
     with pytest.raises(SGLangError, match=rf"{server.url} does not hold the weights just pushed \(version 3\)"):
         push()
-    assert rollout._push_failed
+    assert rollout.pusher.state.failed
 
 
 def test_a_staged_push_is_checked_exactly_too(server, policy, make_rollout):

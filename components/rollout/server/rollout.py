@@ -355,42 +355,6 @@ class ServerRollout(Rollout):
     def metrics(self) -> dict:
         return {"servers/restarts": torch.tensor(float(self.healing.restarts))}
 
-    # ------------------------------------------------------------------ what tests and tools read
-    @property
-    def urls(self) -> list[str]:
-        return self.connection.urls
-
-    @property
-    def client(self):
-        return self.connection.client
-
-    @property
-    def server(self):
-        return self.connection.server
-
-    @property
-    def adapter_name(self) -> str | None:
-        return self.pusher.adapters.current
-
-    @property
-    def overlapping(self) -> bool:
-        return self.pusher.overlapping
-
-    @property
-    def _push_failed(self) -> bool:
-        return self.pusher.state.failed
-
-    @property
-    def _pool(self):
-        return self.connection.pool
-
-    @property
-    def _own_dir(self) -> str | None:
-        return self.pusher.folders.own
-
-    def _checkpoint_dir(self, version: str):
-        return self.pusher.folders.version(version)
-
 
 def _experts_per_token(policy: nn.Module) -> int:
     from lightning_rl.core.moe import experts_per_token, is_moe
