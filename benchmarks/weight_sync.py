@@ -62,8 +62,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from components.rollout import SGLangRollout
-    from components.rollout.sglang.client import SGLangClient
-    from components.rollout.sglang.verify import check, probe_prompt, server_continuation, trainer_scores
+    from components.rollout.server.probe import Probe, check_probe, probe_prompt, server_continuation, trainer_scores
+    from components.rollout.sglang.client import SGLangClient, SGLangError
+    from components.rollout.sglang.engine import SGLangEngine
     from lightning_rl.core.models import load_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -101,11 +102,12 @@ def worker(args: argparse.Namespace) -> None:
     # trainer scores the continuations in one forward
     prompt = probe_prompt(CONFIG["vocab_size"])
     start = time.perf_counter()
-    probes = [server_continuation(client, url, prompt, None) for url in urls]
+    engine = SGLangEngine(client)
+    probes = [server_continuation(engine, url, Probe(prompt), None) for url in urls]
     result["verify_servers_s"] = time.perf_counter() - start
     expected = trainer_scores(policy, prompt, [ids for ids, _, _ in probes])
     for url, (_, served, version), mine in zip(urls, probes, expected):
-        check(url, served, mine, version, str(rollout.weight_version), args.verify_tolerance)
+        check_probe(SGLangError, url, served, mine, version, str(rollout.weight_version), args.verify_tolerance)
     result["verify_s"] = time.perf_counter() - start
     result["exact"] = result.get("exact", True)
     rollout.close()

@@ -94,7 +94,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from components.advantage import GroupNormalized
 from components.reward import FunctionReward, PooledReward
 from components.rollout import HFRollout
-from components.rollout.sglang.client import SGLangError, wait_for_answers
+from components.rollout.server.fanout import wait_for_answers
+from components.rollout.sglang.client import SGLangError
 from lightning_rl.callbacks import FiniteCheckpoints
 from lightning_rl.callbacks.context_length import check_context_length
 from lightning_rl.callbacks.fault import ResumableCheckpoints
@@ -234,7 +235,9 @@ def test_stalled_sglang():
         futures = [pool.submit(time.sleep, 0.0), pool.submit(time.sleep, 2.0)]  # one request never answers in time
         start = time.monotonic()
         with pytest.raises(SGLangError, match=r"1/2 requests answered within deadline_s=0.3"):
-            wait_for_answers(futures, deadline_s=0.3, progress_every_s=0.1, urls=["http://gen:30000"])
+            wait_for_answers(
+                futures, deadline_s=0.3, progress_every_s=0.1, urls=["http://gen:30000"], error=SGLangError
+            )
         assert time.monotonic() - start < 1.0
 
 
@@ -242,7 +245,7 @@ def test_sglang_weights_folder():
     from components.rollout import SGLangRollout
 
     rollout = SGLangRollout(base_url="http://127.0.0.1:9")
-    folder = rollout._checkpoint_dir("1").parent
+    folder = rollout.pusher.folders.version(1).parent
     assert folder.is_dir()
     del rollout  # a failed run: close() never called
     gc.collect()

@@ -21,7 +21,6 @@ import torch
 from components.rollout.completions import CompletionsEngine
 from components.rollout.server.connection import Connection
 from components.rollout.server.engine import ScoringEngine
-from components.rollout.server.fanout import wait_for_answers
 from components.rollout.server.healing import Healing
 from components.rollout.server.samples import Scored, image_data
 from components.rollout.server.settings import Servers, WeightPush
@@ -155,21 +154,10 @@ class ServerTeacher(Teacher):
 
     def _score(self, connection: Connection, jobs: list) -> list[Scored]:
         self.healing.rejoin(wait=not self.healing.live_urls())  # a teacher's weights never change: nothing to push
-        urls = self.healing.live_urls()
-        futures = [
-            connection.pool.submit(connection.engine.score, urls[j % len(urls)], prompt, response, images, None,
-                                   self.top_k)
-            for j, (prompt, response, images) in enumerate(jobs)
-        ]  # fmt: skip
-        try:
-            answers = wait_for_answers(
-                futures, self.servers.deadline_s, self.servers.progress_every_s, urls, connection.client.error,
-                self.healing.watch,
-            )  # fmt: skip
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+        urls, engine = self.healing.live_urls(), connection.engine
+        answers = connection.map(
+            lambda url, job: engine.score(url, *job, None, self.top_k), jobs, urls, self.healing.watch
+        )
         for j, ((_, response, _), answer) in enumerate(zip(jobs, answers)):  # every answer one a model can give
             check_scored(connection.client.error, urls[j % len(urls)], KEY, answer, len(response), self.top_k,
                          self.vocabulary)  # fmt: skip

@@ -13,7 +13,7 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    import components.rollout.sglang.broadcast as broadcast
+    import components.rollout.server.buckets as buckets
     from components.rollout import SGLangRollout
     from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
     from lightning_rl.distributed import shard
@@ -40,7 +40,7 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
         gathered.append(sum(t.numel() * t.element_size() for t in tensors))
         return tensors
 
-    gather, broadcast.gather = broadcast.gather, recording
+    gather, buckets.gather = buckets.gather, recording
     rollout = SGLangRollout(base_url=url, weight_sync="distributed", bucket_mb=bucket_mb, verify_every=1, backoff=0.01)
     rollout.setup(load_tokenizer(model_path))
     rollout.sync_weights(policy)  # every rank gathers each bucket; rank 0 broadcasts it; all verify

@@ -159,7 +159,7 @@ def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts):
         ),
     ):
         rollout.sync_weights(policy)
-    assert rollout._push_failed
+    assert rollout.pusher.state.failed
     batch = rollout.generate(prompts, policy)  # pushed again, whole, before it samples
     assert set(batch.versions.tolist()) == {3} and gap(policy, batch) <= 1e-4
 
@@ -177,7 +177,7 @@ def test_a_lora_adapter_is_pushed_and_sampled(engine, prompts):
     _step(lora, batch, lr=20.0)
     rollout.sync_weights(lora)
     batch = rollout.generate(prompts, lora)
-    assert rollout.adapter_name == "policy-v2" and set(batch.versions.tolist()) == {2}
+    assert rollout.pusher.adapters.current == "policy-v2" and set(batch.versions.tolist()) == {2}
     assert gap(lora, batch) <= 1e-4
     assert gap(load_causal_lm(ModelSpec(path=engine.model)), batch) > 1e-2  # the adapter moved the served distribution
 

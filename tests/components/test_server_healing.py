@@ -48,12 +48,12 @@ def pid(rollout, i: int = 0) -> int:
 
 
 def fault(rollout, url: str, **body) -> None:
-    rollout.client.request(url, "/loopback_fault", body)
+    rollout.connection.client.request(url, "/loopback_fault", body)
 
 
 def probes(rollout, url: str) -> int:
     """The probe's greedy requests the server answered so far (a verified push asks one)."""
-    return rollout.client.request(url, "/loopback_stats", method="GET")["generate_calls"]
+    return rollout.connection.client.request(url, "/loopback_stats", method="GET")["generate_calls"]
 
 
 def test_a_server_killed_between_rollouts_is_restarted_and_pushed_the_policy_verified(launch, policy, prompts, capfd):
@@ -67,14 +67,14 @@ def test_a_server_killed_between_rollouts_is_restarted_and_pushed_the_policy_ver
     assert batch.batch_size == 3 * 2 and set(batch.versions.tolist()) == {2}  # the whole policy again, as version 2
     assert float(rollout.metrics()["servers/restarts"]) == 1.0
     lines = [line for line in capfd.readouterr().err.splitlines() if "restarting the SGLang server" in line]
-    assert len(lines) == 1 and rollout.urls[0] in lines[0] and "restart 1 of max_restarts=3" in lines[0]
+    assert len(lines) == 1 and rollout.connection.urls[0] in lines[0] and "restart 1 of max_restarts=3" in lines[0]
 
 
 def test_a_server_killed_mid_generation_or_mid_push_is_restarted_and_the_work_retried(launch, policy, prompts):
     rollout = launch()
     asked = make_prompts(*prompts)
     rollout.generate(asked, policy)
-    url = rollout.urls[0]
+    url = rollout.connection.urls[0]
     fault(rollout, url, token_delay_s=0.5)  # slow: the kill lands while the requests sample
     killer = threading.Timer(1.0, os.kill, (pid(rollout), signal.SIGKILL))
     killer.start()
@@ -122,7 +122,7 @@ def test_with_two_servers_the_other_keeps_sampling_while_one_restarts(launch, po
     rollout = launch(launch_servers=2)
     asked = make_prompts(*prompts)
     rollout.generate(asked, policy)
-    dead, alive = rollout.urls
+    dead, alive = rollout.connection.urls
     before = probes(rollout, alive)
     os.kill(pid(rollout, 0), signal.SIGKILL)
     batch = rollout.generate(asked, policy)  # retried on the live server while the other starts

@@ -197,7 +197,7 @@ def test_a_stale_norm_tensor_is_named_by_the_checksums_where_the_default_probe_m
                 rf"trainer changed kept their checksum on the server: {stale}\. It did not load",
             ):
                 rollout.sync_weights(policy)
-            assert rollout._push_failed
+            assert rollout.pusher.state.failed
         finally:
             rollout.close()
 

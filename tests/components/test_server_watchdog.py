@@ -26,7 +26,7 @@ import components.rollout as rollouts
 engine, model, how, launch = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 rollout = getattr(rollouts, engine)(launch=launch, verify_every=0, sync_before_first_rollout=False)
 rollout.setup(load_tokenizer(model))
-print(rollout.server.process.pid, flush=True)
+print(rollout.connection.server.process.pid, flush=True)
 if how == "exception":
     sys.stdin.readline()  # once the test has seen the server running
     raise RuntimeError("a component failed")

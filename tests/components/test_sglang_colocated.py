@@ -34,7 +34,9 @@ def launch(tmp_path, monkeypatch, tiny_model_path, make_rollout):
 
 
 def _served_bytes(rollout: SGLangRollout) -> int:
-    return int(rollout.client.request(rollout.urls[0], "/get_server_info", method="GET")["memory_allocated_bytes"])
+    connection = rollout.connection
+    info = connection.client.request(connection.urls[0], "/get_server_info", method="GET")
+    return int(info["memory_allocated_bytes"])
 
 
 @pytest.mark.slow

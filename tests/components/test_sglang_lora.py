@@ -111,5 +111,8 @@ def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(
     for _ in range(3):
         _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
         rollout.sync_weights(lora_policy)
-    assert list(server.adapters) == ["policy-v2", "policy-v3", "policy-v4"] and rollout.adapter_name == "policy-v4"
+    assert (
+        list(server.adapters) == ["policy-v2", "policy-v3", "policy-v4"]
+        and rollout.pusher.adapters.current == "policy-v4"
+    )
     rollout.close()

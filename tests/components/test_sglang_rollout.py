@@ -393,16 +393,17 @@ def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, 
     )
     with caplog.at_level(logging.INFO):
         rollout.setup(tokenizer)
-    process = rollout.server.process
+    launched = rollout.connection.server
+    process = launched.process
     # the console says what starts, where it listens and logs, and when it answers
     said = [r.getMessage() for r in caplog.records]
     assert (
-        f"starting SGLang on the policy ({tiny_model_path}) at {rollout.server.url} for model.rollout; its log: "
-        f"{rollout.server.log_path}"
+        f"starting SGLang on the policy ({tiny_model_path}) at {launched.url} for model.rollout; its log: "
+        f"{launched.log_path}"
     ) in said
     assert any(re.fullmatch(r"SGLang ready in \d+ s", line) for line in said), said
     try:
-        assert rollout.urls == [rollout.server.url] and process.poll() is None
+        assert rollout.connection.urls == [launched.url] and process.poll() is None
         batch = rollout.generate(make_prompts(*prompts), policy)
         assert batch.batch_size == 6 and server_logprobs_match(policy, batch, 1.0) < 1e-4
     finally:
@@ -448,7 +449,7 @@ def test_sglang_yaml_runs_grpo_end_to_end_against_a_server(server, tiny_model_pa
     # sampler and trainer agree on every token of the second iteration, sampled after a weight sync
     assert metrics["rollout/logprob_diff_mean"] < 1e-4 and metrics["rollout/logprob_diff_max"] < 1e-3
     assert server.weight_version == "3"  # before the first rollout, then after each of the two updates
-    assert rollout.client is None  # closed at teardown
+    assert not rollout.connection.open  # closed at teardown
 
 
 @pytest.mark.gpu
@@ -508,9 +509,9 @@ def test_the_temporary_weights_folder_is_removed_even_when_the_rollout_is_never_
     rollout = SGLangRollout(base_url=server.url, group_size=1, max_new_tokens=2, backoff=0.01)
     rollout.setup(tokenizer)
     rollout.sync_weights(policy)
-    folder = Path(rollout._own_dir)
+    folder = Path(rollout.pusher.folders.own)
     assert any(folder.rglob("*.safetensors"))
-    rollout._pool.shutdown(wait=False)
+    rollout.connection.pool.shutdown(wait=False)
     del rollout
     gc.collect()
     assert not folder.exists()

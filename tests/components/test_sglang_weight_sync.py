@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
+from components.rollout.server.buckets import plan_buckets
 from components.rollout.sglang import SGLangError
-from components.rollout.sglang.buckets import plan_buckets
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import ServerProcess
 from tests.helpers import prompts as make_prompts
@@ -57,14 +57,14 @@ def test_buckets_are_bounded_and_cover_every_weight_once(policy):
 
 
 def test_servers_with_tensor_parallelism_take_consecutive_ranks_after_the_trainer():
-    from components.rollout.sglang.group import rank_layout
+    from components.rollout.server.group import rank_layout
 
     assert rank_layout([1]) == ([1], 2)
     assert rank_layout([2, 4, 1]) == ([1, 3, 7], 8)  # trainer 0; server 0: 1-2; server 1: 3-6; server 2: 7
 
 
 def test_a_lora_policy_is_sent_merged_bucket_by_bucket_as_merged_state_dict(tiny_model_path):
-    from components.rollout.sglang.buckets import gather
+    from components.rollout.server.buckets import gather
     from lightning_rl.core.lora import LoraSpec, merged_state_dict
 
     lora = load_causal_lm(
@@ -353,7 +353,7 @@ def test_a_staged_push_is_verified_against_the_weights_it_staged(server, policy,
     push = rollout.stage_weights(policy)
     with pytest.raises(SGLangError, match=rf"{server.url} does not hold the weights just pushed \(version 3\)"):
         push()
-    assert rollout._push_failed
+    assert rollout.pusher.state.failed
 
 
 def test_a_staged_push_is_checked_exactly_too(server, policy, make_rollout):
@@ -387,26 +387,27 @@ def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
 
 
 def test_the_probe_scores_the_same_tokens_on_the_server_and_on_the_trainer(server, policy, tokenizer):
-    from components.rollout.sglang.client import SGLangClient
-    from components.rollout.sglang.verify import (
+    from components.rollout.server.probe import (
         PROBE_TOKENS,
+        Probe,
         probe_prompt,
         server_continuation,
-        server_scores,
         trainer_continuation,
         trainer_scores,
     )
+    from components.rollout.sglang.client import SGLangClient
+    from components.rollout.sglang.engine import SGLangEngine
 
-    client, prompt = SGLangClient(30.0, 0, 0.0), probe_prompt(len(tokenizer))
+    engine, prompt = SGLangEngine(SGLangClient(30.0, 0, 0.0)), probe_prompt(len(tokenizer))
     ids, served, version = server_continuation(
-        client, server.url, prompt, None
+        engine, server.url, Probe(prompt), None
     )  # the server writes, the trainer scores
     expected = trainer_scores(policy.train(), prompt, [ids])
     assert len(ids) == PROBE_TOKENS and expected.shape == (1, PROBE_TOKENS) and version == "default"
     torch.testing.assert_close(served, expected[0], atol=1e-5, rtol=0)
     assert policy.training  # put back as it was
     ids, mine = trainer_continuation(policy, prompt)  # the trainer writes, the server scores (a staged push)
-    served, _ = server_scores(client, server.url, prompt, ids, None)
+    served = torch.tensor(engine.score(server.url, prompt, ids, None, None).logprobs)
     torch.testing.assert_close(served, mine, atol=1e-5, rtol=0)
     torch.testing.assert_close(trainer_scores(policy, prompt, [ids])[0], mine, atol=1e-5, rtol=0)
 
@@ -424,7 +425,8 @@ def test_nccl_push_from_a_policy_on_the_gpu_to_a_server_on_another_gpu(tiny_mode
         _perturb(policy)
         rollout.sync_weights(policy)  # nccl: the policy is on a GPU; verified against the server's probe
         assert server.get("/weights_checker")["ranks"][0]["checksums"] == _checksums(policy)
-        assert torch.distributed.get_backend(rollout._group.group) == "nccl"
+        ((group, _),) = rollout.connection.engine.distributed.group.groups  # one server, one group
+        assert torch.distributed.get_backend(group) == "nccl"
     finally:
         server.stop()
 

@@ -1,17 +1,19 @@
 """`Connection`: a rollout's (or a teacher's) servers: ``launch_servers`` started if asked to (rank 0), every one checked
-to answer, a client and a request pool, reconnected after ``close``; ``close`` ends what was started."""
+to answer, a client and a request pool, reconnected after ``close``; ``close`` ends what was started. `Connection.map`
+spreads one call per job over the servers (a rollout's samples, a teacher's scores)."""
 
 from __future__ import annotations
 
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .engine import ScoringEngine
+from .fanout import wait_for_answers
 from .http import HTTPClient
 from .launch import LaunchedServer
 from .ranks import rank, share
@@ -106,6 +108,16 @@ class Connection:
         for url in self.urls:
             self.engine.health(url)
         return s.launch is not None
+
+    def map(
+        self, call: Callable[[str, Any], Any], jobs: Sequence, urls: list[str], watch: Callable[[], None] | None = None
+    ) -> list:
+        """``call(url, job)`` for every job on the request pool, job j on ``urls[j % len(urls)]``: every answer, in the
+        order of ``jobs``, or the first failure (the other calls cancelled), within ``deadline_s``
+        (`fanout.wait_for_answers`; ``watch``: called while calls are outstanding, what it raises ends the wait)."""
+        futures = [self.pool.submit(call, urls[j % len(urls)], job) for j, job in enumerate(jobs)]
+        s = self.settings
+        return wait_for_answers(futures, s.deadline_s, s.progress_every_s, urls, self.client.error, watch)
 
     def close(self) -> None:
         if self.engine is not None:

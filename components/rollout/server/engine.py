@@ -9,17 +9,20 @@ engine's own (SGLang's ``/generate`` with input log-probs, vLLM's prompt log-pro
 
 Weights reach a server in one of three ways (``WeightPush.weight_sync``): a folder of safetensors the server reads
 (``disk``), or `WeightBuckets` (an iterator of ``(name, tensor)`` buckets) sent as CUDA IPC handles (``tensor``) or
-through a process group (``distributed``). A LoRA policy may send its adapter alone.
+through a process group (``distributed``: its lifecycle, a session begun, the buckets sent, the session ended, a
+restarted server given a new group, is the server layer's `group.DistributedPush`; an engine names its endpoints in
+``group_endpoints`` and opens its group in ``open_group``). A LoRA policy may send its adapter alone.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 from torch import Tensor
 
 from .buckets import WeightBuckets
+from .group import DistributedPush, GroupEndpoints, TransferGroup
 from .http import HTTPClient
 from .launch import Command
 from .samples import Answer, Request, Scored
@@ -108,6 +111,12 @@ class Engine(ScoringEngine):
     """Tensors the engine fuses on load, the checkpoint's name -> the engine's: a module name part (``q_proj`` ->
     ``qkv_proj``), or the end of a name with ``*`` for an expert's index (``experts.*.down_proj.weight`` ->
     ``experts.w2_weight``, `expert_fusions`). A checksum of the fused tensor stands for each of its parts."""
+    group_endpoints: ClassVar[GroupEndpoints]
+    """The engine's endpoints of a ``distributed`` push (its lifecycle is the server layer's `DistributedPush`)."""
+
+    def __init__(self, client: HTTPClient, push: WeightPush | None = None):
+        super().__init__(client, push)
+        self.distributed = DistributedPush(self, self.group_endpoints, self.open_group)
 
     def check_setup(self, url: str) -> None:
         """Refuse, in one line naming what is missing, a server started without what the rollout needs (engines whose
@@ -130,11 +139,16 @@ class Engine(ScoringEngine):
         """Every server loads the checkpoint in ``folder`` as ``version``. ``abort``: end the requests in flight first
         (partial rollouts continue them with the new weights); otherwise requests in flight finish on the old weights."""
 
-    @abstractmethod
     def push_buckets(self, urls: list[str], weights: WeightBuckets, version: int, abort: bool, device: str) -> None:
         """Every server receives ``weights`` as ``version`` (``push.weight_sync``: tensor or distributed); no request
         samples from a partly updated server. Every trainer rank calls it (rank 0 sends, the others only gather);
-        ``device``: where the policy is (``cuda``: NCCL)."""
+        ``device``: where the policy is (``cuda``: NCCL). Through the engine's weight-transfer group (engines that
+        take tensors another way override it)."""
+        self.distributed.push(urls, weights, version, abort, device)
+
+    @abstractmethod
+    def open_group(self, urls: list[str], backend: str) -> TransferGroup:
+        """A weight-transfer group of this process (rank 0) with ``urls``, over ``backend`` (nccl or gloo)."""
 
     @abstractmethod
     def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
@@ -156,6 +170,17 @@ class Engine(ScoringEngine):
     @abstractmethod
     def resume(self, urls: list[str]) -> None: ...
 
+    def each(self, urls: list[str], path: str, body: dict) -> None:
+        """``POST path`` to every server in turn, one attempt each (a control request: pause, a weight-update
+        session); an answer that refuses it raises (`refusal_check`)."""
+        for url in urls:
+            self.client.request(url, path, body, check=self.refusal_check(url), retries=0)
+
+    def refusal_check(self, url: str) -> Callable[[Any], None] | None:
+        """What raises on an answer of ``url`` that refuses a control request (None: the engine refuses with an HTTP
+        error status)."""
+        return None
+
     def flush_cache(self, urls: list[str]) -> None:
         """Forget cached KV of the old weights (engines whose updates do not)."""
 
@@ -164,3 +189,6 @@ class Engine(ScoringEngine):
 
     def resume_memory(self, urls: list[str]) -> None:
         raise self.client.error(f"{self.name} rollout: release_memory is not supported by this engine")
+
+    def close(self) -> None:
+        self.distributed.drop()

@@ -28,44 +28,40 @@ def wait_for_answers(
     silence for up to ``(max_retries + 1) * timeout_s`` per request). ``watch`` is called every second or so while
     requests are outstanding; what it raises ends the wait (a server found dead: `healing.Healing.watch`).
     """
-    start = time.monotonic()
-    logged = start
-    pending = set(futures)
-    while pending:
-        waited = time.monotonic() - start
-        if waited >= deadline_s:
-            for f in futures:
-                f.cancel()
-            raise error(
-                f"{error.engine} rollout: {len(futures) - len(pending)}/{len(futures)} requests answered within "
-                f"deadline_s={deadline_s:g} s (model.rollout.init_args.deadline_s) from {', '.join(urls)}. A server may "
-                "be stalled (stopped process, hung GPU, overloaded): check its log and health, or raise deadline_s for "
-                "very long generations."
-            )
-        tick = min(progress_every_s, deadline_s - waited, 1.0 if watch is not None else progress_every_s)
-        done, pending = wait(pending, timeout=tick, return_when=FIRST_EXCEPTION)
-        for f in done:
-            if f.exception() is not None:
-                for other in futures:
-                    other.cancel()
-                raise f.exception()
-        if pending and watch is not None:
-            try:
+    try:
+        start = time.monotonic()
+        logged = start
+        pending = set(futures)
+        while pending:
+            waited = time.monotonic() - start
+            if waited >= deadline_s:
+                raise error(
+                    f"{error.engine} rollout: {len(futures) - len(pending)}/{len(futures)} requests answered within "
+                    f"deadline_s={deadline_s:g} s (model.rollout.init_args.deadline_s) from {', '.join(urls)}. A "
+                    "server may be stalled (stopped process, hung GPU, overloaded): check its log and health, or raise "
+                    "deadline_s for very long generations."
+                )
+            tick = min(progress_every_s, deadline_s - waited, 1.0 if watch is not None else progress_every_s)
+            done, pending = wait(pending, timeout=tick, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()
+            if pending and watch is not None:
                 watch()
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-        if pending and time.monotonic() - logged >= progress_every_s:
-            logged = time.monotonic()
-            log.warning(
-                "%s rollout: waiting %.0f s for %s: %d/%d requests answered, %d pending (deadline_s=%g)",
-                error.engine,
-                time.monotonic() - start,
-                ", ".join(urls),
-                len(futures) - len(pending),
-                len(futures),
-                len(pending),
-                deadline_s,
-            )
-    return [f.result() for f in futures]
+            if pending and time.monotonic() - logged >= progress_every_s:
+                logged = time.monotonic()
+                log.warning(
+                    "%s rollout: waiting %.0f s for %s: %d/%d requests answered, %d pending (deadline_s=%g)",
+                    error.engine,
+                    time.monotonic() - start,
+                    ", ".join(urls),
+                    len(futures) - len(pending),
+                    len(futures),
+                    len(pending),
+                    deadline_s,
+                )
+        return [f.result() for f in futures]
+    except BaseException:  # a failure, the deadline, or an interrupt: no request is left to run
+        for f in futures:
+            f.cancel()
+        raise

@@ -25,7 +25,6 @@ from lightning_rl.core.sampling_params import SamplingParams
 from ..base import configured_params
 from .connection import Connection
 from .engine import Engine
-from .fanout import wait_for_answers
 from .generation import sample
 from .healing import Healing
 from .push import Pusher
@@ -328,69 +327,33 @@ class ServerRollout(Rollout):
         self, jobs: list[tuple[list[int], int, float, list[str] | None]], version: int, params: SamplingParams
     ) -> list[list[Sample]]:
         """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
-        connection, adapter = self.connection, self.pusher.adapters.current
+        engine, adapter = self.connection.engine, self.pusher.adapters.current
         # an adapter's name carries its version: the server's own weight version does not change on adapter loads
         check, partial = adapter is None, self.weights.partial_rollouts and self.pusher.overlapping
-        urls = self.healing.live_urls()
-        futures = []
-        for i, (input_ids, n, temperature, images) in enumerate(jobs):
-            request = Request(
-                input_ids, n, temperature, params.top_p, params.top_k, params.max_new_tokens,
-                list(params.stop_token_ids), images, params.ignore_eos,
+        requests = [
+            Request(
+                input_ids,
+                n,
+                temperature,
+                params.top_p,
+                params.top_k,
+                params.max_new_tokens,
+                list(params.stop_token_ids),
+                images,
+                params.ignore_eos,
                 routes_from=0 if self.return_routes else None,
             )  # fmt: skip
-            url = urls[i % len(urls)]
-            futures.append(
-                connection.pool.submit(sample, connection.engine, url, request, version, adapter, partial, check)
-            )
-        try:  # never a partial batch: the first failure fails the rollout
-            return wait_for_answers(
-                futures, self.servers.deadline_s, self.servers.progress_every_s, urls, connection.client.error,
-                self.healing.watch,
-            )  # fmt: skip
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+            for input_ids, n, temperature, images in jobs
+        ]
+        return self.connection.map(  # never a partial batch: the first failure fails the rollout
+            lambda url, request: sample(engine, url, request, version, adapter, partial, check),
+            requests,
+            self.healing.live_urls(),
+            self.healing.watch,
+        )
 
     def metrics(self) -> dict:
         return {"servers/restarts": torch.tensor(float(self.healing.restarts))}
-
-    # ------------------------------------------------------------------ what tests and tools read
-    @property
-    def urls(self) -> list[str]:
-        return self.connection.urls
-
-    @property
-    def client(self):
-        return self.connection.client
-
-    @property
-    def server(self):
-        return self.connection.server
-
-    @property
-    def adapter_name(self) -> str | None:
-        return self.pusher.adapters.current
-
-    @property
-    def overlapping(self) -> bool:
-        return self.pusher.overlapping
-
-    @property
-    def _push_failed(self) -> bool:
-        return self.pusher.state.failed
-
-    @property
-    def _pool(self):
-        return self.connection.pool
-
-    @property
-    def _own_dir(self) -> str | None:
-        return self.pusher.folders.own
-
-    def _checkpoint_dir(self, version: str):
-        return self.pusher.folders.version(version)
 
 
 def _experts_per_token(policy: nn.Module) -> int:

@@ -3,9 +3,7 @@ the buckets themselves are the server layer's (`server.buckets`)."""
 
 from __future__ import annotations
 
-from ..server.buckets import Weight, WeightBuckets, checkpoint_layout, gather, plan_buckets
-
-__all__ = ["Weight", "WeightBuckets", "checkpoint_layout", "gather", "metadata", "plan_buckets"]
+from ..server.buckets import Weight
 
 
 def metadata(bucket: list[Weight]) -> dict:

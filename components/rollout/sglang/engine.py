@@ -28,13 +28,13 @@ import uuid
 
 from torch import Tensor
 
-from ..server.buckets import WeightBuckets, drain
+from ..server.buckets import WeightBuckets
 from ..server.engine import Engine, expert_fusions
+from ..server.group import GroupEndpoints
 from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
 from ..server.served import Served
-from ..server.session import paused
 from ..server.verify import Checksums
 from . import adapters, generation, server, weights
 from .client import SGLangClient, SGLangError
@@ -46,11 +46,6 @@ class SGLangEngine(Engine):
     model_key = "model_path"
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
                "up_proj": "gate_up_proj", **expert_fusions("")}  # fmt: skip
-
-    def __init__(self, client: SGLangClient, push=None):
-        super().__init__(client, push)
-        self._group: WeightGroup | None = None
-        self._version: int | None = None  # the last version pushed through the group
 
     @classmethod
     def command(cls, launch: dict, python: str | None) -> Command:
@@ -75,6 +70,11 @@ class SGLangEngine(Engine):
         return Served(info.get("model_path"), info.get("architectures"))
 
     # ------------------------------------------------------------------ weights
+    # the weight_version rides on the last bucket; the trainer leaves a failed push's group before the sessions end
+    group_endpoints = GroupEndpoints(
+        "/begin_weight_update", "/end_weight_update", "/model_info", version_at_end=False, end_before_leaving=False
+    )
+
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:
         weights.push_from_disk(self.client, urls, folder, str(version), abort=abort)
 
@@ -85,27 +85,16 @@ class SGLangEngine(Engine):
                 for url in urls:
                     weights.send_tensors(self.client, url, buckets, str(version), abort=abort)
             return
-        tensors = ([t for _, t in bucket] for bucket in buckets)  # every rank gathers each bucket, in order
-        if rank() != 0:
-            drain(tensors)
-            return
-        try:
-            with paused(self, urls, abort):
-                group = self._weight_group(urls, device)
-                self._each(urls, "/begin_weight_update", {})
-                group.push(buckets.plan, tensors, str(version), self.push.flush_cache)  # flushes with its last bucket
-                self._each(urls, "/end_weight_update", {})
-        except BaseException:
-            drain(tensors)
-            self._drop_group(end_sessions=True)
-            raise
-        self._version = version
+        super().push_buckets(urls, buckets, version, abort, device)
 
     def pause(self, urls: list[str], abort: bool) -> None:
-        self._each(urls, "/pause_generation", {"mode": "abort" if abort else "retract"})
+        self.each(urls, "/pause_generation", {"mode": "abort" if abort else "retract"})
 
     def resume(self, urls: list[str]) -> None:
-        self._each(urls, "/continue_generation", {})
+        self.each(urls, "/continue_generation", {})
+
+    def refusal_check(self, url: str):
+        return weights.succeeded(url)  # SGLang refuses in its answer: {success: false, message}
 
     def flush_cache(self, urls: list[str]) -> None:
         weights.flush_caches(self.client, urls)
@@ -139,42 +128,8 @@ class SGLangEngine(Engine):
         for url in urls:
             self.client.request(url, "/resume_memory_occupation", {})
 
-    def close(self) -> None:
-        self._drop_group()
-
-    # ------------------------------------------------------------------ the weight group
-    def _weight_group(self, urls: list[str], device: str) -> WeightGroup:
-        if self._group is not None and self._restarted(urls):
-            self._drop_group()
-        if self._group is None:
-            backend = self.push.group_backend or ("nccl" if device == "cuda" else "gloo")
-            name = f"lightning_rl_{uuid.uuid4().hex[:12]}"  # a crashed trainer may have left its group on the servers
-            per_server = backend == "gloo" if self.push.group_per_server is None else self.push.group_per_server
-            self._group = WeightGroup(
-                self.client, urls, backend, self.push.master_address, self.push.master_port, name, per_server=per_server
-            )
-        return self._group
-
-    def _restarted(self, urls: list[str]) -> bool:
-        """A server that does not report the last version pushed has restarted (or missed it): it is not in the group."""
-        for url in urls:
-            info = self.client.request(url, "/model_info", method="GET")
-            if str((info or {}).get("weight_version")) != str(self._version):
-                return True
-        return False
-
-    def _drop_group(self, end_sessions: bool = False) -> None:
-        if self._group is None:
-            return
-        group, self._group = self._group, None
-        group.close()  # the trainer leaves first: a server still inside a broadcast is released
-        if end_sessions:  # a server that lived through a failed push must accept the next /begin_weight_update
-            for url in group.urls:
-                try:
-                    self.client.request(url, "/end_weight_update", {}, retries=0, timeout_s=30.0)
-                except SGLangError:
-                    pass
-
-    def _each(self, urls: list[str], path: str, body: dict) -> None:
-        for url in urls:
-            self.client.request(url, path, body, check=weights.succeeded(url), retries=0)
+    def open_group(self, urls: list[str], backend: str) -> WeightGroup:
+        name = f"lightning_rl_{uuid.uuid4().hex[:12]}"  # a crashed trainer may have left its group on the servers
+        per_server = backend == "gloo" if self.push.group_per_server is None else self.push.group_per_server
+        return WeightGroup(self.client, urls, backend, self.push.master_address, self.push.master_port, name,
+                           per_server=per_server, flush_cache=self.push.flush_cache)  # fmt: skip

@@ -32,18 +32,17 @@ from typing import Iterator
 import torch.distributed as dist
 from torch import Tensor
 
-from ..server.buckets import Weight, drain
-from ..server.group import address_towards, in_background, join_as_rank_zero, master_store, rank_layout
+from ..server.buckets import WeightBuckets, drain
+from ..server.group import address_towards, best_effort, in_background, join_as_rank_zero, master_store, rank_layout
 from ..server.launch import free_port
 from .buckets import metadata
 from .client import SGLangClient, SGLangError
 from .weights import succeeded, tp_size
 
-__all__ = ["WeightGroup", "address_towards", "drain", "rank_layout"]
-
 
 class WeightGroup:
-    """The weight-update group(s) over ``urls``; `push` sends a version through them, `close` tears them down.
+    """The weight-update group(s) over ``urls``; `send` sends a version through them, `close` tears them down (the
+    server layer's `TransferGroup`). ``flush_cache``: the last bucket of each push drops the servers' prefix cache.
 
     ``per_server``: each server forms a group of its own with the trainer, and a push broadcasts to every group at
     once. Gloo serves all of a group's sockets from one thread and broadcasts down a binomial tree, so in one group the
@@ -61,8 +60,9 @@ class WeightGroup:
         master_port: int | None,
         name: str,
         per_server: bool = False,
+        flush_cache: bool = True,
     ):
-        self.client, self.urls = client, urls
+        self.client, self.urls, self.flush_cache = client, urls, flush_cache
         self.groups: list = []  # (process group, its servers' urls), in the order the servers were given
         address = master_address or address_towards(urls[0])
         tp_sizes = [tp_size(client, url) for url in urls]
@@ -125,24 +125,22 @@ class WeightGroup:
             f.result()
         return mine.result()
 
-    def push(
-        self, buckets: list[list[Weight]], tensors: Iterator[list[Tensor]], version: str, flush_cache: bool
-    ) -> None:
-        """Send every bucket (``tensors`` yields each bucket's full tensors, in order); the last carries ``version``.
-        On a failure the rest of ``tensors`` is still drained (under FSDP2 the gathers are collectives the other ranks
-        take part in) and `SGLangError` names the server."""
-        n = len(buckets)
+    def send(self, weights: WeightBuckets, buckets: Iterator[list[tuple[str, Tensor]]], version: int) -> None:
+        """Send every bucket of ``weights.plan`` (``buckets`` yields each one's full tensors, in order); the last
+        carries ``version``. On a failure the rest of ``buckets`` is still drained (under FSDP2 the gathers are
+        collectives the other ranks take part in) and `SGLangError` names the server."""
+        n = len(weights.plan)
         previous: tuple | None = None  # (broadcast handles, requests, tensors) of bucket k - 1, on the wire
         try:
-            for k, bucket in enumerate(buckets):
+            for k, bucket in enumerate(weights.plan):
                 sending = [
-                    t.contiguous() for t in next(tensors)
+                    t.contiguous() for _, t in next(buckets)
                 ]  # gathered while bucket k - 1 is on the wire; plain tensors: no copy
                 if previous is not None:  # one tensor of bucket k - 1 arrived: every server is inside handler k - 1
                     self._wait(previous[0], previous[1], k - 1, n, every=False)
                 last = k == n - 1
-                meta = {**metadata(bucket), "load_format": None, "flush_cache": flush_cache and last,
-                        "abort_all_requests": False, "weight_version": version if last else None}  # fmt: skip
+                meta = {**metadata(bucket), "load_format": None, "flush_cache": self.flush_cache and last,
+                        "abort_all_requests": False, "weight_version": str(version) if last else None}  # fmt: skip
                 requests = [
                     in_background(
                         self.client.request,
@@ -164,7 +162,7 @@ class WeightGroup:
             self._wait(previous[0], previous[1], n - 1, n, every=True)
             self._answered(previous[1])
         except BaseException:
-            drain(tensors)
+            drain(buckets)
             raise
 
     def _wait(self, handles: list[list], requests: list[Future], k: int, n: int, every: bool) -> None:
@@ -204,9 +202,4 @@ class WeightGroup:
 
     def _leave(self, urls: list[str]) -> None:
         for url in urls:
-            try:
-                self.client.request(
-                    url, "/destroy_weights_update_group", {"group_name": self.names[url]}, retries=0, timeout_s=30.0
-                )
-            except SGLangError:
-                pass
+            best_effort(self.client, url, "/destroy_weights_update_group", {"group_name": self.names[url]})

@@ -34,10 +34,9 @@ from pathlib import Path
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..server.buckets import WeightBuckets, drain
 from ..server.engine import Engine, expert_fusions
+from ..server.group import GroupEndpoints
 from ..server.launch import Command
-from ..server.ranks import rank
 from ..server.samples import Answer, Request
 from ..server.session import paused
 from ..server.verify import Checksums
@@ -56,8 +55,6 @@ class VLLMEngine(Engine):
 
     def __init__(self, client: VLLMClient, push=None):
         super().__init__(client, push)
-        self._groups: TransferGroups | None = None
-        self._version: int | None = None  # the last version pushed through the groups
         self._adapter_dir: str | None = None
 
     @classmethod
@@ -106,6 +103,11 @@ class VLLMEngine(Engine):
             )
 
     # ------------------------------------------------------------------ weights
+    # /finish_weight_update names the version; a failed push's updates are finished before the groups close
+    group_endpoints = GroupEndpoints(
+        "/start_weight_update", "/finish_weight_update", "/weight_info", version_at_end=True, end_before_leaving=True
+    )
+
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:
         if not any(Path(folder).glob("*.safetensors")):  # vLLM would leave its model on the meta device, then die
             raise VLLMError(f"vLLM rollout: no *.safetensors in {folder} to load")
@@ -115,31 +117,14 @@ class VLLMEngine(Engine):
                 self.client.request(url, "/collective_rpc", rpc, retries=0)
                 self.client.request(url, "/update_weight_version", {"new_version": str(version)}, retries=0)
 
-    def push_buckets(self, urls: list[str], buckets: WeightBuckets, version: int, abort: bool, device: str) -> None:
-        tensors = iter(buckets)  # every rank gathers each bucket, in order
-        if rank() != 0:
-            drain(tensors)
-            return
-        try:
-            with paused(self, urls, abort):
-                groups = self._transfer_groups(urls, device)
-                self._each(urls, "/start_weight_update", {})
-                groups.send(tensors)
-                self._each(urls, "/finish_weight_update", {"weight_version": str(version)})
-        except BaseException:
-            drain(tensors)
-            self._drop_groups(end_updates=True)
-            raise
-        self._version = version
-
     def pause(self, urls: list[str], abort: bool) -> None:
-        self._each(urls, f"/pause?mode={'abort' if abort else 'wait'}", {})
+        self.each(urls, f"/pause?mode={'abort' if abort else 'wait'}", {})
 
     def resume(self, urls: list[str]) -> None:
-        self._each(urls, "/resume", {})
+        self.each(urls, "/resume", {})
 
     def flush_cache(self, urls: list[str]) -> None:
-        self._each(urls, "/reset_prefix_cache", {})
+        self.each(urls, "/reset_prefix_cache", {})
 
     def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
         folder = self._adapter_folder(name)
@@ -181,7 +166,7 @@ class VLLMEngine(Engine):
         return per_name
 
     def close(self) -> None:
-        self._drop_groups()
+        super().close()
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
             self._adapter_dir = None
@@ -197,34 +182,5 @@ class VLLMEngine(Engine):
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
         return Path(self._adapter_dir) / name
 
-    def _transfer_groups(self, urls: list[str], device: str) -> TransferGroups:
-        if self._groups is not None and self._restarted(urls):
-            self._drop_groups()
-        if self._groups is None:
-            backend = self.push.group_backend or ("nccl" if device == "cuda" else "gloo")
-            self._groups = TransferGroups(self.client, urls, backend, self.push.master_address, self.push.master_port)
-        return self._groups
-
-    def _restarted(self, urls: list[str]) -> bool:
-        """A server that does not report the last version pushed has restarted (or missed it): it is in no group."""
-        for url in urls:
-            info = self.client.request(url, "/weight_info", method="GET")
-            if str((info or {}).get("weight_version")) != str(self._version):
-                return True
-        return False
-
-    def _drop_groups(self, end_updates: bool = False) -> None:
-        if self._groups is None:
-            return
-        groups, self._groups = self._groups, None
-        if end_updates:  # a server that lived through a failed push must accept the next /start_weight_update
-            for url in groups.urls:
-                try:
-                    self.client.request(url, "/finish_weight_update", {}, retries=0, timeout_s=30.0)
-                except VLLMError:
-                    pass
-        groups.close()
-
-    def _each(self, urls: list[str], path: str, body: dict) -> None:
-        for url in urls:
-            self.client.request(url, path, body, retries=0)
+    def open_group(self, urls: list[str], backend: str) -> TransferGroups:
+        return TransferGroups(self.client, urls, backend, self.push.master_address, self.push.master_port)

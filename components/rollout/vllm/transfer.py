@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from torch.distributed import BroadcastOptions, PrefixStore
 
-from ..server.group import address_towards, in_background, master_store
+from ..server.buckets import WeightBuckets
+from ..server.group import address_towards, best_effort, in_background, master_store
 from ..server.launch import free_port
 from .client import VLLMClient, VLLMError
 
@@ -42,7 +43,8 @@ def _group(backend: str, address: str, master, world_size: int, timeout: timedel
 
 
 class TransferGroups:
-    """A group with each of ``urls``; `send` broadcasts buckets to all of them, `close` ends the groups."""
+    """A group with each of ``urls``; `send` broadcasts buckets to all of them, `close` ends the groups (the server
+    layer's `TransferGroup`)."""
 
     def __init__(
         self, client: VLLMClient, urls: list[str], backend: str, master_address: str | None, master_port: int | None
@@ -73,7 +75,9 @@ class TransferGroups:
                 "plugin on its PYTHONPATH (launch: does both), and reach this address: set master_address / master_port"
             ) from err
 
-    def send(self, buckets: Iterator[list[tuple[str, Tensor]]]) -> None:
+    def send(self, weights: WeightBuckets, buckets: Iterator[list[tuple[str, Tensor]]], version: int) -> None:
+        """Each bucket's names, dtypes and shapes in its ``/update_weights`` request, its bytes in one broadcast (the
+        version rides on ``/finish_weight_update``)."""
         device = "cuda" if self.backend == "nccl" else "cpu"
         options = BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
@@ -100,7 +104,4 @@ class TransferGroups:
         """The trainer leaves first (a worker waiting in a broadcast is released), then each server (best effort)."""
         self.groups.clear()
         for url in self.urls:
-            try:
-                self.client.request(url, "/shutdown_weight_transfer_engine", {}, retries=0, timeout_s=30.0)
-            except VLLMError:
-                pass
+            best_effort(self.client, url, "/shutdown_weight_transfer_engine", {})
