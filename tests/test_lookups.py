@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("lightning_rl", "components")
 
 ALLOWED = {
-    "config": "a transformers model's config, read once in lightning_rl/core/hf_attributes.py (toy modules have none)",
     "__module__": "a user's callable (functools.partial has none of its own): FunctionTool's pickling check",
     "__name__": "a user's callable (functools.partial has none): FunctionTool's default tool name",
     "lora_base_fingerprint": "set by apply_lora on a transformers model; a LoRA model from elsewhere has none",

@@ -38,6 +38,8 @@ class CompletionsEngine(ScoringEngine):
     served_model: str | None = None
     """The ``model`` each request names (None: the first model the server lists)."""
 
+    _listed: dict | None = None  # the served model's entry in /v1/models, read at the first health check
+
     @classmethod
     def command(cls, launch: dict, python: str | None) -> Command:
         raise ValueError(
@@ -59,7 +61,7 @@ class CompletionsEngine(ScoringEngine):
 
     def model_path(self, url: str) -> str | None:
         """The checkpoint the served model was loaded from (vLLM's ``root``), else its name."""
-        if getattr(self, "_listed", None) is None:
+        if self._listed is None:
             self.health(url)
         return self._listed.get("root") or self._listed.get("id")
 

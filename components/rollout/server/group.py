@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 from urllib.parse import urlsplit
 
 from torch import Tensor
@@ -21,10 +21,16 @@ from torch import Tensor
 from .buckets import WeightBuckets, drain
 from .http import HTTPClient
 from .ranks import rank
-from .session import paused
+from .session import Pausable, paused
+from .settings import WeightPush
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+class GroupEngine(Pausable, Protocol):
+    """What `DistributedPush` asks of an engine (`Engine`): its push settings, control requests to every server."""
+
+    push: WeightPush
+
+    def each(self, urls: list[str], path: str, body: dict) -> None: ...
 
 
 def address_towards(url: str) -> str:
@@ -130,7 +136,7 @@ class DistributedPush:
     """
 
     def __init__(
-        self, engine: Engine, endpoints: GroupEndpoints, open_group: Callable[[list[str], str], TransferGroup]
+        self, engine: GroupEngine, endpoints: GroupEndpoints, open_group: Callable[[list[str], str], TransferGroup]
     ):
         self.engine, self.endpoints, self.open_group = engine, endpoints, open_group
         self.group: TransferGroup | None = None

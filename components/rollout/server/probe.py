@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from lightning_rl.core.models import is_vision_language
+from lightning_rl.core.hf_attributes import is_vision_language, model_config
 
 from .http import ServerError
 from .samples import Request, image_data
@@ -62,7 +62,7 @@ class Probe:
 
     @classmethod
     def for_policy(cls, policy: nn.Module, tokenizer) -> "Probe":
-        if not is_vision_language(getattr(policy, "config", None)):
+        if not is_vision_language(model_config(policy)):
             return cls(probe_prompt(len(tokenizer)))
         from lightning_rl.core.vision import load_processor
 

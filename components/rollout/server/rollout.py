@@ -40,6 +40,8 @@ class ServerRollout(Rollout):
     and TIS/MIS can correct for it.
     """
 
+    _set_up = False  # setup(tokenizer) has run: the sampler knows its EOS and pad ids
+
     samples_in_process = False
     engine_type: ClassVar[type[Engine]]
 
@@ -189,8 +191,9 @@ class ServerRollout(Rollout):
     def setup(self, tokenizer) -> None:
         """Read eos/pad, start the server if asked to, and check every server generates."""
         super().setup(tokenizer)
+        self._set_up = True
         self.pusher.checks.tokenizer = tokenizer
-        self.connection.default_model = getattr(tokenizer, "name_or_path", None) or None  # the policy's checkpoint
+        self.connection.default_model = tokenizer.name_or_path or None  # the policy's checkpoint
         if not self.connection.open:
             self._connect()
 
@@ -211,7 +214,7 @@ class ServerRollout(Rollout):
     def _connected(self, policy: nn.Module | None = None) -> None:
         """Connect again after ``close``; with the policy, check once per connection that every server serves it."""
         if not self.connection.open:
-            if not hasattr(self, "eos_token_id"):
+            if not self._set_up:
                 raise RuntimeError(
                     f"{type(self).__name__}.setup(tokenizer) must run before generate/sync_weights "
                     "(RLModule.configure_model calls it)"

@@ -11,14 +11,23 @@ push succeeds; the next rollout pushes the whole policy again.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
-if TYPE_CHECKING:
-    from .engine import Engine
+from .http import HTTPClient
+
+
+class Pausable(Protocol):
+    """What a push pauses: an engine's servers (`Engine`) and its client's sampling gate."""
+
+    client: HTTPClient
+
+    def pause(self, urls: list[str], abort: bool) -> None: ...
+
+    def resume(self, urls: list[str]) -> None: ...
 
 
 @contextmanager
-def paused(engine: Engine, urls: list[str], abort: bool) -> Iterator[None]:
+def paused(engine: Pausable, urls: list[str], abort: bool) -> Iterator[None]:
     gate = engine.client.gate
     gate.close()
     try:
