@@ -69,8 +69,8 @@ def run(variant: str, seed: int, args: argparse.Namespace, root: Path) -> dict:
         configs += ["--config", "configs/loop/async.yaml"]
     command = [
         sys.executable, "-m", "lightning_rl.cli", "fit", *configs,
-        "--model.rollout.init_args.base_url", f"http://127.0.0.1:{port}",
-        "--model.rollout.init_args.verify_every", "0",  # the overlap is measured; the push's check would cost both variants alike
+        "--model.rollout.init_args.servers.urls", f"[http://127.0.0.1:{port}]",
+        "--model.rollout.init_args.verify.every", "0",  # the overlap is measured; the push's check would cost both variants alike
         "--seed_everything", str(seed), "--trainer.max_steps", str(args.iterations), "--trainer.val_check_interval", "100000",
         "--data.val_size", str(args.val_size), "--data.batch_size", str(args.prompts), "--model.rollout.init_args.group_size", str(args.group_size),
  "--trainer.enable_progress_bar", "false", "--model.loop.log_samples_every_n_steps", "0",

@@ -21,7 +21,7 @@ The parts run in the order of the figures still missing (``--parts`` picks and o
   d  long   benchmarks/long_responses.py on CUDA: token-budget packed micro-batches against padded ones (trainer),
             dropping finished rows against keeping them (sampler): tokens/s, peak memory, same gradients / tokens
   a  tests  ``pytest -m gpu``, the slow memory-release test first: SGLangRollout with a loopback server it starts on
-            the same GPU, the server's memory released and resumed between rollouts, and ``weight_sync: tensor``
+            the same GPU, the server's memory released and resumed between rollouts, and ``weights.weight_sync: tensor``
             (CUDA IPC handles); every preset for 2 iterations on CUDA in bf16-mixed, and asynchronous GRPO (a round
             sampled ahead on a thread of its own); DDP and FSDP2 on NCCL train as one GPU and resume exactly
   b  jobs   the default job (validate, fit configs/grpo.yaml, validate the last checkpoint; scripts/default_job.sh)

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from components.rollout.server.settings import Servers, Verification, WeightPush
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -36,7 +38,11 @@ def main() -> None:
         from tests.fixtures.vllm_server import SERVER_ARGS, TINY_CALC, widen_heads
 
         model = str(widen_heads(TINY_CALC, folder / "tiny-calc-wide"))
-        make = lambda: VLLMRollout(launch=dict(SERVER_ARGS, model=model), weight_sync="distributed", verify_every=1)  # noqa: E731
+        make = lambda: VLLMRollout(  # noqa: E731
+            servers=Servers(launch=dict(SERVER_ARGS, model=model)),
+            weights=WeightPush(weight_sync="distributed"),
+            verify=Verification(every=1),
+        )
     else:
         from components.rollout import SGLangRollout
         from tests.fixtures.sglang_server import fake_sglang_package
@@ -45,7 +51,9 @@ def main() -> None:
         model = str(ROOT / "lightning_rl/assets/tiny-calc")
         fake_sglang_package(folder)
         os.environ["PYTHONPATH"] = pythonpath(folder)
-        make = lambda: SGLangRollout(launch={"model_path": model}, verify_every=1)  # noqa: E731
+        make = lambda: SGLangRollout(  # noqa: E731
+            servers=Servers(launch={"model_path": model}), verify=Verification(every=1)
+        )
     tokenizer, policy = load_tokenizer(model), load_causal_lm(ModelSpec(path=model))
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     asked = prompts(enc.input_ids, enc.attention_mask)

@@ -47,10 +47,10 @@ if [[ "$MODE" == connect ]]; then
     sleep 1
   done
   curl -sf "http://127.0.0.1:$PORT/health_generate" >/dev/null || { echo "SGLang not healthy after 600 s"; exit 1; }
-  ROLLOUT_ARGS=(--model.rollout.init_args.base_url "http://127.0.0.1:$PORT")
+  ROLLOUT_ARGS=(--model.rollout.init_args.servers.urls "[http://127.0.0.1:$PORT]")
 else
-  ROLLOUT_ARGS=(--model.rollout.init_args.base_url null --model.rollout.init_args.launch_python "$SGLANG_PYTHON"
-    --model.rollout.init_args.launch "{model_path: $MODEL, port: $PORT, mem_fraction_static: $MEM_FRACTION, skip_tokenizer_init: true}")
+  ROLLOUT_ARGS=(--model.rollout.init_args.servers.urls "[]" --model.rollout.init_args.servers.launch_python "$SGLANG_PYTHON"
+    --model.rollout.init_args.servers.launch "{model_path: $MODEL, port: $PORT, mem_fraction_static: $MEM_FRACTION, skip_tokenizer_init: true}")
 fi
 
 PRECISION=$([[ "$ACCELERATOR" == gpu ]] && echo bf16-mixed || echo 32-true)
@@ -66,7 +66,7 @@ cli = main(
         "--config", "configs/grpo.yaml",
         "--config", "configs/rollout/sglang.yaml",
         *rollout_args,
-        "--model.rollout.init_args.weight_sync", weight_sync,
+        "--model.rollout.init_args.weights.weight_sync", weight_sync,
         "--model.rollout.init_args.max_new_tokens", "32",
         "--model.policy.path", model,
         # a reward that varies within every group, so every iteration updates the policy and syncs the weights

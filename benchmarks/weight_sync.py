@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from components.rollout.server.settings import Servers, Verification, WeightPush
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -71,9 +73,11 @@ def worker(args: argparse.Namespace) -> None:
     policy = build_policy(args.dtype).to(args.device)
     urls = args.urls.split(",")
     weight_sync, _, layout = args.variant.partition(":")
-    rollout = SGLangRollout(base_url=urls, weight_sync=weight_sync, bucket_mb=args.bucket_mb, verify_every=0, timeout_s=1800.0, backoff=0.1,
-                            weight_dir=args.weight_dir, master_address=args.master_address,
-                            group_per_server={"": None, "shared": False, "per-server": True}[layout])  # fmt: skip
+    rollout = SGLangRollout(servers=Servers(urls=tuple(urls), timeout_s=1800.0, backoff=0.1),
+                            weights=WeightPush(weight_sync=weight_sync, bucket_mb=args.bucket_mb, weight_dir=args.weight_dir,
+                                               master_address=args.master_address,
+                                               group_per_server={"": None, "shared": False, "per-server": True}[layout]),
+                            verify=Verification(every=0))  # fmt: skip
     rollout.setup(load_tokenizer(str(TOKENIZER)))
     start = time.perf_counter()
     rollout.sync_weights(policy)

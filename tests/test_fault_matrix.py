@@ -20,7 +20,7 @@
 | empty or malformed .jsonl                                | error naming file, line and fix                                     | test_bad_jsonl / lightning_rl/cli/test_errors.py                                              |
 | .jsonl row without its prompt (missing key, null, number) | one line naming file, row, line and column (exit 1)                 | lightning_rl/cli/test_errors.py::test_a_bad_row_is_one_line_from_the_command_line            |
 | bad config value (batch_size -2, refresh_every 0, ...)   | `error: <key>: <message>` at construction, exit 2, no trace         | lightning_rl/cli/test_cli.py::test_a_config_error_is_one_line_and_exit_status_2_at_construction |
-| SGLang server that does not answer                       | one line naming its URL and base_url, exit 1                        | lightning_rl/cli/test_cli.py::test_a_server_that_does_not_answer_is_one_line                  |
+| SGLang server that does not answer                       | one line naming its URL and servers.urls, exit 1                    | lightning_rl/cli/test_cli.py::test_a_server_that_does_not_answer_is_one_line                  |
 | two fits of a preset started together; a renamed run     | a version folder each (claimed with an exclusive mkdir); no checkpoint shared | lightning_rl/test_run_folders.py                                               |
 | validate / resume on a run's checkpoint                  | the run's config.yaml untouched; latest/ resolved before anything moves | lightning_rl/test_run_folders.py                                                     |
 | reward returning numpy / 0-d tensor scores               | accepted; a wrong shape is named as a shape                         | test_numpy_scores / components/test_rewards.py                                            |
@@ -66,7 +66,7 @@
 | teacher server answers NaN/null, +inf or positive log-probs, a top-k id twice or past the vocabulary | one error naming the server and the value, before the loss | test_teacher_answer / components/test_server_teacher.py (loopback SGLang) |
 | launched server killed (kill -9) mid-generation, mid-push, between iterations (SGLang, vLLM) | restarted in place (max_restarts), the work retried, the whole policy pushed and verified before it samples; one line, servers/restarts | test_server_killed / components/test_server_healing.py, lightning_rl/loop/test_server_healing_fit.py |
 | launched server stopped (SIGSTOP)                        | down after health_deadline_s: killed and restarted, the work retried | test_server_killed / components/test_server_healing.py                                    |
-| launched server down past max_restarts; base_url server gone past server_wait_s | one line, the run stops (last.ckpt resumes it)           | test_server_killed / components/test_server_healing.py                                    |
+| launched server down past max_restarts; servers.urls server gone past server_wait_s | one line, the run stops (last.ckpt resumes it)           | test_server_killed / components/test_server_healing.py                                    |
 | trainer killed (SIGKILL, SIGTERM, Ctrl-C, exception) with launched servers | no server process remains (a watchdog per server)  | test_trainer_killed / components/test_server_watchdog.py (loopback SGLang; vLLM slow)     |
 
 Each row below runs the fault at the smallest scale that shows it (a Lightning BoringModel for the
@@ -95,6 +95,7 @@ from components.advantage import GroupNormalized
 from components.reward import FunctionReward, PooledReward
 from components.rollout import HFRollout
 from components.rollout.server.fanout import wait_for_answers
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from components.rollout.sglang.client import SGLangError
 from lightning_rl.callbacks import FiniteCheckpoints
 from lightning_rl.callbacks.context_length import check_context_length
@@ -244,7 +245,7 @@ def test_stalled_sglang():
 def test_sglang_weights_folder():
     from components.rollout import SGLangRollout
 
-    rollout = SGLangRollout(base_url="http://127.0.0.1:9")
+    rollout = SGLangRollout(servers=Servers(urls=("http://127.0.0.1:9",)))
     folder = rollout.pusher.folders.version(1).parent
     assert folder.is_dir()
     del rollout  # a failed run: close() never called
@@ -345,7 +346,7 @@ def test_tensor_sync_without_cuda(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="weight_sync: disk"):
-        SGLangRollout(base_url="http://127.0.0.1:9", weight_sync="tensor")
+        SGLangRollout(servers=Servers(urls=("http://127.0.0.1:9",)), weights=WeightPush(weight_sync="tensor"))
 
 
 def test_sglang_failed_push():
@@ -373,7 +374,7 @@ def test_stale_server_weights(tiny_model_path, tokenizer):
             * torch.randn(policy.model.layers[1].mlp.up_proj.weight.shape, generator=torch.Generator().manual_seed(0))
         )
     rollout = SGLangRollout(
-        base_url=server.url, verify_every=1, verify_tolerance=1e-3, backoff=0.01
+        servers=Servers(urls=(server.url,), backoff=0.01), verify=Verification(every=1, tolerance=1e-3)
     )  # fp32 on both sides
     try:
         rollout.setup(tokenizer)
@@ -535,7 +536,7 @@ def _pushed_twice(tiny_model_path, tokenizer, fault: dict, **rollout_kwargs):
 
     server = FakeSGLangServer(tiny_model_path).start()
     policy = load_causal_lm(ModelSpec(path=tiny_model_path))
-    rollout = SGLangRollout(base_url=server.url, backoff=0.01, **rollout_kwargs)
+    rollout = SGLangRollout(servers=Servers(urls=(server.url,), backoff=0.01), **rollout_kwargs)
     try:
         rollout.setup(tokenizer)
         rollout.sync_weights(policy)
@@ -554,7 +555,7 @@ def _pushed_twice(tiny_model_path, tokenizer, fault: dict, **rollout_kwargs):
 def test_stale_tensor_named(tiny_model_path, tokenizer):
     stale = "model.layers.0.post_attention_layernorm.weight"
     with pytest.raises(SGLangError, match=rf"kept their checksum on the server: {stale}"):
-        _pushed_twice(tiny_model_path, tokenizer, {"keep_stale": {stale}})  # the default verify_tolerance 0.1
+        _pushed_twice(tiny_model_path, tokenizer, {"keep_stale": {stale}})  # the default verify.tolerance 0.1
 
 
 @pytest.mark.server
@@ -673,7 +674,7 @@ def test_served_model(tiny_model_path, tokenizer):
 
     calc = str(Path(__file__).resolve().parents[1] / "lightning_rl/assets/tiny-calc")  # 22 tokens
     server = FakeSGLangServer(calc).start()
-    rollout = SGLangRollout(base_url=server.url, backoff=0.01)
+    rollout = SGLangRollout(servers=Servers(urls=(server.url,), backoff=0.01))
     try:
         rollout.setup(tokenizer)
         with pytest.raises(SGLangError, match=r"serves .*tiny-calc, not the policy's: its vocabulary has 22 tokens"):
@@ -691,7 +692,7 @@ def test_launch_port_taken(tiny_model_path, tokenizer):
 
     other = FakeSGLangServer(tiny_model_path).start()  # another run's server
     port = other.httpd.server_address[1]
-    rollout = SGLangRollout(launch={"model_path": tiny_model_path, "port": port}, backoff=0.01)
+    rollout = SGLangRollout(servers=Servers(launch={"model_path": tiny_model_path, "port": port}, backoff=0.01))
     try:
         with pytest.raises(SGLangError, match=f"another process already listens on port {port}"):
             rollout.setup(tokenizer)
@@ -722,11 +723,10 @@ def _stand_in_connection(**settings):
     from components.rollout.server.healing import Healing
     from components.rollout.server.http import HTTPClient
     from components.rollout.server.launch import Command, LaunchedServer, free_port
-    from components.rollout.server.settings import Servers, WeightPush
 
     port = free_port()
     command = Command([sys.executable, "-c", STAND_IN, str(port)], f"http://127.0.0.1:{port}", "/health")
-    connection = Connection(Servers(urls=("http://unused",), **settings), None, WeightPush())
+    connection = Connection(Servers(urls=("http://unused",), **settings), None)
     connection.urls, connection.client = [command.url], HTTPClient(5.0, 0, 0.01, death_note=connection._death_note)
     connection.launched = [LaunchedServer(command, HTTPClient)]
     connection.launched[0].wait_ready(60)

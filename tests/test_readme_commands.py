@@ -535,7 +535,7 @@ def test_the_asynchronous_cpu_route_as_printed(scratch, run):
     server = _start(server_command, "30000", port, scratch)
     try:
         _wait_listening(port, server)
-        printed = run(f"{fit} --model.rollout.init_args.base_url=http://127.0.0.1:{port}")
+        printed = run(f"{fit} --model.rollout.init_args.servers.urls=[http://127.0.0.1:{port}]")
     finally:
         _stop(server)
     assert "samples at iteration 1" in printed
@@ -551,7 +551,7 @@ def test_the_sglang_teacher_commands_as_printed(scratch, run):
     server = _start(server_command, "30001", port, scratch)
     try:
         _wait_listening(port, server)
-        run(f"{fit} --model.teacher.init_args.base_url=http://127.0.0.1:{port}")
+        run(f"{fit} --model.teacher.init_args.servers.urls=[http://127.0.0.1:{port}]")
     finally:
         _stop(server)
     (distilled,) = (scratch / "runs" / "distill").glob("version_*")
@@ -587,7 +587,7 @@ def test_the_vllm_teacher_commands_as_printed(scratch, run):
         while not healthy(f"http://127.0.0.1:{port}"):
             assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:]
             time.sleep(1.0)
-        run(f"{fit} --model.teacher.init_args.base_url=http://127.0.0.1:{port}")
+        run(f"{fit} --model.teacher.init_args.servers.urls=[http://127.0.0.1:{port}]")
     finally:
         _stop(server)
     runs = sorted((scratch / "runs" / "distill").glob("version_*"))

@@ -23,7 +23,7 @@ from components.rollout.server.connection import Connection
 from components.rollout.server.engine import ScoringEngine
 from components.rollout.server.healing import Healing
 from components.rollout.server.samples import Scored, image_data
-from components.rollout.server.settings import Servers, WeightPush
+from components.rollout.server.settings import Servers
 from components.rollout.sglang.engine import SGLangEngine
 from components.rollout.vllm.engine import VLLMEngine
 from lightning_rl.core.batch import RolloutBatch
@@ -44,43 +44,24 @@ class ServerTeacher(Teacher):
 
     def __init__(
         self,
-        base_url: str | list[str] | None = None,
-        launch: dict | None = None,
-        launch_python: str | None = None,
+        servers: Servers = Servers(),
         tokenizer: str | None = None,
         top_k: int = 0,
         temperature: float = 1.0,
-        timeout_s: float = 600.0,
-        max_retries: int = 3,
-        backoff: float = 1.0,
-        max_concurrency: int = 64,
-        launch_timeout_s: float = 900.0,
-        deadline_s: float = 1800.0,
-        max_restarts: int = 3,
-        server_wait_s: float = 300.0,
-        health_deadline_s: float = 60.0,
     ):
-        """
+        """A teacher's weights never change: it takes ``servers:`` alone (no ``weights:`` or ``verify:``). The flat
+        keys of earlier releases (``base_url``, ``timeout_s`` ...) are translated by the command line for one release,
+        with a warning naming the new key; in Python pass a `Servers`.
+
         Args:
-            base_url: running server(s) serving the teacher (``http://host:port``); rows are spread over them.
-            launch: instead of ``base_url``, start the engine's server with these arguments (as the engine's rollout
-                does; ``True`` = bare flag) and stop it at the end; the checkpoint defaults to the built-in task's teacher.
-            launch_python: interpreter that has the engine installed (None: the engine's default).
+            servers: the servers serving the teacher (``urls``; rows are spread over them) or how to start one
+                (``launch``: the engine's server with these arguments, as the engine's rollout does, stopped at the end;
+                the checkpoint defaults to the built-in task's teacher), and how requests to them behave: `Servers`.
             tokenizer: the teacher's tokenizer (folder or hub id), compared with the policy's at setup. None: the
                 launched checkpoint's, else the one the server names (``/model_info``, ``/v1/models``) when this machine
                 can load it, else the server's ``/tokenize`` of a sample of the policy's tokens, each on its own.
             top_k: also return the teacher's k most likely tokens at each position (the top-k reverse KL); 0 = none.
             temperature: must be 1: a server returns raw log-probs of given tokens (see the module's docstring).
-            timeout_s: seconds to wait for one answer.
-            max_retries: extra attempts after a timeout, a dropped connection or a 5xx.
-            backoff: seconds before the first retry, doubled for each further one.
-            max_concurrency: requests in flight at once, over all servers.
-            launch_timeout_s: seconds to wait for a launched server to answer its health check.
-            deadline_s: seconds the scoring of one micro-batch may take before it fails.
-            max_restarts: a launched server that dies or hangs is restarted in place up to this many times per run
-                (the scoring in flight is retried); past it the run stops.
-            server_wait_s: a ``base_url`` server that stops answering is waited for this long, then the run stops.
-            health_deadline_s: a launched server that does not answer ``GET /health`` within this long is down.
         """
         who = type(self).__name__
         if temperature != 1.0:
@@ -91,14 +72,9 @@ class ServerTeacher(Teacher):
             )
         if top_k < 0:
             raise ValueError(f"{who}: top_k must be >= 0, got {top_k}")
-        self.servers = Servers(
-            Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
-            max_concurrency, deadline_s, max_restarts=max_restarts, server_wait_s=server_wait_s,
-            health_deadline_s=health_deadline_s,
-        )  # fmt: skip
-        self.servers.check(who)
+        servers.check(who)
         self.top_k, self.temperature, self.tokenizer_path = top_k, temperature, tokenizer
-        self.connection = Connection(self.servers, self.engine_type, WeightPush(), KEY, self._configure)
+        self.connection = Connection(servers, self.engine_type, KEY, self._configure)
         self.connection.default_model = TINY_TEACHER_PATH
         self.healing = Healing(self.connection, who)
         self.vocabulary: int | None = None  # the policy's, set at setup: top-k ids must be below it
@@ -119,7 +95,7 @@ class ServerTeacher(Teacher):
             return
         self.vocabulary = len(tokenizer)
         self.connection.connect(type(self).__name__, release_memory=False)
-        engine, url, launch = self.connection.engine, self.connection.urls[0], self.servers.launch
+        engine, url, launch = self.connection.engine, self.connection.urls[0], self.connection.servers.launch
         served = (launch.get(engine.model_key) or self.connection.default_model) if launch is not None else None
         try:
             check_served_tokenizer(tokenizer, engine, url, self.tokenizer_path or served, KEY)
@@ -188,7 +164,8 @@ class SGLangTeacher(ServerTeacher):
     distillation, arXiv:2306.13649).
 
     ``/generate`` with ``max_new_tokens: 0``, ``return_logprob``, ``logprob_start_len`` and ``top_logprobs_num``.
-    ``launch`` starts ``python -m sglang.launch_server`` (its ``model_path`` defaults to the built-in task's teacher)."""
+    ``servers.launch`` starts ``python -m sglang.launch_server`` (its ``model_path`` defaults to the built-in task's
+    teacher)."""
 
     engine_type = SGLangEngine
 
@@ -198,8 +175,8 @@ class VLLMTeacher(ServerTeacher):
     distillation, arXiv:2306.13649).
 
     Prompt log-probs (``prompt_logprobs: k``) on ``/inference/v1/generate``, which a server started with
-    ``--enable-scale-out`` serves (``launch`` adds it, as `VLLMRollout`'s does; its ``model`` defaults to the built-in
-    task's teacher). vLLM's ``--max-logprobs`` (20 by default) caps ``top_k``."""
+    ``--enable-scale-out`` serves (``servers.launch`` adds it, as `VLLMRollout`'s does; its ``model`` defaults to the
+    built-in task's teacher). vLLM's ``--max-logprobs`` (20 by default) caps ``top_k``."""
 
     engine_type = VLLMEngine
 
@@ -210,22 +187,22 @@ class CompletionsTeacher(ServerTeacher):
 
     The legacy scoring request (``echo``, ``logprobs``, ``max_tokens: 0``), which a plain vLLM OpenAI server answers;
     the top k needs token ids in the answer (vLLM's ``return_tokens_as_token_ids``). Started with its own command:
-    ``base_url`` only."""
+    ``servers.urls`` only."""
 
     engine_type = CompletionsEngine
 
-    def __init__(self, base_url: str | list[str] | None = None, model: str | None = None, **kwargs):
+    def __init__(self, servers: Servers = Servers(), model: str | None = None, **kwargs):
         """
         Args:
-            base_url: running server(s) serving the teacher (``http://host:port``); rows are spread over them.
+            servers: the running server(s) serving the teacher (``urls``; rows are spread over them): `Servers`.
             model: the served model requests name (None: the first the server lists at ``/v1/models``).
         """
-        if kwargs.get("launch") is not None:
+        if servers.launch is not None:
             raise ValueError(
-                "CompletionsTeacher: an OpenAI-compatible server is started with its own command; set base_url "
+                "CompletionsTeacher: an OpenAI-compatible server is started with its own command; set servers.urls "
                 "(VLLMTeacher and SGLangTeacher can launch their engine's server)"
             )
-        super().__init__(base_url=base_url, **kwargs)
+        super().__init__(servers=servers, **kwargs)
         self.model = model
 
     def _configure(self, engine: CompletionsEngine) -> None:

@@ -240,7 +240,7 @@ def check_asynchronous(rollout: Rollout, trainer: Any, agent: Any = None) -> Non
     if rollout.releases_memory:
         raise ValueError(
             "model.loop.max_staleness > 0 overlaps sampling with training, but the rollout releases the servers' "
-            "memory between rollouts (release_memory: true): set release_memory: false, or max_staleness: 0"
+            "memory between rollouts (weights.release_memory: true): set weights.release_memory: false, or max_staleness: 0"
         )
     strategy = type(trainer.strategy).__name__
     if rollout.samples_in_process and strategy in ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy"):

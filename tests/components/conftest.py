@@ -3,9 +3,12 @@ prompts and a rollout factory. A file that defines a fixture of the same name (a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from components.rollout import SGLangRollout
+from components.rollout.server.settings import Servers, Verification
 from tests.fixtures.sglang_server import FakeSGLangServer
 
 
@@ -27,12 +30,10 @@ def prompts(tokenizer):
 def make_rollout(tokenizer):
     made = []
 
-    def make(**kwargs):
-        kwargs.setdefault("backoff", 0.01)
-        kwargs.setdefault(
-            "verify_every", 0
-        )  # the probe's requests are counted by tests of their own (test_sglang_weight_sync.py)
-        rollout = SGLangRollout(**kwargs)
+    def make(servers: Servers, verify: Verification = Verification(every=0), **kwargs):
+        """A rollout on ``servers``, retrying after 10 ms, unverified unless ``verify`` says (the probe's requests are
+        counted by tests of their own: test_sglang_weight_sync.py)."""
+        rollout = SGLangRollout(servers=replace(servers, backoff=0.01), verify=verify, **kwargs)
         rollout.setup(tokenizer)
         made.append(rollout)
         return rollout

@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from components.rollout.server.settings import Servers, Verification, WeightPush
+
 
 def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str, bucket_mb: float, out: str) -> None:
     import torch.distributed as dist
@@ -41,7 +43,11 @@ def fsdp_push_worker(rank: int, world: int, port: int, model_path: str, url: str
         return tensors
 
     gather, buckets.gather = buckets.gather, recording
-    rollout = SGLangRollout(base_url=url, weight_sync="distributed", bucket_mb=bucket_mb, verify_every=1, backoff=0.01)
+    rollout = SGLangRollout(
+        servers=Servers(urls=(url,), backoff=0.01),
+        weights=WeightPush(weight_sync="distributed", bucket_mb=bucket_mb),
+        verify=Verification(every=1),
+    )
     rollout.setup(load_tokenizer(model_path))
     rollout.sync_weights(policy)  # every rank gathers each bucket; rank 0 broadcasts it; all verify
     rollout.close()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from components.rollout import HFRollout, SGLangRollout
+from components.rollout.server.settings import Servers, Verification
 from lightning_rl.core.contracts import Environment, Step
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
@@ -240,7 +241,11 @@ def test_trainer_logprobs_equal_the_sglang_servers_over_three_turns(tiny_model_p
 
     server = FakeSGLangServer(tiny_model_path).start()
     sampler = SGLangRollout(
-        base_url=server.url, group_size=2, max_new_tokens=5, temperature=0.8, backoff=0.01, verify_every=0
+        group_size=2,
+        max_new_tokens=5,
+        temperature=0.8,
+        servers=Servers(urls=(server.url,), backoff=0.01),
+        verify=Verification(every=0),
     )  # requests counted below
     try:
         sampler.setup(tokenizer)

@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from lightning_rl.core.lora import LoraSpec
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.helpers import prompts as make_prompts
@@ -126,7 +127,9 @@ def test_every_update_is_pushed_verified_and_served(engine, policy, prompts, wei
     samples are the new policy's."""
     import copy
 
-    rollout = engine.make(group_size=4, max_new_tokens=8, weight_sync=weight_sync, verify_tolerance=1e-3)
+    rollout = engine.make(
+        group_size=4, max_new_tokens=8, weights=WeightPush(weight_sync=weight_sync), verify=Verification(tolerance=1e-3)
+    )
     rollout.sync_weights(policy)
     for version in (2, 3, 4):
         before = copy.deepcopy(policy)
@@ -149,7 +152,7 @@ def test_a_stale_tensor_is_caught_and_named(engine, policy, prompts):
     else:
         stale = ["model.layers.1.post_attention_layernorm.weight"]
         named = re.escape(stale[0])
-    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed")
+    rollout = engine.make(group_size=2, max_new_tokens=4, weights=WeightPush(weight_sync="distributed"))
     rollout.sync_weights(policy)
     perturb(policy, 0.02)
     with (
@@ -190,7 +193,12 @@ KILLED = [
 
 @pytest.mark.parametrize("engine", KILLED, indirect=True)
 def test_a_killed_server_is_named_and_a_restarted_one_gets_the_whole_policy(engine, policy, prompts):
-    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync="distributed", max_retries=1, server_wait_s=0)
+    rollout = engine.make(
+        group_size=2,
+        max_new_tokens=4,
+        servers=Servers(max_retries=1, server_wait_s=0),
+        weights=WeightPush(weight_sync="distributed"),
+    )
     rollout.sync_weights(policy)
     engine.kill()
     with pytest.raises(engine.error, match=engine.url):
@@ -210,7 +218,7 @@ def test_a_server_that_serves_another_model_is_refused_before_anything_is_sent(e
     from lightning_rl.core.models import TINY_MODEL_PATH
 
     other = load_causal_lm(ModelSpec(path=TINY_MODEL_PATH))
-    rollout = engine.make(group_size=2, max_new_tokens=4, weight_sync=weight_sync)
+    rollout = engine.make(group_size=2, max_new_tokens=4, weights=WeightPush(weight_sync=weight_sync))
     with pytest.raises(engine.error) as err:
         rollout.sync_weights(other)
     message = str(err.value)

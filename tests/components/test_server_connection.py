@@ -7,6 +7,7 @@ import os
 import pytest
 
 from components.rollout import SGLangRollout
+from components.rollout.server.settings import Servers
 from components.rollout.sglang.engine import SGLangEngine
 
 
@@ -23,10 +24,10 @@ def test_a_launch_that_names_no_checkpoint_serves_the_policys(tokenizer, tiny_mo
         engine_type = Capturing
 
     with pytest.raises(RuntimeError, match="not started"):
-        Rollout(launch={"mem_fraction_static": 0.5}).setup(tokenizer)  # the tokenizer is the policy's
+        Rollout(servers=Servers(launch={"mem_fraction_static": 0.5})).setup(tokenizer)  # the tokenizer is the policy's
     assert launched == {"mem_fraction_static": 0.5, "model_path": os.path.abspath(tiny_model_path)}
     with pytest.raises(RuntimeError, match="not started"):
-        Rollout(launch={"model_path": "/elsewhere"}).setup(tokenizer)
+        Rollout(servers=Servers(launch={"model_path": "/elsewhere"})).setup(tokenizer)
     assert launched["model_path"] == "/elsewhere"  # named: kept
 
 
@@ -44,7 +45,9 @@ def test_a_launch_on_a_port_another_server_holds_is_refused_before_anything_is_s
     other = FakeSGLangServer(tiny_model_path).start()  # another run's server
     port = other.httpd.server_address[1]
     model = {"model_path": tiny_model_path} if engine == "SGLang" else {"model": tiny_model_path}
-    rollout = (SGLangRollout if engine == "SGLang" else VLLMRollout)(launch={**model, "port": port}, backoff=0.01)
+    rollout = (SGLangRollout if engine == "SGLang" else VLLMRollout)(
+        servers=Servers(launch={**model, "port": port}, backoff=0.01)
+    )
     try:
         with pytest.raises(ServerError) as err:
             rollout.setup(tokenizer)
@@ -76,7 +79,7 @@ def test_a_server_that_took_the_port_after_the_launch_is_not_taken_for_the_launc
     other = FakeSGLangServer(tiny_model_path).start()
     port = other.httpd.server_address[1]
     monkeypatch.setattr(launch, "port_taken", lambda url: False)  # the check ran before the other server bound
-    rollout = SGLangRollout(launch={"model_path": tiny_model_path, "port": port}, backoff=0.01)
+    rollout = SGLangRollout(servers=Servers(launch={"model_path": tiny_model_path, "port": port}, backoff=0.01))
     try:
         with pytest.raises(SGLangError, match=r"is not the server the rollout launched \(another run's server took"):
             rollout.setup(tokenizer)

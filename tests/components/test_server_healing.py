@@ -2,7 +2,7 @@
 ``launch`` starts SGLang): a server killed (kill -9) or stopped (SIGSTOP) mid-generation, mid-push or between rollouts
 is restarted in place, the rollout or push retried, the restarted server pushed the whole policy and verified before it
 samples; with two servers the other samples while one restarts; past max_restarts the run stops with one line; a
-``base_url`` server is waited for up to server_wait_s."""
+``servers.urls`` server is waited for up to server_wait_s."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import ServerProcess, fake_sglang_package
 from tests.helpers import prompts as make_prompts
@@ -29,11 +31,10 @@ def launch(tmp_path, monkeypatch, tiny_model_path, make_rollout):
     monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
-    def make(**kwargs):
-        kwargs.setdefault("verify_every", 1)
+    def make(servers: Servers = Servers(), verify: Verification = Verification(every=1), **kwargs):
         kwargs.setdefault("group_size", 2)
         kwargs.setdefault("max_new_tokens", 4)
-        return make_rollout(launch={"model_path": tiny_model_path}, **kwargs)
+        return make_rollout(replace(servers, launch={"model_path": tiny_model_path}), verify=verify, **kwargs)
 
     return make
 
@@ -97,7 +98,7 @@ def test_a_server_killed_mid_generation_or_mid_push_is_restarted_and_the_work_re
 
 
 def test_a_stopped_server_is_down_after_its_health_deadline(launch, policy, prompts):
-    rollout = launch(health_deadline_s=2.0)
+    rollout = launch(servers=Servers(health_deadline_s=2.0))
     asked = make_prompts(*prompts)
     rollout.generate(asked, policy)
     stopped = pid(rollout)
@@ -109,7 +110,7 @@ def test_a_stopped_server_is_down_after_its_health_deadline(launch, policy, prom
 
 
 def test_past_max_restarts_the_run_stops_with_one_line(launch, policy, prompts):
-    rollout = launch(max_restarts=0)
+    rollout = launch(servers=Servers(max_restarts=0))
     asked = make_prompts(*prompts)
     rollout.generate(asked, policy)
     os.kill(pid(rollout), signal.SIGKILL)
@@ -119,7 +120,7 @@ def test_past_max_restarts_the_run_stops_with_one_line(launch, policy, prompts):
 
 
 def test_with_two_servers_the_other_keeps_sampling_while_one_restarts(launch, policy, prompts):
-    rollout = launch(launch_servers=2)
+    rollout = launch(servers=Servers(launch_servers=2))
     asked = make_prompts(*prompts)
     rollout.generate(asked, policy)
     dead, alive = rollout.connection.urls
@@ -137,7 +138,9 @@ def test_with_two_servers_the_other_keeps_sampling_while_one_restarts(launch, po
 def test_a_base_url_server_is_waited_for(tiny_model_path, make_rollout, policy, prompts, capfd):
     process = ServerProcess(tiny_model_path, env={"OMP_NUM_THREADS": "1"})
     try:
-        rollout = make_rollout(base_url=process.url, server_wait_s=120, max_retries=0, group_size=2, max_new_tokens=4)
+        rollout = make_rollout(
+            group_size=2, max_new_tokens=4, servers=Servers(urls=(process.url,), server_wait_s=120, max_retries=0)
+        )
         asked = make_prompts(*prompts)
         rollout.generate(asked, policy)
         port = process.port
@@ -146,9 +149,13 @@ def test_a_base_url_server_is_waited_for(tiny_model_path, make_rollout, policy, 
         batch = rollout.generate(asked, policy)  # waited for, pushed the policy again, sampled
         assert batch.batch_size == 6 and rollout.healing.restarts == 0
         assert "waiting up to server_wait_s=120 s" in capfd.readouterr().err
-        waits = make_rollout(base_url=process.url, server_wait_s=1, max_retries=0, group_size=2, max_new_tokens=4)
+        waits = make_rollout(
+            group_size=2, max_new_tokens=4, servers=Servers(urls=(process.url,), server_wait_s=1, max_retries=0)
+        )
         waits.generate(asked, policy)
-        fails = make_rollout(base_url=process.url, server_wait_s=0, max_retries=0, group_size=2, max_new_tokens=4)
+        fails = make_rollout(
+            group_size=2, max_new_tokens=4, servers=Servers(urls=(process.url,), server_wait_s=0, max_retries=0)
+        )
         fails.generate(asked, policy)
         process.stop()
         with pytest.raises(Exception, match=r"did not come back within server_wait_s=1 s; the run stops here"):
@@ -171,7 +178,9 @@ def test_a_launched_teacher_server_killed_or_stopped_is_restarted_and_the_scorin
     batch = sampler.generate(
         make_prompts(enc.input_ids, enc.attention_mask), load_causal_lm(ModelSpec(path=TINY_MODEL_PATH))
     )
-    teacher = SGLangTeacher(launch={"model_path": TINY_TEACHER_PATH}, backoff=0.01, health_deadline_s=2.0)
+    teacher = SGLangTeacher(
+        servers=Servers(launch={"model_path": TINY_TEACHER_PATH}, backoff=0.01, health_deadline_s=2.0)
+    )
     teacher.setup(student)
     try:
         before = teacher.score(batch).teacher_logprobs
@@ -203,9 +212,12 @@ def test_a_launched_vllm_server_killed_between_rollouts_mid_push_or_stopped_is_r
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
     asked = make_prompts(enc.input_ids, enc.attention_mask)
     rollout = VLLMRollout(
-        launch=dict(SERVER_ARGS, model=model), weight_sync="distributed", verify_every=1, group_size=2,
-        max_new_tokens=4, backoff=0.05, health_deadline_s=10.0,
-    )  # fmt: skip
+        group_size=2,
+        max_new_tokens=4,
+        servers=Servers(launch=dict(SERVER_ARGS, model=model), backoff=0.05, health_deadline_s=10.0),
+        weights=WeightPush(weight_sync="distributed"),
+        verify=Verification(every=1),
+    )
     rollout.setup(tokenizer)
     try:
         rollout.generate(asked, policy)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from components.rollout.server.buckets import WeightBuckets, plan_buckets
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from components.rollout.server.verify import ServerNames, checksum_finding, stale_tensors
 from components.rollout.sglang import SGLangError
 from components.rollout.sglang.engine import SGLangEngine
@@ -68,7 +69,7 @@ def test_a_name_no_fusion_maps_stops_the_push_naming_what_the_server_holds_besid
     assert f"['{LAYER}.gate_up_proj', " in message and "(and 2 more)" in message
     assert f"It holds ['{LAYER}.routed_experts.w13_weight', '{LAYER}.routed_experts.w2_weight'] beside" in message
     assert message.endswith("map the pushed names to the server's in vllm.VLLMEngine.fusions")
-    assert "verify_checksums" not in message and "\n" not in message
+    assert "verify.checksums" not in message and "\n" not in message
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "olmoe", "mixtral"])
@@ -120,7 +121,11 @@ def test_a_stale_expert_tensor_is_caught_and_named(moe_server, tiny_moe_path):
     from components.rollout import SGLangRollout
 
     policy = load_causal_lm(ModelSpec(path=tiny_moe_path))
-    rollout = SGLangRollout(base_url=moe_server.url, backoff=0.01, weight_sync="disk", verify_tolerance=1e-3)
+    rollout = SGLangRollout(
+        servers=Servers(urls=(moe_server.url,), backoff=0.01),
+        weights=WeightPush(weight_sync="disk"),
+        verify=Verification(tolerance=1e-3),
+    )
     rollout.setup(load_tokenizer(tiny_moe_path))
     try:
         rollout.sync_weights(policy)

@@ -17,6 +17,7 @@ import torch
 from components.rollout import SGLangRollout
 from components.rollout.server.generation import sample
 from components.rollout.server.samples import Answer, Request
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from components.rollout.vllm import generation as vllm_generation
 from lightning_rl.core.logprobs import policy_outputs
 from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
@@ -42,8 +43,15 @@ def moe_server(tmp_path, monkeypatch):
 def _sampled(srv, path, **kwargs):
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = "left"
-    rollout = SGLangRollout(base_url=srv.url, group_size=2, max_new_tokens=6, return_routes=True, verify_every=0,
-                            sync_before_first_rollout=False, backoff=0.01, **kwargs)  # fmt: skip
+    rollout = SGLangRollout(
+        group_size=2,
+        max_new_tokens=6,
+        return_routes=True,
+        servers=Servers(urls=(srv.url,), backoff=0.01),
+        weights=WeightPush(sync_before_first_rollout=False),
+        verify=Verification(every=0),
+        **kwargs,
+    )
     rollout.setup(tokenizer)
     policy = load_causal_lm(ModelSpec(path=path)).eval()
     enc = tokenizer(["12+3=", "7+70=", "1+1="], return_tensors="pt", padding=True)
@@ -118,4 +126,4 @@ def test_vllm_routes_on_the_cpu_build_are_refused_before_any_server_starts():
     if not cpu_build():
         pytest.skip("vLLM's environment here is not the CPU build")
     with pytest.raises(ValueError, match=r"^VLLMRollout: return_routes needs --enable-return-routed-experts, which "):
-        VLLMRollout(launch={"model": "x"}, return_routes=True)
+        VLLMRollout(return_routes=True, servers=Servers(launch={"model": "x"}))

@@ -13,6 +13,7 @@ import torch
 
 from components.rollout.completions import CompletionsEngine, CompletionsError
 from components.rollout.completions.engine import CompletionsClient
+from components.rollout.server.settings import Servers
 from components.rollout.sglang import SGLangError
 from components.rollout.sglang.engine import SGLangEngine
 from components.teacher import TINY_TEACHER_PATH, CompletionsTeacher, HFTeacher, SGLangTeacher, VLLMTeacher
@@ -76,7 +77,7 @@ def _assert_equal_scores(served, expected, batch) -> None:
 
 @pytest.mark.server
 def test_an_sglang_teacher_scores_the_students_tokens_as_the_in_process_teacher(loopback, student, batch, in_process):
-    teacher = SGLangTeacher(base_url=[s.url for s in loopback], top_k=K)
+    teacher = SGLangTeacher(top_k=K, servers=Servers(urls=tuple(s.url for s in loopback)))
     teacher.setup(student)
     served = teacher.score(batch)
     _assert_equal_scores(served, in_process, batch)
@@ -101,7 +102,7 @@ def test_an_sglang_teacher_scores_the_students_tokens_as_the_in_process_teacher(
 
 
 def test_a_teacher_without_top_k_returns_the_sampled_tokens_log_probs_only(loopback, student, batch, in_process):
-    teacher = SGLangTeacher(base_url=loopback[0].url)
+    teacher = SGLangTeacher(servers=Servers(urls=(loopback[0].url,)))
     teacher.setup(student)
     served = teacher.score(batch)
     assert served.teacher_topk_ids is None and teacher.provides == {"teacher_logprobs"}
@@ -113,7 +114,7 @@ def test_a_teacher_without_top_k_returns_the_sampled_tokens_log_probs_only(loopb
 
 def test_a_tempered_teacher_is_refused_because_servers_return_raw_log_probs(loopback, student, batch, in_process):
     with pytest.raises(ValueError) as err:
-        VLLMTeacher(base_url="http://127.0.0.1:1", temperature=0.7)
+        VLLMTeacher(temperature=0.7, servers=Servers(urls=("http://127.0.0.1:1",)))
     assert "a server returns raw log-probs of given tokens, log_softmax(z)" in str(err.value)
     assert "components.teacher.HFTeacher" in str(err.value)
     # what a server returns is the teacher at temperature 1, far from a tempered one: passing it on would be wrong
@@ -145,7 +146,7 @@ def swapped_teacher(tmp_path):
 @pytest.mark.server
 def test_a_teacher_whose_tokenizer_differs_is_refused_at_setup_with_the_reason(swapped_teacher, student):
     server, vocab = swapped_teacher
-    teacher = SGLangTeacher(base_url=server.url)
+    teacher = SGLangTeacher(servers=Servers(urls=(server.url,)))
     with pytest.raises(ValueError) as err:  # the tokenizer of the path the server names (/model_info)
         teacher.setup(student)
     message = str(err.value)
@@ -154,7 +155,8 @@ def test_a_teacher_whose_tokenizer_differs_is_refused_at_setup_with_the_reason(s
     )
     assert f"e.g. id {vocab['0']} is '0' to the policy, '1' to the teacher" in message
     assert not teacher.connection.open  # refused: nothing left connected
-    named = SGLangTeacher(base_url=server.url, tokenizer=TINY_MODEL_PATH)  # a tokenizer named in the config is the one
+    # a tokenizer named in the config is the one
+    named = SGLangTeacher(tokenizer=TINY_MODEL_PATH, servers=Servers(urls=(server.url,)))
     named.setup(student)
     named.close()
 
@@ -166,7 +168,7 @@ def test_a_server_whose_path_is_not_here_is_compared_through_its_tokenize(
     monkeypatch.setattr(SGLangEngine, "model_path", lambda self, url: "/on/the/inference/node/teacher")
     server, vocab = swapped_teacher
     with pytest.raises(ValueError) as err:
-        SGLangTeacher(base_url=server.url).setup(student)
+        SGLangTeacher(servers=Servers(urls=(server.url,))).setup(student)
     message = str(err.value)
     assert f"the teacher's tokenizer ({server.url}/tokenize) differs from the policy's" in message
     # each of the policy's tokens as text on its own: the teacher reads "0" and "1" as the other's id
@@ -174,12 +176,12 @@ def test_a_server_whose_path_is_not_here_is_compared_through_its_tokenize(
         f"2 of 15 tokens of the policy's vocabulary it reads as another id (e.g. '0' is id {vocab['0']} to the "
         in message
     )
-    same = SGLangTeacher(base_url=loopback[0].url)
+    same = SGLangTeacher(servers=Servers(urls=(loopback[0].url,)))
     same.setup(student)  # the same tokenizer passes
     same.close()
     monkeypatch.setattr(SGLangEngine, "tokenize", lambda self, url, text: (_ for _ in ()).throw(SGLangError("404")))
     with pytest.raises(ValueError) as err:
-        SGLangTeacher(base_url=loopback[0].url).setup(student)
+        SGLangTeacher(servers=Servers(urls=(loopback[0].url,))).setup(student)
     assert "cannot compare the teacher's tokenizer with the policy's" in str(err.value)
     assert "Set model.teacher.init_args.tokenizer" in str(err.value)
 
@@ -197,7 +199,7 @@ def test_a_server_whose_path_is_not_here_is_compared_through_its_tokenize(
 def test_a_teacher_answer_no_model_gives_fails_naming_the_server(loopback, student, batch, fault, problem):
     """Before, each was taken as it came: NaN in the KL, mass counted twice, an index error deep in the loss."""
     server = loopback[0]
-    teacher = SGLangTeacher(base_url=server.url, top_k=K)
+    teacher = SGLangTeacher(top_k=K, servers=Servers(urls=(server.url,)))
     teacher.setup(student)
     server.corrupt_scores = fault
     try:
@@ -220,10 +222,10 @@ def _free_port() -> int:
 def test_a_teacher_server_that_is_not_there_is_one_error_naming_its_url(student):
     url = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(SGLangError) as err:
-        SGLangTeacher(base_url=url, max_retries=1, backoff=0.01).setup(student)
+        SGLangTeacher(servers=Servers(urls=(url,), max_retries=1, backoff=0.01)).setup(student)
     message = str(err.value)
     assert message.startswith(f"SGLang server at {url}: GET /health_generate failed after 2 attempt(s)")
-    assert message.endswith("Check model.teacher.init_args.base_url.")
+    assert message.endswith("Check model.teacher.init_args.servers.urls.")
 
 
 @pytest.mark.slow
@@ -231,7 +233,7 @@ def test_a_teacher_server_that_dies_fails_the_scoring_with_one_error_naming_its_
     from tests.fixtures.sglang_server import ServerProcess
 
     process = ServerProcess(TINY_TEACHER_PATH, env={"OMP_NUM_THREADS": "1"})
-    teacher = SGLangTeacher(base_url=process.url, max_retries=1, backoff=0.01, server_wait_s=0)
+    teacher = SGLangTeacher(servers=Servers(urls=(process.url,), max_retries=1, backoff=0.01, server_wait_s=0))
     try:
         teacher.setup(student)
         process.process.kill()
@@ -243,7 +245,7 @@ def test_a_teacher_server_that_dies_fails_the_scoring_with_one_error_naming_its_
         process.stop()
     message = str(err.value)
     assert message.startswith(f"SGLang server at {process.url}: POST /generate failed after 2 attempt(s)")
-    assert "Check model.teacher.init_args.base_url." in message
+    assert "Check model.teacher.init_args.servers.urls." in message
 
 
 def _completions(answer: dict) -> CompletionsEngine:
@@ -274,7 +276,7 @@ def test_completions_read_token_ids_and_refuse_a_top_k_named_by_text():
         engine.score("http://t", [4], [5, 9], None, None, top_k=2)
     assert "names its top tokens by text, not id" in str(err.value) and "set top_k 0" in str(err.value)
     with pytest.raises(ValueError, match="started with its own command"):
-        CompletionsTeacher(launch={"model": "x"})
+        CompletionsTeacher(servers=Servers(launch={"model": "x"}))
 
 
 # ---------------------------------------------------------------------------------------------- a real vLLM server
@@ -292,8 +294,10 @@ def vllm_teacher(student):
     if reason is not None:
         pytest.skip(f"no real vLLM server: {reason}")
     teacher = VLLMTeacher(
-        launch={"dtype": "float32", "enforce_eager": True, "max_model_len": 64, "kv_cache_memory_bytes": 64 * 2**20},
         top_k=K,
+        servers=Servers(
+            launch={"dtype": "float32", "enforce_eager": True, "max_model_len": 64, "kv_cache_memory_bytes": 64 * 2**20}
+        ),
     )
     teacher.setup(student)
     yield teacher
@@ -307,7 +311,7 @@ def test_a_vllm_teacher_scores_the_students_tokens_as_the_in_process_teacher(
     """Prompt log-probs on vLLM's token-in route (the teacher it launched), and the same server's /v1/completions."""
     teacher = vllm_teacher
     if route == "completions":
-        teacher = CompletionsTeacher(base_url=vllm_teacher.urls[0], top_k=K)
+        teacher = CompletionsTeacher(top_k=K, servers=Servers(urls=(vllm_teacher.urls[0],)))
         teacher.setup(student)
         assert teacher.connection.engine.served_model == TINY_TEACHER_PATH  # the first model /v1/models lists
     _assert_equal_scores(teacher.score(batch), in_process, batch)
@@ -322,7 +326,7 @@ def test_vllms_tokenize_compares_the_teachers_tokenizer_when_its_path_is_not_her
     monkeypatch.setattr(
         CompletionsEngine, "tokenize", lambda self, url, text: answers.setdefault(text, tokenize(self, url, text))
     )
-    teacher = CompletionsTeacher(base_url=vllm_teacher.urls[0])
+    teacher = CompletionsTeacher(servers=Servers(urls=(vllm_teacher.urls[0],)))
     teacher.setup(student)  # vLLM's /tokenize reads each of the policy's tokens as the policy's id
     teacher.close()
     assert len(answers) == 15 and answers["7"] == student("7", add_special_tokens=False).input_ids
@@ -340,7 +344,7 @@ def test_a_launched_vllm_teacher_that_dies_is_one_error_naming_its_url_and_its_l
 
     url = vllm_teacher.urls[0]
     vllm_teacher.connection.client.max_retries, vllm_teacher.connection.client.backoff = 1, 0.01
-    vllm_teacher.connection.settings = replace(vllm_teacher.connection.settings, max_restarts=0)  # no restart
+    vllm_teacher.connection.servers = replace(vllm_teacher.connection.servers, max_restarts=0)  # no restart
     os.killpg(vllm_teacher.connection.server.process.pid, signal.SIGKILL)
     vllm_teacher.connection.server.process.wait()
     with pytest.raises(Exception) as err:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from components.rollout.server.fingerprints import Fingerprints, digest
+from components.rollout.server.settings import Servers, Verification
 from components.rollout.server.verify import ServerNames, checksum_finding, stale_tensors
 from components.rollout.sglang import SGLangError
 from lightning_rl.core.models import ModelSpec, load_causal_lm, load_tokenizer
@@ -173,7 +174,7 @@ def test_what_a_digest_change_says_of_an_fp16_server_is_what_the_docstring_says(
 def _rollout(tokenizer, url, **kwargs):
     from components.rollout import SGLangRollout
 
-    rollout = SGLangRollout(base_url=url, backoff=0.01, **kwargs)
+    rollout = SGLangRollout(servers=Servers(urls=(url,), backoff=0.01), **kwargs)
     rollout.setup(tokenizer)
     return rollout
 
@@ -183,7 +184,7 @@ def test_a_stale_norm_tensor_is_named_by_the_checksums_where_the_default_probe_m
     stale = "model.layers.1.post_attention_layernorm.weight"
     server.keep_stale = {stale}
     for checksums in (False, True):
-        rollout = _rollout(tokenizer, server.url, verify_checksums=checksums)
+        rollout = _rollout(tokenizer, server.url, verify=Verification(checksums=checksums))
         try:
             rollout.sync_weights(policy)  # the first push: nothing to compare with yet
             _perturb(policy, 0.02, seed=int(checksums))
@@ -206,7 +207,7 @@ def test_a_server_that_loads_the_weights_but_not_the_version_fails_verification(
     """The weight-version check of the verification (a mutant that disables it survived the suite, #35 item 5): the
     weights arrive, so checksums and probe agree; only the version says the server did not take the push."""
     server.keep_version = True
-    rollout = _rollout(tokenizer, server.url, verify_tolerance=1e-4)
+    rollout = _rollout(tokenizer, server.url, verify=Verification(tolerance=1e-4))
     try:
         with pytest.raises(
             SGLangError, match=rf"{server.url} answers with weight_version 'default' after the push of version 1"
@@ -225,7 +226,7 @@ def test_the_checksums_of_a_server_are_read_before_and_after_each_push(server, p
         # the first push has nothing to compare with: two checksum reads for each later one
         assert server.calls.count("/weights_checker") == 4
         rollout.close()
-        probe_only = _rollout(tokenizer, server.url, verify_checksums=False)
+        probe_only = _rollout(tokenizer, server.url, verify=Verification(checksums=False))
         probe_only.sync_weights(policy)
         probe_only.sync_weights(policy)
         assert server.calls.count("/weights_checker") == 4
@@ -252,7 +253,9 @@ def test_a_stale_vision_tower_tensor_is_caught(vlm_server, tiny_vlm_path, checks
     merger = next(n for n, _ in policy.named_parameters() if "merger.mlp.0.weight" in n)
     assert any(merger.startswith(p) for p in vision_prefixes(policy))
     vlm_server.keep_stale = {merger}
-    rollout = _rollout(load_tokenizer(tiny_vlm_path), vlm_server.url, verify_checksums=checksums, verify_tolerance=1e-4)
+    rollout = _rollout(
+        load_tokenizer(tiny_vlm_path), vlm_server.url, verify=Verification(checksums=checksums, tolerance=1e-4)
+    )
     try:
         rollout.sync_weights(policy)
         _perturb(policy, 0.05, only=merger)  # the vision tower alone moved: text-only log-probs cannot see it

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
+from components.rollout.server.settings import Servers, WeightPush
 from lightning_rl.core.logprobs import policy_logprobs
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import fake_sglang_package
@@ -30,7 +31,9 @@ def launch(tmp_path, monkeypatch, tiny_model_path, make_rollout):
     """``launch(device, **rollout_kwargs)``: a rollout that starts its own server process on ``device``."""
     fake_sglang_package(tmp_path)
     monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
-    return lambda device, **kwargs: make_rollout(launch={"model_path": tiny_model_path, "device": device}, **kwargs)
+    return lambda device, **kwargs: make_rollout(
+        Servers(launch={"model_path": tiny_model_path, "device": device}), **kwargs
+    )
 
 
 def _served_bytes(rollout: SGLangRollout) -> int:
@@ -45,7 +48,9 @@ def test_a_colocated_server_samples_each_update_of_the_trainers_policy(
     launch, tiny_model_path, prompts, device, weight_sync
 ):
     policy = load_causal_lm(ModelSpec(path=tiny_model_path)).to(device)
-    rollout = launch(device, weight_sync=weight_sync, release_memory=True, group_size=4, max_new_tokens=8)
+    rollout = launch(
+        device, group_size=4, max_new_tokens=8, weights=WeightPush(weight_sync=weight_sync, release_memory=True)
+    )
     asked = make_prompts(*prompts).to(device)
     batch = rollout.generate(asked, policy)
     assert batch.response_ids.device.type == device and set(batch.versions.tolist()) == {1}
@@ -64,7 +69,9 @@ def test_a_colocated_server_samples_each_update_of_the_trainers_policy(
 def test_the_colocated_servers_gpu_memory_is_given_back_between_rollouts(launch, tiny_model_path, prompts):
     policy = load_causal_lm(ModelSpec(path=tiny_model_path)).cuda()
     model_bytes = sum(p.numel() * p.element_size() for p in policy.parameters())  # tied weights counted once
-    rollout = launch("cuda", weight_sync="tensor", release_memory=True, group_size=2, max_new_tokens=4)
+    rollout = launch(
+        "cuda", group_size=2, max_new_tokens=4, weights=WeightPush(weight_sync="tensor", release_memory=True)
+    )
     loaded = _served_bytes(rollout)
     assert loaded >= model_bytes  # the server's model is on the GPU
     asked = make_prompts(*prompts).to("cuda")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from components.rollout.server.settings import Servers, WeightPush
 from components.rollout.sglang.client import SGLangClient, SGLangError
 from components.rollout.sglang.weights import push_tensors
 from lightning_rl.core.logprobs import policy_logprobs
@@ -34,7 +35,11 @@ def test_adapter_sync_from_memory_makes_the_server_sample_from_the_updated_adapt
     server, lora_policy, prompts, make_rollout, tmp_path, tiny_model_path
 ):
     rollout = make_rollout(
-        base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path)
+        group_size=4,
+        max_new_tokens=8,
+        temperature=1.0,
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(weight_dir=str(tmp_path)),
     )
     batch = rollout.generate(
         make_prompts(*prompts), lora_policy
@@ -59,7 +64,7 @@ def test_the_server_checks_every_adapter_tensor_it_received(server, lora_policy,
     from components.rollout.sglang import adapters
 
     monkeypatch.setattr(adapters, "sha256", lambda tensor: "0" * 64)
-    rollout = make_rollout(base_url=server.url)
+    rollout = make_rollout(servers=Servers(urls=(server.url,)))
     with pytest.raises(SGLangError, match=r"refused LoRA adapter 'policy-v1'.*MISMATCH"):
         rollout.sync_weights(lora_policy)
     assert not server.adapters
@@ -69,12 +74,11 @@ def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(
     server, lora_policy, prompts, make_rollout, tmp_path
 ):
     rollout = make_rollout(
-        base_url=server.url,
         group_size=4,
         max_new_tokens=8,
         temperature=1.0,
-        weight_dir=str(tmp_path),
-        lora_sync="merged",
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(weight_dir=str(tmp_path), lora_sync="merged"),
     )
     _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
     rollout.sync_weights(lora_policy)
@@ -87,7 +91,9 @@ def test_merged_sync_pushes_full_weights_with_the_adapters_folded_in(
 def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(
     server, lora_policy, prompts, make_rollout
 ):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=8, lora_sync="merged")
+    rollout = make_rollout(
+        group_size=2, max_new_tokens=8, servers=Servers(urls=(server.url,)), weights=WeightPush(lora_sync="merged")
+    )
     _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
     push_tensors(
         SGLangClient(30.0, 0, 0.0), server.url, lora_policy, "2", bucket_bytes=1 << 20
@@ -97,7 +103,7 @@ def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(
 
 def test_a_server_that_refuses_the_adapter_says_which_flags_it_needs(server, lora_policy, prompts, make_rollout):
     server.adapters["policy-v1"] = server.model  # the name is taken: SGLang answers success=false
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4)
+    rollout = make_rollout(group_size=2, max_new_tokens=4, servers=Servers(urls=(server.url,)))
     with pytest.raises(SGLangError, match="refused LoRA adapter 'policy-v1'.*--enable-lora.*lora_sync: merged"):
         rollout.generate(make_prompts(*prompts), lora_policy)
 
@@ -106,7 +112,7 @@ def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(
     server, lora_policy, prompts, make_rollout
 ):
     """With max_staleness k, a round may still sample with the adapter of k versions ago: k + 1 stay loaded."""
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4)
+    rollout = make_rollout(group_size=2, max_new_tokens=4, servers=Servers(urls=(server.url,)))
     rollout.prepare(lora_policy, max_staleness=2)  # v1
     for _ in range(3):
         _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import FakeSGLangServer
 from tests.helpers import prompts as make_prompts
@@ -34,7 +35,11 @@ def _push_during_generation(server, tokenizer, tiny_model_path, partial: bool):
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     rollout = SGLangRollout(
-        base_url=server.url, group_size=4, max_new_tokens=12, partial_rollouts=partial, backoff=0.01, verify_every=0
+        group_size=4,
+        max_new_tokens=12,
+        servers=Servers(urls=(server.url,), backoff=0.01),
+        weights=WeightPush(partial_rollouts=partial),
+        verify=Verification(every=0),
     )
     rollout.setup(tokenizer)
     rollout.prepare(old)  # version 1; from now on pushes overlap requests

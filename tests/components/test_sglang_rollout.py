@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from components.rollout import SGLangRollout
+from components.rollout.server.settings import Servers, WeightPush
 from components.rollout.sglang import SGLangError
 from components.rollout.sglang.client import SGLangClient
 from components.rollout.sglang.generation import Sample, to_batch
@@ -44,7 +45,7 @@ def policy(tiny_model_path):
 def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rollout):
     ids, mask = prompts
     rollout = make_rollout(
-        base_url=server.url, group_size=3, max_new_tokens=6, temperature=0.7, max_concurrency=1
+        group_size=3, max_new_tokens=6, temperature=0.7, servers=Servers(urls=(server.url,), max_concurrency=1)
     )  # requests in order
     batch = rollout.generate(make_prompts(ids, mask), policy)
 
@@ -79,7 +80,7 @@ def test_batch_layout_masks_and_request_format(server, policy, prompts, make_rol
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollout, temperature):
-    rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8, temperature=temperature)
+    rollout = make_rollout(group_size=4, max_new_tokens=8, temperature=temperature, servers=Servers(urls=(server.url,)))
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert server_logprobs_match(policy, batch, temperature) < 1e-4
     # the temperature is what makes them agree: the untempered trainer log-probs are far off
@@ -88,7 +89,11 @@ def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollou
 
 def test_disk_sync_after_an_optimizer_step_serves_the_updated_policy(server, policy, prompts, make_rollout, tmp_path):
     rollout = make_rollout(
-        base_url=server.url, group_size=4, max_new_tokens=8, temperature=1.0, weight_dir=str(tmp_path)
+        group_size=4,
+        max_new_tokens=8,
+        temperature=1.0,
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(weight_dir=str(tmp_path)),
     )
     batch = rollout.generate(make_prompts(*prompts), policy)
     old = {k: v.clone() for k, v in policy.state_dict().items()}
@@ -119,7 +124,12 @@ def test_tensor_sync_runs_in_a_weight_update_session(server, policy, prompts, ma
     n_tensors = len({id(t) for t in policy.state_dict(keep_vars=True).values()})  # tied weights once
     assert pushes == ["/begin_weight_update", *["/update_weights_from_tensor"] * n_tensors, "/end_weight_update"]
     assert server.weight_version == "1" and not server.session_open
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, sync_before_first_rollout=False)
+    rollout = make_rollout(
+        group_size=2,
+        max_new_tokens=6,
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(sync_before_first_rollout=False),
+    )
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert server_logprobs_match(policy, batch, 1.0) < 1e-4
 
@@ -145,7 +155,7 @@ def test_tensor_payloads_cover_every_weight_once_per_tp_rank(policy):
 
 
 def test_flush_cache_is_retried_while_the_server_is_busy(server, policy, make_rollout):
-    rollout = make_rollout(base_url=server.url, max_retries=3)
+    rollout = make_rollout(servers=Servers(urls=(server.url,), max_retries=3))
     server.flush_busy = 2
     rollout.sync_weights(policy)
     assert server.calls.count("/flush_cache") == 3
@@ -188,7 +198,7 @@ def test_a_server_stop_token_unknown_to_the_trainer_still_ends_the_mask():
 
 
 def test_real_truncation_from_the_server(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=1, temperature=0.0)
+    rollout = make_rollout(group_size=2, max_new_tokens=1, temperature=0.0, servers=Servers(urls=(server.url,)))
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert batch.response_ids.shape[1] == 1
     assert batch.truncated.tolist() == (batch.response_ids[:, 0] != rollout.eos_token_id).tolist()
@@ -196,7 +206,9 @@ def test_real_truncation_from_the_server(server, policy, prompts, make_rollout):
 
 
 def test_aborted_requests_are_sent_again(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4, max_retries=3, max_concurrency=1)
+    rollout = make_rollout(
+        group_size=2, max_new_tokens=4, servers=Servers(urls=(server.url,), max_retries=3, max_concurrency=1)
+    )
     rollout.sync_weights(policy)
     server.abort_next = 2
     batch = rollout.generate(make_prompts(*prompts), policy)
@@ -208,7 +220,9 @@ def test_aborted_requests_are_sent_again(server, policy, prompts, make_rollout):
 
 def test_server_death_mid_rollout_names_the_server(server, policy, prompts, make_rollout):
     rollout = make_rollout(
-        base_url=server.url, group_size=2, max_new_tokens=4, max_retries=1, max_concurrency=1, server_wait_s=0
+        group_size=2,
+        max_new_tokens=4,
+        servers=Servers(urls=(server.url,), max_retries=1, max_concurrency=1, server_wait_s=0),
     )
     rollout.sync_weights(policy)
     server.die_after = 1  # the second request finds the server dying, the retry finds nothing listening
@@ -220,13 +234,15 @@ def test_server_death_mid_rollout_names_the_server(server, policy, prompts, make
 
 def test_unreachable_server_names_the_url_and_the_setting(tokenizer):
     url = f"http://127.0.0.1:{free_port()}"
-    rollout = SGLangRollout(base_url=url, max_retries=1, backoff=0.01)
-    with pytest.raises(SGLangError, match=rf"{url}: GET /health_generate failed after 2 attempt.*base_url"):
+    rollout = SGLangRollout(servers=Servers(urls=(url,), max_retries=1, backoff=0.01))
+    with pytest.raises(SGLangError, match=rf"{url}: GET /health_generate failed after 2 attempt.*servers\.urls"):
         rollout.setup(tokenizer)
 
 
 def test_a_slow_answer_times_out(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2, timeout_s=0.3, max_retries=0)
+    rollout = make_rollout(
+        group_size=1, max_new_tokens=2, servers=Servers(urls=(server.url,), timeout_s=0.3, max_retries=0)
+    )
     rollout.sync_weights(policy)
     server.delay_s = 1.0
     with pytest.raises(SGLangError, match="no answer within timeout_s=0.3"):
@@ -234,7 +250,9 @@ def test_a_slow_answer_times_out(server, policy, prompts, make_rollout):
 
 
 def test_greedy_validation_and_greedy_baseline(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=3, max_new_tokens=6, temperature=0.8, greedy_baseline=True)
+    rollout = make_rollout(
+        group_size=3, max_new_tokens=6, temperature=0.8, greedy_baseline=True, servers=Servers(urls=(server.url,))
+    )
     assert {"is_greedy", "sample_mask", "rollout_logprobs"} <= rollout.provides
     greedy = rollout.generate(make_prompts(*prompts), policy, replace(rollout.params, greedy=True))
     assert greedy.batch_size == 3 and greedy.is_greedy is None
@@ -256,7 +274,7 @@ def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(
 ):
     a, b = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     try:
-        rollout = make_rollout(base_url=[a.url, b.url], group_size=2, max_new_tokens=4)
+        rollout = make_rollout(group_size=2, max_new_tokens=4, servers=Servers(urls=(a.url, b.url)))
         batch = rollout.generate(make_prompts(*prompts), policy)
         assert (len(a.generate_calls), len(b.generate_calls)) == (2, 1) and batch.batch_size == 6
         assert a.weight_version == b.weight_version == "1"
@@ -269,7 +287,12 @@ def test_requests_are_spread_over_servers_and_every_server_gets_the_weights(
 def test_a_server_that_missed_a_weight_update_fails_loudly(tiny_model_path, policy, prompts, make_rollout):
     a, b = FakeSGLangServer(tiny_model_path).start(), FakeSGLangServer(tiny_model_path).start()
     try:
-        rollout = make_rollout(base_url=[a.url, b.url], weight_update_urls=[a.url], group_size=2, max_new_tokens=4)
+        rollout = make_rollout(
+            group_size=2,
+            max_new_tokens=4,
+            servers=Servers(urls=(a.url, b.url)),
+            weights=WeightPush(weight_update_urls=(a.url,)),
+        )
         with pytest.raises(
             SGLangError, match=rf"{b.url} sampled with weight_version 'default' but the trainer pushed 1"
         ):
@@ -280,7 +303,9 @@ def test_a_server_that_missed_a_weight_update_fails_loudly(tiny_model_path, poli
 
 
 def test_memory_is_released_between_rollouts_and_resumed_before_use(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=4, release_memory=True)
+    rollout = make_rollout(
+        group_size=2, max_new_tokens=4, servers=Servers(urls=(server.url,)), weights=WeightPush(release_memory=True)
+    )
     rollout.generate(make_prompts(*prompts), policy)
     assert server.released  # the fixture refuses /generate while released: resume must come first
     rollout.sync_weights(policy)
@@ -313,14 +338,16 @@ def test_sampling_options_reach_the_request():
 
 def test_stop_token_ids_end_responses_on_the_server_and_in_the_mask(server, policy, prompts, make_rollout, tokenizer):
     stops = [i for i in range(len(tokenizer)) if i != tokenizer.eos_token_id]  # every token but EOS stops
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, stop_token_ids=stops)
+    rollout = make_rollout(group_size=2, max_new_tokens=6, stop_token_ids=stops, servers=Servers(urls=(server.url,)))
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert server.generate_calls[-1]["sampling_params"]["stop_token_ids"] == stops
     assert batch.response_ids.shape[1] == 1 and batch.response_mask.all() and not batch.truncated.any()
 
 
 def test_ignore_eos_reaches_the_server_and_every_response_runs_to_the_cap(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=2, max_new_tokens=6, temperature=1.5, ignore_eos=True)
+    rollout = make_rollout(
+        group_size=2, max_new_tokens=6, temperature=1.5, ignore_eos=True, servers=Servers(urls=(server.url,))
+    )
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert all(c["sampling_params"]["ignore_eos"] is True for c in server.generate_calls)
     assert batch.response_ids.shape == (6, 6) and batch.response_mask.all() and batch.truncated.all()
@@ -328,7 +355,10 @@ def test_ignore_eos_reaches_the_server_and_every_response_runs_to_the_cap(server
 
 def test_without_first_sync_or_flush_the_server_keeps_its_weights(server, policy, prompts, make_rollout):
     rollout = make_rollout(
-        base_url=server.url, group_size=1, max_new_tokens=2, sync_before_first_rollout=False, flush_cache=False
+        group_size=1,
+        max_new_tokens=2,
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(sync_before_first_rollout=False, flush_cache=False),
     )
     batch = rollout.generate(make_prompts(*prompts), policy)
     assert (
@@ -341,14 +371,14 @@ def test_without_first_sync_or_flush_the_server_keeps_its_weights(server, policy
 
 
 def test_config_errors_name_the_fix():
-    with pytest.raises(ValueError, match="exactly one of base_url"):
+    with pytest.raises(ValueError, match="exactly one of servers.urls"):
         SGLangRollout()
-    with pytest.raises(ValueError, match="exactly one of base_url"):
-        SGLangRollout(base_url="http://x:1", launch={"model_path": "m"})
+    with pytest.raises(ValueError, match="exactly one of servers.urls"):
+        SGLangRollout(servers=Servers(urls=("http://x:1",), launch={"model_path": "m"}))
     with pytest.raises(ValueError, match="weight_sync must be"):
-        SGLangRollout(base_url="http://x:1", weight_sync="nccl")
+        SGLangRollout(servers=Servers(urls=("http://x:1",)), weights=WeightPush(weight_sync="nccl"))
     with pytest.raises(ValueError, match="top_k"):
-        SGLangRollout(base_url="http://x:1", top_k=-1)
+        SGLangRollout(top_k=-1, servers=Servers(urls=("http://x:1",)))
 
 
 def test_tensor_sync_without_cuda_is_refused_at_construction(monkeypatch):
@@ -356,12 +386,12 @@ def test_tensor_sync_without_cuda_is_refused_at_construction(monkeypatch):
     server to be our child: SGLang answered HTTP 500 'digest sent was rejected' at the first push (#24 item 14)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"weight_sync: tensor.*CUDA.*weight_sync: disk.*distributed"):
-        SGLangRollout(base_url="http://127.0.0.1:9", weight_sync="tensor")
+        SGLangRollout(servers=Servers(urls=("http://127.0.0.1:9",)), weights=WeightPush(weight_sync="tensor"))
 
 
 def test_tensor_sync_of_a_policy_on_the_cpu_is_refused_before_any_request(server, policy, make_rollout, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, but the policy stayed on the CPU
-    rollout = make_rollout(base_url=server.url, weight_sync="tensor")
+    rollout = make_rollout(servers=Servers(urls=(server.url,)), weights=WeightPush(weight_sync="tensor"))
     with pytest.raises(ValueError, match=r"policy's weights are on cpu.*weight_sync: disk"):
         rollout.sync_weights(policy)
     assert not [c for c in server.calls if "weight" in c]
@@ -386,10 +416,9 @@ def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, 
     fake_sglang_package(tmp_path)
     monkeypatch.setenv("PYTHONPATH", pythonpath(tmp_path))
     rollout = SGLangRollout(
-        launch={"model_path": tiny_model_path, "skip_tokenizer_init": True},
         group_size=2,
         max_new_tokens=4,
-        backoff=0.01,
+        servers=Servers(launch={"model_path": tiny_model_path, "skip_tokenizer_init": True}, backoff=0.01),
     )
     with caplog.at_level(logging.INFO):
         rollout.setup(tokenizer)
@@ -410,7 +439,7 @@ def test_launched_server_lifecycle(tiny_model_path, policy, prompts, tokenizer, 
         rollout.close()
     assert process.poll() is not None  # stopped with the rollout
 
-    crashing = SGLangRollout(launch={"model_path": tiny_model_path, "crash_on_start": True})
+    crashing = SGLangRollout(servers=Servers(launch={"model_path": tiny_model_path, "crash_on_start": True}))
     with pytest.raises(SGLangError, match=r"(?s)did not start.*exited with code 3.*no kernel image"):
         crashing.setup(tokenizer)
     crashing.close()
@@ -426,8 +455,8 @@ def test_sglang_yaml_runs_grpo_end_to_end_against_a_server(server, tiny_model_pa
             "--config", str(REPO / "configs/grpo.yaml"),
             "--config", str(REPO / "configs/rollout/sglang.yaml"),
             "--model.policy.path", tiny_model_path,
-            "--model.rollout.init_args.base_url", server.url,
-            "--model.rollout.init_args.backoff", "0.01",
+            f"--model.rollout.init_args.servers.urls=[{server.url}]",
+            "--model.rollout.init_args.servers.backoff", "0.01",
             "--model.reward", "components.reward.FunctionReward",
             "--model.reward.init_args.fn", "tests.components.test_sglang_rollout.completion_length",
             "--model.optimizer.lr", "0.01",
@@ -474,7 +503,7 @@ def test_cuda_tensors_reach_another_process_as_sglang_reads_them():
 
 
 def test_close_then_use_again_reconnects(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2)
+    rollout = make_rollout(group_size=1, max_new_tokens=2, servers=Servers(urls=(server.url,)))
     rollout.generate(make_prompts(*prompts), policy)
     rollout.close()
     assert rollout.generate(make_prompts(*prompts), policy).batch_size == 3
@@ -486,14 +515,17 @@ def test_a_stalled_server_logs_progress_and_fails_at_the_deadline(server, policy
     import logging
     import time
 
-    rollout = make_rollout(base_url=server.url, group_size=1, max_new_tokens=2, deadline_s=1.2, progress_every_s=0.4)
+    rollout = make_rollout(
+        group_size=1, max_new_tokens=2, servers=Servers(urls=(server.url,), deadline_s=1.2, progress_every_s=0.4)
+    )
     rollout.sync_weights(policy)
     server.delay_s = 30.0
     start = time.monotonic()
     with (
         caplog.at_level(logging.WARNING),
         pytest.raises(
-            SGLangError, match=r"0/3 requests answered within deadline_s=1.2 s \(model.rollout.init_args.deadline_s\)"
+            SGLangError,
+            match=r"0/3 requests answered within deadline_s=1.2 s \(model.rollout.init_args.servers.deadline_s\)",
         ),
     ):
         rollout.generate(make_prompts(*prompts), policy)
@@ -506,7 +538,7 @@ def test_the_temporary_weights_folder_is_removed_even_when_the_rollout_is_never_
     """A failed run never reaches close(): the policy-sized copy pushed to the server must not outlive the rollout."""
     import gc
 
-    rollout = SGLangRollout(base_url=server.url, group_size=1, max_new_tokens=2, backoff=0.01)
+    rollout = SGLangRollout(group_size=1, max_new_tokens=2, servers=Servers(urls=(server.url,), backoff=0.01))
     rollout.setup(tokenizer)
     rollout.sync_weights(policy)
     folder = Path(rollout.pusher.folders.own)

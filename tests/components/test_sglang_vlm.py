@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from components.rollout import SGLangRollout
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from components.rollout.sglang.client import SGLangClient
 from components.rollout.sglang.weights import push_tensors
 from lightning_rl.core.logprobs import policy_logprobs
@@ -49,9 +50,9 @@ def prompts(tiny_vlm_path):
 def make_rollout(tiny_vlm_path):
     made = []
 
-    def make(**kwargs):
-        kwargs.setdefault("verify_every", 0)  # the probe's requests would be counted among the generate calls
-        rollout = SGLangRollout(backoff=0.01, **kwargs)
+    def make(servers: Servers, verify: Verification = Verification(every=0), **kwargs):
+        # unverified unless asked: the probe's requests would be counted among the generate calls
+        rollout = SGLangRollout(servers=replace(servers, backoff=0.01), verify=verify, **kwargs)
         rollout.setup(load_tokenizer(tiny_vlm_path))
         made.append(rollout)
         return rollout
@@ -73,7 +74,9 @@ def decoded(entry: str) -> Image.Image:
 
 
 def test_images_go_with_the_token_ids_as_sglang_takes_them(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=3, max_new_tokens=5, max_concurrency=1)  # requests in order
+    rollout = make_rollout(
+        group_size=3, max_new_tokens=5, servers=Servers(urls=(server.url,), max_concurrency=1)
+    )  # requests in order
     batch = rollout.generate(prompts, policy)
     calls = server.generate_calls
     assert [c["input_ids"] for c in calls] == [
@@ -95,7 +98,7 @@ def test_images_go_with_the_token_ids_as_sglang_takes_them(server, policy, promp
 
 
 def test_server_logprobs_equal_the_trainers(server, policy, prompts, make_rollout):
-    rollout = make_rollout(base_url=server.url, group_size=4, max_new_tokens=8)
+    rollout = make_rollout(group_size=4, max_new_tokens=8, servers=Servers(urls=(server.url,)))
     torch.manual_seed(0)
     batch = rollout.generate(prompts, policy)
     assert batch.response_mask.sum() > 12
@@ -109,7 +112,11 @@ def test_weight_sync_serves_the_updated_vision_language_policy(
     """The push names the weights as the checkpoint files do (transformers renames a VLM's in memory); the probe checks it.
     ``tensor``: the tensor payloads to this in-process server (CUDA IPC, which carries them to another process, needs a GPU)."""
     rollout = make_rollout(
-        base_url=server.url, group_size=4, max_new_tokens=6, weight_dir=str(tmp_path), verify_every=1
+        group_size=4,
+        max_new_tokens=6,
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(weight_dir=str(tmp_path)),
+        verify=Verification(every=1),
     )
     batch = rollout.generate(prompts, policy)
     old = {k: v.clone() for k, v in policy.state_dict().items()}

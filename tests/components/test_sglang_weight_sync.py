@@ -10,6 +10,7 @@ import torch
 
 from components.rollout import SGLangRollout
 from components.rollout.server.buckets import plan_buckets
+from components.rollout.server.settings import Servers, Verification, WeightPush
 from components.rollout.sglang import SGLangError
 from lightning_rl.core.models import ModelSpec, load_causal_lm
 from tests.fixtures.sglang_server import ServerProcess
@@ -126,12 +127,10 @@ def test_distributed_push_to_two_servers_equals_the_trainers_weights_exactly(
     a, b = pair
     received = [server.get("/loopback_stats")["buckets_received"] for server in pair]
     rollout = make_rollout(
-        base_url=[a.url, b.url],
-        weight_sync="distributed",
-        group_per_server=per_server,
-        bucket_mb=0.01,
         group_size=2,
         max_new_tokens=6,
+        servers=Servers(urls=(a.url, b.url)),
+        weights=WeightPush(weight_sync="distributed", group_per_server=per_server, bucket_mb=0.01),
     )
     _perturb(policy)
     rollout.sync_weights(policy)
@@ -203,7 +202,9 @@ def test_verification_catches_a_server_that_kept_one_tensor_over_the_group(pair,
     stale.get("/loopback_fault", {"keep_stale": ["model.layers.1.mlp.down_proj.weight"]})
     try:
         rollout = make_rollout(
-            base_url=stale.url, weight_sync="distributed", verify_every=1, verify_tolerance=1e-3
+            servers=Servers(urls=(stale.url,)),
+            weights=WeightPush(weight_sync="distributed"),
+            verify=Verification(every=1, tolerance=1e-3),
         )  # fp32 on both sides
         _perturb(policy)
         with pytest.raises(SGLangError, match=rf"{stale.url} does not hold the weights just pushed \(version 1\)"):
@@ -215,7 +216,9 @@ def test_verification_catches_a_server_that_kept_one_tensor_over_the_group(pair,
 @pytest.mark.slow
 def test_a_restarted_server_gets_a_new_group_and_the_whole_policy(pair, tiny_model_path, policy, make_rollout):
     a, b = pair
-    rollout = make_rollout(base_url=[a.url, b.url], weight_sync="distributed", bucket_mb=0.01)
+    rollout = make_rollout(
+        servers=Servers(urls=(a.url, b.url)), weights=WeightPush(weight_sync="distributed", bucket_mb=0.01)
+    )
     rollout.sync_weights(policy)
     first = a.get("/loopback_stats")["groups"]
     b.stop()
@@ -242,14 +245,10 @@ def test_a_server_killed_mid_bucket_fails_the_push_by_name_and_no_half_updated_s
         dying.get("/loopback_fault", {"die_in_bucket": 3})
         before, version = healthy.get("/loopback_stats"), healthy.get("/model_info")["weight_version"]
         rollout = make_rollout(
-            base_url=[healthy.url, dying.url],
-            weight_sync="distributed",
-            group_per_server=per_server,
-            bucket_mb=0.01,
             group_size=2,
             max_new_tokens=4,
-            max_retries=0,
-            server_wait_s=0,
+            servers=Servers(urls=(healthy.url, dying.url), max_retries=0, server_wait_s=0),
+            weights=WeightPush(weight_sync="distributed", group_per_server=per_server, bucket_mb=0.01),
         )
         _perturb(policy)
         with pytest.raises(SGLangError, match=dying.url):
@@ -284,12 +283,10 @@ def test_a_push_during_generation_never_samples_from_a_partly_updated_server(
     new = copy.deepcopy(policy)
     _perturb(new, scale=0.1)
     rollout = make_rollout(
-        base_url=server.url,
-        weight_sync="distributed",
-        bucket_mb=0.01,
         group_size=4,
         max_new_tokens=12,
-        partial_rollouts=partial,
+        servers=Servers(urls=(server.url,)),
+        weights=WeightPush(weight_sync="distributed", bucket_mb=0.01, partial_rollouts=partial),
     )
     rollout.prepare(policy)  # version 1; from now on pushes overlap requests
     enc = tokenizer(["12+3=", "4*5="], return_tensors="pt", padding=True)
@@ -323,12 +320,16 @@ def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model
     bad.keep_stale = {"model.layers.0.self_attn.o_proj.weight"}
     try:
         rollout = make_rollout(
-            base_url=[good.url, bad.url], verify_every=1, verify_tolerance=1e-3, group_size=2, max_new_tokens=4
+            group_size=2,
+            max_new_tokens=4,
+            servers=Servers(urls=(good.url, bad.url)),
+            verify=Verification(every=1, tolerance=1e-3),
         )  # fp32
         rollout.sync_weights(policy)  # the launch weights: the stale tensor is right by chance
         _perturb(policy)
         with pytest.raises(
-            SGLangError, match=rf"{bad.url} does not hold the weights just pushed \(version 2\).*verify_tolerance=0.001"
+            SGLangError,
+            match=rf"{bad.url} does not hold the weights just pushed \(version 2\).*verify\.tolerance=0.001",
         ):
             rollout.sync_weights(policy)
         bad.keep_stale = set()  # repaired: the next rollout pushes again before it samples
@@ -341,7 +342,7 @@ def test_verification_names_the_server_that_silently_kept_old_weights(tiny_model
 
 def test_a_staged_push_is_verified_against_the_weights_it_staged(server, policy, make_rollout):
     """Asynchronous training with disk sync: the push runs on another thread while the trainer has moved on."""
-    rollout = make_rollout(base_url=server.url, verify_every=1, verify_tolerance=1e-3)
+    rollout = make_rollout(servers=Servers(urls=(server.url,)), verify=Verification(every=1, tolerance=1e-3))
     rollout.prepare(policy, max_staleness=1)  # version 1, verified on the trainer's thread
     _perturb(policy)
     push = rollout.stage_weights(policy)
@@ -360,7 +361,7 @@ def test_a_staged_push_is_checked_exactly_too(server, policy, make_rollout):
     """#46 item 6: a mutant that skipped the checksums of a staged push survived (the test above fails on the probe
     too). A stale norm weight, which the probe at its default tolerance does not see: only the checksums name it."""
     stale = "model.layers.1.post_attention_layernorm.weight"
-    rollout = make_rollout(base_url=server.url, verify_every=1)  # verify_tolerance 0.1
+    rollout = make_rollout(servers=Servers(urls=(server.url,)), verify=Verification(every=1))  # tolerance 0.1
     rollout.prepare(policy, max_staleness=1)
     _perturb(policy, 0.02)
     rollout.stage_weights(policy)()  # checked exactly against version 1: passes
@@ -378,11 +379,11 @@ def test_verification_every_n_pushes_and_off(server, policy, make_rollout):
     def probes() -> int:
         return sum(1 for c in server.generate_calls if c["sampling_params"].get("ignore_eos"))
 
-    rollout = make_rollout(base_url=server.url, verify_every=2)
+    rollout = make_rollout(servers=Servers(urls=(server.url,)), verify=Verification(every=2))
     for _ in range(4):
         rollout.sync_weights(policy)
     assert probes() == 2
-    make_rollout(base_url=server.url, verify_every=0).sync_weights(policy)
+    make_rollout(servers=Servers(urls=(server.url,)), verify=Verification(every=0)).sync_weights(policy)
     assert probes() == 2
 
 
@@ -419,7 +420,9 @@ def test_nccl_push_from_a_policy_on_the_gpu_to_a_server_on_another_gpu(tiny_mode
     server = ServerProcess(tiny_model_path, device="cuda:1")
     try:
         rollout = make_rollout(
-            base_url=server.url, weight_sync="distributed", bucket_mb=0.01, verify_every=1, verify_tolerance=1e-3
+            servers=Servers(urls=(server.url,)),
+            weights=WeightPush(weight_sync="distributed", bucket_mb=0.01),
+            verify=Verification(every=1, tolerance=1e-3),
         )
         policy.to("cuda:0")
         _perturb(policy)
@@ -433,6 +436,8 @@ def test_nccl_push_from_a_policy_on_the_gpu_to_a_server_on_another_gpu(tiny_mode
 
 def test_distributed_options_are_checked():
     with pytest.raises(ValueError, match="group_backend"):
-        SGLangRollout(base_url="http://x:1", weight_sync="distributed", group_backend="mpi")
+        SGLangRollout(
+            servers=Servers(urls=("http://x:1",)), weights=WeightPush(weight_sync="distributed", group_backend="mpi")
+        )
     with pytest.raises(ValueError, match="bucket_mb > 0"):
-        SGLangRollout(base_url="http://x:1", weight_sync="distributed", bucket_mb=0)
+        SGLangRollout(servers=Servers(urls=("http://x:1",)), weights=WeightPush(weight_sync="distributed", bucket_mb=0))

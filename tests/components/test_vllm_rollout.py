@@ -13,6 +13,7 @@ import pytest
 
 from components.rollout import VLLMRollout
 from components.rollout.server.samples import Request
+from components.rollout.server.settings import Servers, WeightPush
 from components.rollout.vllm import VLLMError
 from components.rollout.vllm.environment import MADE, VARIABLE, vllm_python
 from components.rollout.vllm.generation import _parse, sampling_params
@@ -78,12 +79,12 @@ def test_settings_vllm_does_not_offer_are_refused_at_construction(monkeypatch):
     import torch
 
     with pytest.raises(ValueError, match="temperature 2.5 is above vLLM's limit"):
-        VLLMRollout(base_url="http://h:1", temperature=2.5)
+        VLLMRollout(temperature=2.5, servers=Servers(urls=("http://h:1",)))
     with pytest.raises(ValueError, match="release_memory is not offered"):
-        VLLMRollout(base_url="http://h:1", release_memory=True)
+        VLLMRollout(servers=Servers(urls=("http://h:1",)), weights=WeightPush(release_memory=True))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="weight_sync: tensor .* is not offered for vLLM"):
-        VLLMRollout(base_url="http://h:1", weight_sync="tensor")
+        VLLMRollout(servers=Servers(urls=("http://h:1",)), weights=WeightPush(weight_sync="tensor"))
 
 
 def test_a_recorded_sampling_mask_is_parsed_and_the_trainer_renormalises_over_it():

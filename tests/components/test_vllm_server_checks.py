@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from components.rollout.server.settings import Servers, WeightPush
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,14 +45,17 @@ def test_log_probs_of_the_raw_logits_are_refused_naming_the_flag(bare_server):
     from components.rollout.vllm import VLLMError
     from lightning_rl.core.models import load_tokenizer
 
-    rollout = VLLMRollout(base_url=bare_server.url, weight_sync="disk", temperature=0.5, backoff=0.01)
+    rollout = VLLMRollout(
+        temperature=0.5, servers=Servers(urls=(bare_server.url,), backoff=0.01), weights=WeightPush(weight_sync="disk")
+    )
     with pytest.raises(VLLMError) as err:
         rollout.setup(load_tokenizer(bare_server.model))
     rollout.close()
     assert str(err.value) == (
         f"vLLM server at {bare_server.url} was started without --logprobs-mode processed_logprobs (it returns "
         "raw_logprobs, not the log-probs of the distribution it samples from at the run's temperature, which the "
-        "off-policy correction reads). Start it as the vLLM rollout's launch does, or set launch instead of base_url"
+        "off-policy correction reads). Start it as the vLLM rollout's launch does, or set servers.launch instead of "
+        "servers.urls"
     )
 
 
@@ -58,7 +63,7 @@ def test_a_distributed_push_to_a_server_without_the_transfer_engine_is_one_line_
     command = [
         sys.executable, "-m", "lightning_rl.command", "fit",
         "--config", str(REPO / "configs/grpo.yaml"), "--config", str(REPO / "configs/rollout/vllm.yaml"),
-        "--model.rollout.init_args.base_url", bare_server.url, "--model.rollout.init_args.launch", "null",
+        f"--model.rollout.init_args.servers.urls=[{bare_server.url}]", "--model.rollout.init_args.servers.launch", "null",
         f"--model.policy.path={bare_server.model}", "--data.batch_size=2", "--data.val_size=8",
         "--trainer.max_steps=2", f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
     ]  # fmt: skip
@@ -67,5 +72,8 @@ def test_a_distributed_push_to_a_server_without_the_transfer_engine_is_one_line_
     assert run.returncode == 1, run.stderr[-2000:]
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: vLLM server at {bare_server.url} was started without --logprobs-mode ")
-    assert 'and --weight-transfer-config \'{"backend": "lightning_rl"}\' (it has None; weight_sync: distributed' in last
+    assert (
+        'and --weight-transfer-config \'{"backend": "lightning_rl"}\' (it has None; weights.weight_sync: distributed'
+        in last
+    )
     assert "Traceback" not in run.stderr and "terminate called" not in run.stderr

@@ -6,11 +6,13 @@ shipped mixture of experts (``MOE``, heads of 32 dimensions already)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from components.rollout.server.settings import Servers
 from lightning_rl.core.logprobs import policy_logprobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,15 +39,15 @@ class Engine:
     def rollout_class(self):
         raise NotImplementedError
 
-    def make(self, **kwargs):
-        kwargs.setdefault("backoff", 0.05)
-        rollout = self.rollout_class()(base_url=self.url, **kwargs)
+    def make(self, servers: Servers = Servers(), **kwargs):
+        """A rollout on this engine's server (``servers``' other settings kept), retrying after 50 ms."""
+        rollout = self.rollout_class()(servers=replace(servers, urls=(self.url,), backoff=0.05), **kwargs)
         rollout.setup(self.tokenizer)
         self.made.append(rollout)
         return rollout
 
     def fit_args(self) -> list[str]:
-        return ["--config", str(REPO / self.config), "--model.rollout.init_args.base_url", self.url]
+        return ["--config", str(REPO / self.config), f"--model.rollout.init_args.servers.urls=[{self.url}]"]
 
     def close(self) -> None:
         for rollout in self.made:
@@ -104,7 +106,7 @@ class RealVLLM(Engine):
         return VLLMRollout
 
     def fit_args(self) -> list[str]:
-        return [*super().fit_args(), "--model.rollout.init_args.launch", "null"]
+        return [*super().fit_args(), "--model.rollout.init_args.servers.launch", "null"]
 
     @contextmanager
     def stale(self, names: list[str]):

@@ -43,8 +43,8 @@ class CompletionsEngine(ScoringEngine):
     @classmethod
     def command(cls, launch: dict, python: str | None) -> Command:
         raise ValueError(
-            "an OpenAI-compatible server is started with its own command: set base_url (components.teacher.VLLMTeacher "
-            "and SGLangTeacher can launch their engine's server)"
+            "an OpenAI-compatible server is started with its own command: set servers.urls "
+            "(components.teacher.VLLMTeacher and SGLangTeacher can launch their engine's server)"
         )
 
     def health(self, url: str) -> None:

@@ -12,6 +12,7 @@ from lightning_rl.core.lora import adapter_config, adapter_file_tensors, adapter
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .settings import WeightPush
 
 
 def adapter_payload(policy: nn.Module) -> tuple[dict, dict[str, Tensor]]:
@@ -29,11 +30,13 @@ class Adapters:
         self.keep = 1
         self.current: str | None = None  # the adapter that samples
 
-    def push(self, engine: Engine, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
-        engine.load_adapter(urls, name, config, tensors)
+    def push(
+        self, engine: Engine, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor], push: WeightPush
+    ) -> None:
+        engine.load_adapter(urls, name, config, tensors, push)
         self.loaded.append(name)
         while len(self.loaded) > self.keep:
-            engine.unload_adapter(urls, self.loaded.popleft())
+            engine.unload_adapter(urls, self.loaded.popleft(), push)
 
     def forget(self) -> None:
         """A fresh server holds no adapter."""

@@ -45,8 +45,8 @@ def plan_buckets(policy: nn.Module, bucket_bytes: int) -> list[list[Weight]]:
     state = policy.state_dict(keep_vars=True)
     if any(hasattr(t, "ds_id") for t in state.values()):
         raise ValueError(
-            "weight_sync: distributed cannot gather DeepSpeed ZeRO-3 partitions; "
-            "use configs/strategy/fsdp.yaml (FSDP2), ZeRO stage 2, or weight_sync: disk"
+            "weights.weight_sync: distributed cannot gather DeepSpeed ZeRO-3 partitions; "
+            "use configs/strategy/fsdp.yaml (FSDP2), ZeRO stage 2, or weights.weight_sync: disk"
         )
     adapters = lora_layers(policy) if is_lora(policy) else {}
     seen: set[int] = set()
@@ -70,7 +70,8 @@ def plan_buckets(policy: nn.Module, bucket_bytes: int) -> list[list[Weight]]:
             continue
         if w.lora is not None and len(parts) > 1:
             raise ValueError(
-                f"cannot send {w.name} with its LoRA adapter folded in: its checkpoint splits it; use weight_sync: disk"
+                f"cannot send {w.name} with its LoRA adapter folded in: its checkpoint splits it; use "
+                "weights.weight_sync: disk"
             )
         units.append([replace(w, name=n, shape=shape, dtype=dtype, converted=w.name) for n, shape, dtype in parts])
     buckets: list[list[Weight]] = [[]]
@@ -105,7 +106,9 @@ def checkpoint_layout(
     produced = {n: (shape, dtype) for parts in layout.values() for n, shape, dtype in parts}
     if produced != {n: (p.shape, p.dtype) for n, p in every.items()}:  # a conversion that merges tensors
         missing = sorted(set(every) ^ set(produced))[:3]
-        raise ValueError(f"cannot name {missing} as {type(policy).__name__}'s checkpoint does; use weight_sync: disk")
+        raise ValueError(
+            f"cannot name {missing} as {type(policy).__name__}'s checkpoint does; use weights.weight_sync: disk"
+        )
     return layout
 
 

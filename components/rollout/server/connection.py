@@ -1,6 +1,6 @@
-"""`Connection`: a rollout's (or a teacher's) servers: ``launch_servers`` started if asked to (rank 0), every one checked
-to answer, a client and a request pool, reconnected after ``close``; ``close`` ends what was started. `Connection.map`
-spreads one call per job over the servers (a rollout's samples, a teacher's scores)."""
+"""`Connection`: a rollout's (or a teacher's) servers: ``servers.launch_servers`` started if asked to (rank 0), every
+one checked to answer, a client and a request pool, reconnected after ``close``; ``close`` ends what was started.
+`Connection.map` spreads one call per job over the servers (a rollout's samples, a teacher's scores)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .fanout import wait_for_answers
 from .http import HTTPClient
 from .launch import LaunchedServer
 from .ranks import rank, share
-from .settings import Servers, WeightPush
+from .settings import Servers
 
 
 class Connection:
@@ -27,13 +27,13 @@ class Connection:
         self,
         servers: Servers,
         engine_type: type[ScoringEngine],
-        push: WeightPush,
         key: str = "model.rollout.init_args",
         configure: Callable[[ScoringEngine], None] | None = None,
     ):
-        """``key``: the config key of the settings (messages name it); ``configure``: called with each new engine before
-        its servers are checked."""
-        self.settings, self.engine_type, self.push = servers, engine_type, push
+        """``servers``: held here, the one copy its owner (a rollout or a teacher) reads; ``key``: the config key of
+        the owner's settings (messages name it); ``configure``: called with each new engine before its servers are
+        checked."""
+        self.servers, self.engine_type = servers, engine_type
         self.key, self.configure = key, configure
         self.urls = list(servers.urls)
         self.launched: list[LaunchedServer] = []
@@ -58,17 +58,18 @@ class Connection:
         """A new engine object for the same servers (a restarted server joins no weight-transfer group of the old)."""
         if self.engine is not None:
             self.engine.close()
-        self.engine = self.engine_type(self.client, self.push)
+        self.engine = self.engine_type(self.client)
         if self.configure is not None:
             self.configure(self.engine)
 
     def connect(self, who: str, release_memory: bool) -> bool:
         """Start the server if asked to, build the client, check every server; True when the servers are new (a
         launched one holds its launch checkpoint)."""
-        s = self.settings
+        s = self.servers
         if release_memory and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             raise ValueError(
-                f"{who}: release_memory is for one colocated training process; with several ranks set it to false"
+                f"{who}: weights.release_memory is for one colocated training process; with several ranks set it to "
+                "false"
             )
         if s.launch is not None and rank() == 0:  # one server per job, started by rank 0
             launch = dict(s.launch)
@@ -99,9 +100,9 @@ class Connection:
         if s.launch is not None:
             self.urls = list(share([server.url for server in self.launched] if rank() == 0 else None))
         self.client = self.engine_type.client_type(
-            s.timeout_s, s.max_retries, s.backoff, death_note=self._death_note, url_key=f"{self.key}.base_url"
+            s.timeout_s, s.max_retries, s.backoff, death_note=self._death_note, url_key=f"{self.key}.servers.urls"
         )
-        self.engine = self.engine_type(self.client, self.push)
+        self.engine = self.engine_type(self.client)
         if self.configure is not None:
             self.configure(self.engine)
         self.pool = ThreadPoolExecutor(s.max_concurrency, thread_name_prefix=f"{self.engine.name.lower()}-rollout")
@@ -116,7 +117,7 @@ class Connection:
         order of ``jobs``, or the first failure (the other calls cancelled), within ``deadline_s``
         (`fanout.wait_for_answers`; ``watch``: called while calls are outstanding, what it raises ends the wait)."""
         futures = [self.pool.submit(call, urls[j % len(urls)], job) for j, job in enumerate(jobs)]
-        s = self.settings
+        s = self.servers
         return wait_for_answers(futures, s.deadline_s, s.progress_every_s, urls, self.client.error, watch)
 
     def close(self) -> None:

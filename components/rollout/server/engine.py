@@ -39,9 +39,8 @@ class ScoringEngine(ABC):
     model_key: ClassVar[str]
     """The ``launch`` argument naming the checkpoint to serve (the policy's, when ``launch`` leaves it out)."""
 
-    def __init__(self, client: HTTPClient, push: WeightPush | None = None):
+    def __init__(self, client: HTTPClient):
         self.client = client
-        self.push = push or WeightPush()
 
     @property
     def name(self) -> str:
@@ -114,13 +113,13 @@ class Engine(ScoringEngine):
     group_endpoints: ClassVar[GroupEndpoints]
     """The engine's endpoints of a ``distributed`` push (its lifecycle is the server layer's `DistributedPush`)."""
 
-    def __init__(self, client: HTTPClient, push: WeightPush | None = None):
-        super().__init__(client, push)
+    def __init__(self, client: HTTPClient):
+        super().__init__(client)
         self.distributed = DistributedPush(self, self.group_endpoints, self.open_group)
 
-    def check_setup(self, url: str) -> None:
-        """Refuse, in one line naming what is missing, a server started without what the rollout needs (engines whose
-        servers report their configuration override it)."""
+    def check_setup(self, url: str, push: WeightPush) -> None:
+        """Refuse, in one line naming what is missing, a server started without what the rollout needs (for ``push``,
+        its weight push; engines whose servers report their configuration override it)."""
 
     def served(self, url: str) -> Served:
         """What the server at ``url`` says it serves (its checkpoint, from ``/v1/models``; engines that say more
@@ -139,23 +138,29 @@ class Engine(ScoringEngine):
         """Every server loads the checkpoint in ``folder`` as ``version``. ``abort``: end the requests in flight first
         (partial rollouts continue them with the new weights); otherwise requests in flight finish on the old weights."""
 
-    def push_buckets(self, urls: list[str], weights: WeightBuckets, version: int, abort: bool, device: str) -> None:
-        """Every server receives ``weights`` as ``version`` (``push.weight_sync``: tensor or distributed); no request
-        samples from a partly updated server. Every trainer rank calls it (rank 0 sends, the others only gather);
-        ``device``: where the policy is (``cuda``: NCCL). Through the engine's weight-transfer group (engines that
-        take tensors another way override it)."""
-        self.distributed.push(urls, weights, version, abort, device)
+    def push_buckets(
+        self, urls: list[str], weights: WeightBuckets, version: int, push: WeightPush, abort: bool, device: str
+    ) -> None:
+        """Every server receives ``weights`` as ``version`` (``push.weight_sync``: tensor or distributed; the group's
+        settings are ``push``'s); no request samples from a partly updated server. Every trainer rank calls it (rank 0
+        sends, the others only gather); ``device``: where the policy is (``cuda``: NCCL). Through the engine's
+        weight-transfer group (engines that take tensors another way override it)."""
+        self.distributed.push(urls, weights, version, push, abort, device)
 
     @abstractmethod
-    def open_group(self, urls: list[str], backend: str) -> TransferGroup:
-        """A weight-transfer group of this process (rank 0) with ``urls``, over ``backend`` (nccl or gloo)."""
+    def open_group(self, urls: list[str], backend: str, push: WeightPush) -> TransferGroup:
+        """A weight-transfer group of this process (rank 0) with ``urls``, over ``backend`` (nccl or gloo), at
+        ``push``'s rendezvous (``master_address``, ``master_port``)."""
 
     @abstractmethod
-    def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
-        """Every server loads a LoRA adapter (peft's config and tensors) under ``name``."""
+    def load_adapter(
+        self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor], push: WeightPush
+    ) -> None:
+        """Every server loads a LoRA adapter (peft's config and tensors) under ``name`` (an engine that loads adapters
+        from a folder writes it under ``push.weight_dir``)."""
 
     @abstractmethod
-    def unload_adapter(self, urls: list[str], name: str) -> None: ...
+    def unload_adapter(self, urls: list[str], name: str, push: WeightPush) -> None: ...
 
     @abstractmethod
     def checksums(self, url: str) -> Checksums:

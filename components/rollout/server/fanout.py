@@ -37,9 +37,9 @@ def wait_for_answers(
             if waited >= deadline_s:
                 raise error(
                     f"{error.engine} rollout: {len(futures) - len(pending)}/{len(futures)} requests answered within "
-                    f"deadline_s={deadline_s:g} s (model.rollout.init_args.deadline_s) from {', '.join(urls)}. A "
-                    "server may be stalled (stopped process, hung GPU, overloaded): check its log and health, or raise "
-                    "deadline_s for very long generations."
+                    f"deadline_s={deadline_s:g} s (model.rollout.init_args.servers.deadline_s) from {', '.join(urls)}. "
+                    "A server may be stalled (stopped process, hung GPU, overloaded): check its log and health, or "
+                    "raise servers.deadline_s for very long generations."
                 )
             tick = min(progress_every_s, deadline_s - waited, 1.0 if watch is not None else progress_every_s)
             done, pending = wait(pending, timeout=tick, return_when=FIRST_EXCEPTION)

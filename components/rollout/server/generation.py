@@ -95,7 +95,7 @@ def _stamp(engine: Engine, url: str, answer: Answer, version: int, check_version
         raise engine.client.fail(
             url,
             f" sampled with weight_version {served!r} but the trainer pushed {version}: "
-            "it missed a weight update (restarted, or not listed in weight_update_urls)",
+            "it missed a weight update (restarted, or not listed in weights.weight_update_urls)",
         )
     stamp = number if number is not None and check_version else version
     return Sample(answer.ids, answer.logprobs, answer.finish, [stamp] * len(answer.ids), answer.support, answer.routes)

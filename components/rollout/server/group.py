@@ -26,9 +26,7 @@ from .settings import WeightPush
 
 
 class GroupEngine(Pausable, Protocol):
-    """What `DistributedPush` asks of an engine (`Engine`): its push settings, control requests to every server."""
-
-    push: WeightPush
+    """What `DistributedPush` asks of an engine (`Engine`): control requests to every server."""
 
     def each(self, urls: list[str], path: str, body: dict) -> None: ...
 
@@ -136,14 +134,20 @@ class DistributedPush:
     """
 
     def __init__(
-        self, engine: GroupEngine, endpoints: GroupEndpoints, open_group: Callable[[list[str], str], TransferGroup]
+        self,
+        engine: GroupEngine,
+        endpoints: GroupEndpoints,
+        open_group: Callable[[list[str], str, WeightPush], TransferGroup],
     ):
         self.engine, self.endpoints, self.open_group = engine, endpoints, open_group
         self.group: TransferGroup | None = None
         self.version: int | None = None  # the last version pushed through the group
 
-    def push(self, urls: list[str], weights: WeightBuckets, version: int, abort: bool, device: str) -> None:
-        """Every server receives ``weights`` as ``version`` (`Engine.push_buckets`)."""
+    def push(
+        self, urls: list[str], weights: WeightBuckets, version: int, push: WeightPush, abort: bool, device: str
+    ) -> None:
+        """Every server receives ``weights`` as ``version`` (`Engine.push_buckets`), through a group at ``push``'s
+        settings (``group_backend``, the rendezvous)."""
         buckets = iter(weights)  # every rank gathers each bucket, in order
         if rank() != 0:
             drain(buckets)
@@ -152,7 +156,7 @@ class DistributedPush:
         end_body = {"weight_version": str(version)} if endpoints.version_at_end else {}
         try:
             with paused(self.engine, urls, abort):
-                group = self._open(urls, device)
+                group = self._open(urls, device, push)
                 self.engine.each(urls, endpoints.begin, {})
                 group.send(weights, buckets, version)
                 self.engine.each(urls, endpoints.end, end_body)
@@ -174,12 +178,12 @@ class DistributedPush:
         if end_sessions and not self.endpoints.end_before_leaving:
             self._end_sessions(group.urls)
 
-    def _open(self, urls: list[str], device: str) -> TransferGroup:
+    def _open(self, urls: list[str], device: str, push: WeightPush) -> TransferGroup:
         if self.group is not None and self._restarted(urls):
             self.drop()
         if self.group is None:
-            backend = self.engine.push.group_backend or ("nccl" if device == "cuda" else "gloo")
-            self.group = self.open_group(urls, backend)
+            backend = push.group_backend or ("nccl" if device == "cuda" else "gloo")
+            self.group = self.open_group(urls, backend, push)
         return self.group
 
     def _restarted(self, urls: list[str]) -> bool:

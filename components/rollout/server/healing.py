@@ -1,5 +1,5 @@
-"""`Healing`: servers that die or hang are restarted in place (launched ones) or waited for (``base_url`` ones), so that
-one dead engine does not end a run.
+"""`Healing`: servers that die or hang are restarted in place (launched ones) or waited for (``servers.urls`` ones), so
+that one dead engine does not end a run.
 
 A launched server is *down* when its process exited, or when it does not answer ``GET /health`` within
 ``health_deadline_s`` (a stopped process, a hung GPU: the kernel still accepts its connections, nothing answers). While
@@ -58,10 +58,6 @@ class Healing:
         self.pending: dict[str, Future] = {}
         self._checked = 0.0  # when `watch` last asked for health
 
-    @property
-    def settings(self):
-        return self.connection.settings
-
     def live_urls(self) -> list[str]:
         """The servers that take requests now (a restarting one does not)."""
         return [url for url in self.connection.urls if url not in self.pending]
@@ -93,7 +89,7 @@ class Healing:
     def _answers(self, url: str) -> bool:
         try:
             self.connection.client.request(
-                url, LIVENESS, method="GET", timeout_s=self.settings.health_deadline_s, retries=0
+                url, LIVENESS, method="GET", timeout_s=self.connection.servers.health_deadline_s, retries=0
             )
             return True
         except ServerError:
@@ -112,7 +108,7 @@ class Healing:
         others_up = len(self.live_urls()) > len(down)
         for url in down:
             server = self.connection.launched_at(url)
-            if server is None and self.settings.server_wait_s == 0:
+            if server is None and self.connection.servers.server_wait_s == 0:
                 raise failure
             if server is None:
                 self._wait_for(url, failure)
@@ -131,7 +127,7 @@ class Healing:
         return joined
 
     def _restart(self, old: LaunchedServer, failure: BaseException, background: bool) -> None:
-        s, error = self.settings, self.connection.client.error
+        s, error = self.connection.servers, self.connection.client.error
         reason = (old.death_note() or "").split(";")[0] or f"no answer to {LIVENESS} within {s.health_deadline_s:g} s"
         if self.restarts >= s.max_restarts:
             raise error(
@@ -159,7 +155,7 @@ class Healing:
             self.pending[new.url] = in_background(lambda: None)
 
     def _wait_for(self, url: str, failure: BaseException) -> None:
-        s, error = self.settings, self.connection.client.error
+        s, error = self.connection.servers, self.connection.client.error
         print(
             f"{self.who}: the {error.engine} server at {url} is down; waiting up to server_wait_s={s.server_wait_s:g} s "
             "for it to come back",

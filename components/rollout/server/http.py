@@ -44,7 +44,7 @@ class HTTPClient:
         max_retries: int,
         backoff: float,
         death_note: Callable[[str], str | None] | None = None,
-        url_key: str = "model.rollout.init_args.base_url",
+        url_key: str = "model.rollout.init_args.servers.urls",
     ):
         """``url_key``: the setting that names the servers, which a failure's message points to."""
         self.timeout_s = timeout_s

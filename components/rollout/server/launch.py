@@ -96,7 +96,7 @@ class LaunchedServer:
             self._log.close()
             raise client.error(
                 f"could not start the {engine} server ({' '.join(command.argv)}): {err}. "
-                f"Set launch_python to an interpreter with {engine} installed."
+                f"Set servers.launch_python to an interpreter with {engine} installed."
             ) from err
         self.watchdog = watchdog.watch(self.process.pid)
         atexit.register(self.close)
@@ -132,7 +132,7 @@ class LaunchedServer:
                 if time.monotonic() > deadline:
                     raise probe.fail(
                         self.url,
-                        f" did not answer {path} within launch_timeout_s={timeout_s}; "
+                        f" did not answer {path} within servers.launch_timeout_s={timeout_s}; "
                         f"log {self.log_path}, last lines:\n{self.log_tail()}",
                     ) from None
                 time.sleep(1.0)

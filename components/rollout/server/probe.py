@@ -178,7 +178,7 @@ def probe_finding(served: Tensor, expected: Tensor, tolerance: float) -> str | N
         return None
     return (
         f"on a probe of {len(expected)} greedy tokens its log-probs differ from the trainer's by {gap.mean().item():.3g} "
-        f"on average (max {gap.max().item():.3g}), above model.rollout.init_args.verify_tolerance={tolerance:g}"
+        f"on average (max {gap.max().item():.3g}), above model.rollout.init_args.verify.tolerance={tolerance:g}"
     )
 
 

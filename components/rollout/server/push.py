@@ -33,14 +33,15 @@ from .settings import Verification, WeightPush
 
 
 class Pusher:
-    """Owns the push state, the adapters loaded, the weights folders and what the last push sent; ``engine`` and
-    ``urls`` (the servers that receive weights) are set when the rollout connects."""
+    """Owns the push settings (``weights``: the rollout reads them here, each engine call receives them), the push state,
+    the adapters loaded, the weights folders and what the last push sent; ``engine`` and ``urls`` (the servers that
+    receive weights) are set when the rollout connects."""
 
-    def __init__(self, settings: WeightPush, verification: Verification, owner: object, prefix: str):
-        self.settings = settings
+    def __init__(self, weights: WeightPush, verification: Verification, owner: object, prefix: str):
+        self.weights = weights
         self.state = PushState()
         self.adapters = Adapters()
-        self.folders = WeightFolders(settings.weight_dir, owner, prefix)
+        self.folders = WeightFolders(weights.weight_dir, owner, prefix)
         self.engine: Engine | None = None
         self.urls: list[str] = []
         self.checks = Checks(verification)
@@ -60,12 +61,12 @@ class Pusher:
 
     @property
     def _abort(self) -> bool:
-        return self.settings.partial_rollouts and self.overlapping
+        return self.weights.partial_rollouts and self.overlapping
 
     # ------------------------------------------------------------------ pushes
     def sync(self, policy: nn.Module) -> None:
         """Push ``policy``'s weights to every server as the next version (rank 0 pushes, all ranks wait)."""
-        engine, urls, settings = self.engine, self.urls, self.settings
+        engine, urls, settings = self.engine, self.urls, self.weights
         version = self.state.next_version()
         adapter = is_lora(policy) and settings.lora_sync == "adapter"
         verify = self._verify_due()
@@ -87,11 +88,12 @@ class Pusher:
                 device = next(policy.parameters()).device.type
                 if settings.weight_sync == "tensor" and device != "cuda":
                     raise ValueError(
-                        f"weight_sync: tensor hands CUDA memory to the server (CUDA IPC), but the policy's weights are on "
-                        f"{device}: CPU tensors cannot reach a server in another process. Use weight_sync: disk (or distributed)"
+                        f"weights.weight_sync: tensor hands CUDA memory to the server (CUDA IPC), but the policy's weights "
+                        f"are on {device}: CPU tensors cannot reach a server in another process. Use weights.weight_sync: "
+                        "disk (or distributed)"
                     )
-                weights = WeightBuckets(policy, settings.bucket_bytes, fingerprints)
-                engine.push_buckets(urls, weights, version, abort=self._abort, device=device)
+                buckets = WeightBuckets(policy, settings.bucket_bytes, fingerprints)
+                engine.push_buckets(urls, buckets, version, settings, abort=self._abort, device=device)
             # the updates above flush the cache themselves; a separate flush is refused while requests run (asynchronous)
             if settings.flush_cache and rank() == 0 and not self.overlapping and settings.weight_sync != "distributed":
                 engine.flush_cache(urls)
@@ -119,8 +121,8 @@ class Pusher:
         """Asynchronous training on one process with disk sync: save ``policy``'s weights as the next version now and
         return the push of them, for another thread to run while the trainer goes on (None where the push must stay
         on the trainer's thread: several ranks, tensor, distributed or adapter sync)."""
-        adapter = is_lora(policy) and self.settings.lora_sync == "adapter"
-        if several_ranks() or self.settings.weight_sync != "disk" or adapter:
+        adapter = is_lora(policy) and self.weights.lora_sync == "adapter"
+        if several_ranks() or self.weights.weight_sync != "disk" or adapter:
             return None
         engine, urls = self.engine, self.urls
         version = self.state.next_version(staged=True)
@@ -138,7 +140,7 @@ class Pusher:
         def push() -> None:
             before = self.checks.before(engine, urls) if verify and changed is not None else None
             try:
-                engine.push_folder(urls, str(folder), version, abort=self.settings.partial_rollouts)
+                engine.push_folder(urls, str(folder), version, abort=self.weights.partial_rollouts)
             except Exception:
                 self.state.fail()
                 raise
@@ -166,7 +168,7 @@ class Pusher:
     def _push_adapter(self, policy: nn.Module, name: str, urls: list[str]) -> None:
         config, tensors = adapter_payload(policy)  # a collective under torch.distributed
         if rank() == 0:
-            self.adapters.push(self.engine, urls, name, config, tensors)
+            self.adapters.push(self.engine, urls, name, config, tensors, self.weights)
         self.adapters.current = name
 
     def _settle(self, failure: BaseException | None) -> None:
@@ -183,11 +185,11 @@ class Pusher:
 
     # ------------------------------------------------------------------ colocated memory
     def resume_memory(self) -> None:
-        if self.settings.release_memory and self._released and rank() == 0:
+        if self.weights.release_memory and self._released and rank() == 0:
             self.engine.resume_memory(self.urls)
         self._released = False
 
     def release_memory(self) -> None:
-        if self.settings.release_memory and rank() == 0:
+        if self.weights.release_memory and rank() == 0:
             self.engine.release_memory(self.urls)
             self._released = True

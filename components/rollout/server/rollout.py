@@ -1,10 +1,10 @@
 """`ServerRollout`: sampling on inference servers over HTTP (token ids in, token ids and log-probs out), the policy's
 weights pushed to them after every update; the engine (`Engine`) is a subclass's choice.
 
-An engine pins its own torch (and CUDA stack), so it runs out of process: servers already running (``base_url``, or
-a router in front of them), or one launched here (``launch``). Every optimize phase ends with ``sync_weights``, which
-pushes the policy as weight version v + 1 and checks it arrived; every batch carries the version that sampled it, and
-an answer from any other version is an error rather than a silently stale sample.
+An engine pins its own torch (and CUDA stack), so it runs out of process: servers already running (``servers.urls``,
+or a router in front of them), or one launched here (``servers.launch``). Every optimize phase ends with
+``sync_weights``, which pushes the policy as weight version v + 1 and checks it arrived; every batch carries the version
+that sampled it, and an answer from any other version is an error rather than a silently stale sample.
 
 Departures from `HFRollout`: the samples come with the sampler's own log-probs (``rollout_logprobs``, always), and an
 EOS sampled exactly at ``max_new_tokens`` is not ``truncated`` (see `to_batch`). A prompt's images go with its token
@@ -13,7 +13,7 @@ ids (base64 PNG data URLs); the server computes their pixels with its own proces
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -47,9 +47,6 @@ class ServerRollout(Rollout):
 
     def __init__(
         self,
-        base_url: str | list[str] | None = None,
-        launch: dict | None = None,
-        launch_python: str | None = None,
         group_size: int = 8,
         max_new_tokens: int = 64,
         temperature: float = 1.0,
@@ -57,42 +54,18 @@ class ServerRollout(Rollout):
         top_k: int = 0,
         stop_token_ids: list[int] | None = None,
         greedy_baseline: bool = False,
-        timeout_s: float = 600.0,
-        max_retries: int = 3,
-        backoff: float = 1.0,
-        max_concurrency: int = 64,
-        weight_sync: Literal["disk", "tensor", "distributed"] = "disk",
-        weight_dir: str | None = None,
-        weight_update_urls: list[str] | None = None,
-        bucket_mb: float = 512,
-        master_address: str | None = None,
-        master_port: int | None = None,
-        group_backend: Literal["nccl", "gloo"] | None = None,
-        group_per_server: bool | None = None,
-        verify_every: int = 1,
-        verify_tolerance: float = 0.1,
-        verify_checksums: bool = True,
-        flush_cache: bool = True,
-        release_memory: bool = False,
-        sync_before_first_rollout: bool = True,
-        launch_timeout_s: float = 900.0,
-        lora_sync: Literal["adapter", "merged"] = "adapter",
-        deadline_s: float = 1800.0,
-        progress_every_s: float = 60.0,
-        partial_rollouts: bool = False,
         ignore_eos: bool = False,
-        max_restarts: int = 3,
-        server_wait_s: float = 300.0,
-        health_deadline_s: float = 60.0,
-        launch_servers: int = 1,
         return_routes: bool = False,
+        servers: Servers = Servers(),
+        weights: WeightPush = WeightPush(),
+        verify: Verification = Verification(),
     ):
-        """
+        """The servers, the weight push and its checks are one settings object each (``servers:``, ``weights:``,
+        ``verify:`` in a config). The flat keys of earlier releases (``base_url``, ``weight_sync``, ``verify_every``
+        ...) are translated by the command line for one release, with a warning naming the new key; in Python pass
+        the settings objects.
+
         Args:
-            base_url: running server(s) (``http://host:port``) or a router in front of them; prompts are spread over them.
-            launch: instead of ``base_url``, start a server with these arguments (``True`` = bare flag; the checkpoint
-                it serves defaults to the policy's) and stop it on ``close``.
-            launch_python: interpreter that has the engine installed (None = this one).
             group_size: responses sampled per prompt (G).
             max_new_tokens: length cap; a response that reaches it without EOS is ``truncated``.
             temperature: sampling temperature; 0 means greedy.
@@ -101,79 +74,23 @@ class ServerRollout(Rollout):
             stop_token_ids: extra token ids that end a response, besides the tokenizer's EOS.
             greedy_baseline: also decode one greedy response per prompt, appended to its group and
                 flagged ``is_greedy`` (the ReMax baseline); it never enters the loss.
-            timeout_s: seconds to wait for one answer (a whole generate request or a weight update).
-            max_retries: extra attempts after a timeout, a dropped connection, a 5xx or an aborted request.
-            backoff: seconds before the first retry, doubled for each further one.
-            max_concurrency: requests in flight at once, over all servers.
-            weight_sync: ``disk`` (save safetensors to ``weight_dir``, the server loads them), ``tensor``
-                (CUDA IPC: the server must share this host and GPU) or ``distributed`` (rank 0 and every server
-                in process groups; each push is broadcast bucket by bucket: no folder, servers on any host).
-            weight_dir: directory the servers can read, for ``disk`` (None = a temporary one, same host only).
-            weight_update_urls: servers that receive weight updates (None = ``base_url``); list the
-                workers here when ``base_url`` is a router.
-            bucket_mb: size of one weight-update request (``tensor``, ``distributed``); with FSDP2 a ``distributed``
-                push holds at most two buckets of full (gathered) tensors at a time.
-            master_address: for ``distributed``, this host's address as the servers reach it (rank 0 hosts the
-                group's rendezvous; None = the address on the route to the first server).
-            master_port: for ``distributed``, the rendezvous port on ``master_address`` (None = a free one); with a
-                group per server, server i's group meets at ``master_port + i``.
-            group_backend: for ``distributed``, ``nccl`` or ``gloo`` (None = nccl when the policy is on a GPU).
-            group_per_server: for ``distributed``, each server in a group of its own with rank 0, broadcast to all at
-                once, instead of one group of all (None = per server with gloo, whose broadcast sends to the servers
-                one after the other; one group with NCCL, which pipelines the broadcast through the servers).
-            verify_every: after every N-th push, check each server holds the pushed weights (0 = never); a mismatch
-                fails the iteration. Two checks: the server's own checksums (``verify_checksums``) and a probe, the
-                log-probs of its greedy continuation of a fixed prompt (and picture, for a vision-language policy)
-                against the trainer's.
-            verify_tolerance: largest mean |log-prob difference| on the probe that passes (an fp32 sampler ~1e-6, a
-                bf16 one about rollout/logprob_diff_mean; set a few times that).
-            verify_checksums: the exact check: every tensor the trainer changed since the push before must have
-                changed on the server (its checksums before and after the push, names mapped through the engine's
-                fusions); a tensor it did not load is named.
-            flush_cache: drop the servers' prefix cache after each update (it holds KV of the old weights).
-            release_memory: release the servers' GPU memory between rollouts and resume it before the next
-                (colocated training; the engine must support it).
-            sync_before_first_rollout: push the policy's weights before the first rollout, so a server
-                started from another checkpoint (or a resumed run) samples from the trained policy.
-            launch_timeout_s: seconds to wait for a launched server to answer its health check.
-            lora_sync: for a LoRA policy, push the adapter alone (``adapter``: from memory; the server must run with
-                LoRA enabled and a rank covering the adapter's) or the base with the adapters merged in
-                (``merged``: as ``weight_sync``).
-            deadline_s: seconds one rollout (every request of a batch, retries included) may take before it fails.
-            progress_every_s: while a rollout is slower than this, log its progress (answered / pending) this often.
-            partial_rollouts: asynchronous training (``loop.max_staleness`` > 0): a weight push interrupts the
-                requests in flight, which then continue with the new weights; each token keeps the version that
-                sampled it (``token_versions``) and its log-prob under that version, so the off-policy correction is
-                per token. False: a push waits for the requests in flight, and every response comes from one version.
             ignore_eos: the tokenizer's EOS does not end a response (the engine's ``ignore_eos``; benchmarks: every
                 response ``max_new_tokens`` long unless a stop token ends it).
-            max_restarts: launched servers that die or hang are restarted in place, up to this many times per run (the
-                rollout or push in flight is retried; the restarted server gets the whole policy, verified, before it
-                samples); past it the run stops (last.ckpt resumes it). Synchronous training on one process.
-            server_wait_s: a ``base_url`` server that stops answering is waited for this long, then the run stops.
-            health_deadline_s: a launched server that does not answer ``GET /health`` within this long is down (a
-                stopped or hung process) and is restarted.
-            launch_servers: how many servers ``launch`` starts (each on a port of its own); requests are spread over
-                them, and while one restarts the others keep sampling.
             return_routes: a mixture-of-experts policy: ask the servers for the experts each router chose for every
                 token (``routed_experts``: routing replay, ``moe/route_agreement``); the server must run with
                 ``--enable-return-routed-experts``.
+            servers: where the servers are (``urls``) or how to start them (``launch``), and how requests to them
+                behave (timeouts, retries, concurrency, restarts): `Servers`.
+            weights: how the policy's weights reach the servers after every update (``weight_sync``: disk, tensor or
+                distributed; LoRA adapters; colocated memory; partial rollouts): `WeightPush`.
+            verify: how often and how closely each push is checked (the servers' checksums and a probe of
+                log-probs): `Verification`.
         """
         who = type(self).__name__
         self.params = configured_params(
             who, group_size, max_new_tokens, temperature, top_p, top_k, stop_token_ids, greedy_baseline, ignore_eos
         )
-        self.servers = Servers(
-            Servers.urls_of(base_url), launch, launch_python, launch_timeout_s, timeout_s, max_retries, backoff,
-            max_concurrency, deadline_s, progress_every_s, max_restarts, server_wait_s, health_deadline_s, launch_servers,
-        )  # fmt: skip
-        update_urls = Servers.urls_of(weight_update_urls) or None
-        self.weights = WeightPush(
-            weight_sync, weight_dir, update_urls, bucket_mb, master_address, master_port, group_backend,
-            group_per_server, flush_cache, release_memory, sync_before_first_rollout, lora_sync, partial_rollouts,
-        )  # fmt: skip
-        self.verification = Verification(verify_every, verify_tolerance, verify_checksums)
-        for settings in (self.servers, self.weights, self.verification):
+        for settings in (servers, weights, verify):
             settings.check(who)
         self.return_routes = return_routes
         self.provides = (
@@ -182,9 +99,9 @@ class ServerRollout(Rollout):
             | ({"is_greedy", "sample_mask"} if greedy_baseline else set())
             | ({"routed_experts"} if return_routes else set())
         )
-        self.connection = Connection(self.servers, self.engine_type, self.weights)
+        self.connection = Connection(servers, self.engine_type)
         self.healing = Healing(self.connection, who)
-        self.pusher = Pusher(self.weights, self.verification, self, f"lightning_rl_{who.lower()}_weights_")
+        self.pusher = Pusher(weights, verify, self, f"lightning_rl_{who.lower()}_weights_")
         self._served_checked = False  # whether the connected servers were checked to serve the policy
 
     # ------------------------------------------------------------------ life
@@ -199,17 +116,17 @@ class ServerRollout(Rollout):
 
     def _connect(self) -> None:
         self._served_checked = False
-        fresh = self.connection.connect(type(self).__name__, self.weights.release_memory)
+        fresh = self.connection.connect(type(self).__name__, self.pusher.weights.release_memory)
         try:
             for url in self.connection.urls:  # before any request: a server that cannot give what the rollout needs
-                self.connection.engine.check_setup(url)
+                self.connection.engine.check_setup(url, self.pusher.weights)
         except BaseException:
             self.connection.close()
             raise
         if fresh:
             self.pusher.forget_servers()
         self.pusher.engine = self.connection.engine
-        self.pusher.urls = list(self.weights.weight_update_urls or self.connection.urls)
+        self.pusher.urls = list(self.pusher.weights.weight_update_urls or self.connection.urls)
 
     def _connected(self, policy: nn.Module | None = None) -> None:
         """Connect again after ``close``; with the policy, check once per connection that every server serves it."""
@@ -223,7 +140,7 @@ class ServerRollout(Rollout):
         if policy is not None and not self._served_checked:
             engine = self.connection.engine
             for url in self.connection.urls:  # before any request or push reaches them
-                check_served(engine, url, policy, f"{self.connection.key}.base_url")
+                check_served(engine, url, policy, f"{self.connection.key}.servers.urls")
             self._served_checked = True
 
     def prepare(self, policy: nn.Module, max_staleness: int = 1) -> None:
@@ -232,7 +149,7 @@ class ServerRollout(Rollout):
         A LoRA adapter push keeps the ``max_staleness + 1`` newest adapters loaded: requests in flight finish on theirs."""
         self.pusher.adapters.keep = max_staleness + 1
         self._connected(policy)
-        if self.pusher.state.view().needs_sync and self.weights.sync_before_first_rollout:
+        if self.pusher.state.view().needs_sync and self.pusher.weights.sync_before_first_rollout:
             self.sync_weights(policy)
         self.pusher.overlapping = True
 
@@ -268,7 +185,7 @@ class ServerRollout(Rollout):
 
     @property
     def releases_memory(self) -> bool:
-        return self.weights.release_memory
+        return self.pusher.weights.release_memory
 
     @property
     def weight_version(self) -> int:
@@ -315,7 +232,7 @@ class ServerRollout(Rollout):
             self._fresh_servers()
             self.sync_weights(policy)
         state = self.pusher.state.view()
-        if (state.needs_sync and self.weights.sync_before_first_rollout) or (
+        if (state.needs_sync and self.pusher.weights.sync_before_first_rollout) or (
             state.failed and not self.pusher.overlapping
         ):
             # after a failed push: the whole policy again, so no server samples from part of one
@@ -332,7 +249,7 @@ class ServerRollout(Rollout):
         """One request per job, spread round-robin over the servers, at most ``max_concurrency`` in flight."""
         engine, adapter = self.connection.engine, self.pusher.adapters.current
         # an adapter's name carries its version: the server's own weight version does not change on adapter loads
-        check, partial = adapter is None, self.weights.partial_rollouts and self.pusher.overlapping
+        check, partial = adapter is None, self.pusher.weights.partial_rollouts and self.pusher.overlapping
         requests = [
             Request(
                 input_ids,

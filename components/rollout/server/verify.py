@@ -158,9 +158,9 @@ def checksum_finding(
 
 ADVICE = {
     "checksums": "It did not load them (a loader that skips a name, a server or one of its ranks restarted mid-push, a "
-    "weight_update_urls list that misses it).",
+    "weights.weight_update_urls list that misses it).",
     "probe": "A weight it did not load, an adapter it did not take, or a restarted server. If the probe's gap is only "
-    "numerics (a bf16 sampler), set verify_tolerance a few times rollout/logprob_diff_mean.",
+    "numerics (a bf16 sampler), set verify.tolerance a few times rollout/logprob_diff_mean.",
 }
 
 

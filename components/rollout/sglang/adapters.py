@@ -25,7 +25,7 @@ from torch import Tensor
 from .client import SGLangClient, SGLangError
 from .weights import tp_size
 
-NEEDS = "It must run with --enable-lora and --max-lora-rank / --lora-target-modules covering the policy's lora spec, or set lora_sync: merged"
+NEEDS = "It must run with --enable-lora and --max-lora-rank / --lora-target-modules covering the policy's lora spec, or set weights.lora_sync: merged"
 
 
 def sha256(tensor: Tensor) -> str:

@@ -35,6 +35,7 @@ from ..server.launch import Command
 from ..server.ranks import rank
 from ..server.samples import Answer, Request
 from ..server.served import Served
+from ..server.settings import WeightPush
 from ..server.verify import Checksums
 from . import adapters, generation, server, weights
 from .client import SGLangClient, SGLangError
@@ -78,14 +79,16 @@ class SGLangEngine(Engine):
     def push_folder(self, urls: list[str], folder: str, version: int, abort: bool) -> None:
         weights.push_from_disk(self.client, urls, folder, str(version), abort=abort)
 
-    def push_buckets(self, urls: list[str], buckets: WeightBuckets, version: int, abort: bool, device: str) -> None:
-        if self.push.weight_sync == "tensor":
+    def push_buckets(
+        self, urls: list[str], buckets: WeightBuckets, version: int, push: WeightPush, abort: bool, device: str
+    ) -> None:
+        if push.weight_sync == "tensor":
             if rank() == 0:
                 weights.plain(buckets)
                 for url in urls:
                     weights.send_tensors(self.client, url, buckets, str(version), abort=abort)
             return
-        super().push_buckets(urls, buckets, version, abort, device)
+        super().push_buckets(urls, buckets, version, push, abort, device)
 
     def pause(self, urls: list[str], abort: bool) -> None:
         self.each(urls, "/pause_generation", {"mode": "abort" if abort else "retract"})
@@ -99,10 +102,12 @@ class SGLangEngine(Engine):
     def flush_cache(self, urls: list[str]) -> None:
         weights.flush_caches(self.client, urls)
 
-    def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
+    def load_adapter(
+        self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor], push: WeightPush
+    ) -> None:
         adapters.push_adapter(self.client, urls, name, config, tensors)
 
-    def unload_adapter(self, urls: list[str], name: str) -> None:
+    def unload_adapter(self, urls: list[str], name: str, push: WeightPush) -> None:
         adapters.unload_adapter(self.client, urls, name)
 
     def checksums(self, url: str) -> Checksums:
@@ -128,8 +133,8 @@ class SGLangEngine(Engine):
         for url in urls:
             self.client.request(url, "/resume_memory_occupation", {})
 
-    def open_group(self, urls: list[str], backend: str) -> WeightGroup:
+    def open_group(self, urls: list[str], backend: str, push: WeightPush) -> WeightGroup:
         name = f"lightning_rl_{uuid.uuid4().hex[:12]}"  # a crashed trainer may have left its group on the servers
-        per_server = backend == "gloo" if self.push.group_per_server is None else self.push.group_per_server
-        return WeightGroup(self.client, urls, backend, self.push.master_address, self.push.master_port, name,
-                           per_server=per_server, flush_cache=self.push.flush_cache)  # fmt: skip
+        per_server = backend == "gloo" if push.group_per_server is None else push.group_per_server
+        return WeightGroup(self.client, urls, backend, push.master_address, push.master_port, name,
+                           per_server=per_server, flush_cache=push.flush_cache)  # fmt: skip

@@ -89,7 +89,7 @@ class WeightGroup:
         except Exception as err:  # noqa: BLE001 (the port is taken, the address is not this host's)
             raise SGLangError(
                 f"The trainer could not host the weight update group at {address}:{port} (backend {backend}): {err}. "
-                "Set model.rollout.init_args.master_address / master_port to an address and free port of this host"
+                "Set model.rollout.init_args.weights.master_address / master_port to an address and free port of this host"
             ) from err
         joins = [
             in_background(
@@ -119,7 +119,8 @@ class WeightGroup:
             self._leave([u for u, f in zip(urls, joins) if f.done() and f.exception() is None])  # those that joined
             raise SGLangError(
                 f"{who} could not join the weight update group at {address}:{port} (backend {backend}): {err}. "
-                "Every server must reach this address and port: set model.rollout.init_args.master_address / master_port"
+                "Every server must reach this address and port: set model.rollout.init_args.weights.master_address / "
+                "master_port"
             )
         for f in joins:
             f.result()

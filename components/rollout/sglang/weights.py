@@ -51,7 +51,7 @@ def plain(weights: WeightBuckets) -> WeightBuckets:
         if hasattr(tensor, "full_tensor"):
             raise ValueError(
                 f"weight_sync='tensor' needs plain (unsharded) tensors, but '{name}' is a {type(tensor).__name__}; "
-                "use weight_sync: distributed (or disk) with sharded (FSDP) policies"
+                "use weights.weight_sync: distributed (or disk) with sharded (FSDP) policies"
             )
     return weights
 

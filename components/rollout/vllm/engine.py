@@ -39,6 +39,7 @@ from ..server.group import GroupEndpoints
 from ..server.launch import Command
 from ..server.samples import Answer, Request
 from ..server.session import paused
+from ..server.settings import WeightPush
 from ..server.verify import Checksums
 from . import generation, launch
 from .client import VLLMClient, VLLMError
@@ -53,8 +54,8 @@ class VLLMEngine(Engine):
     fusions = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
                "up_proj": "gate_up_proj", **expert_fusions("routed_experts.")}  # fmt: skip
 
-    def __init__(self, client: VLLMClient, push=None):
-        super().__init__(client, push)
+    def __init__(self, client: VLLMClient):
+        super().__init__(client)
         self._adapter_dir: str | None = None
 
     @classmethod
@@ -72,7 +73,7 @@ class VLLMEngine(Engine):
             raise VLLMError(f"vLLM server at {url}: prompts with images are not sent to vLLM by this rollout yet")
         return generation.score(self.client, url, prompt, continuation, adapter, top_k)
 
-    def check_setup(self, url: str) -> None:
+    def check_setup(self, url: str, push: WeightPush) -> None:
         """Refuse a server whose sampled log-probs are not those of the distribution it samples from, or that cannot
         take a ``distributed`` push (its configuration, ``GET /server_info?config_format=json``: dev mode)."""
         answer = self.client.request(url, "/server_info?config_format=json", method="GET", retries=0)
@@ -90,16 +91,16 @@ class VLLMEngine(Engine):
                 "samples from at the run's temperature, which the off-policy correction reads)"
             )
         transfer = config.get("weight_transfer_config") or {}
-        if self.push.weight_sync == "distributed" and transfer.get("backend") != "lightning_rl":
+        if push.weight_sync == "distributed" and transfer.get("backend") != "lightning_rl":
             missing.append(
                 f'--weight-transfer-config \'{{"backend": "lightning_rl"}}\' (it has {transfer or None}; '
-                "weight_sync: distributed pushes through it, with the plugin on its PYTHONPATH)"
+                "weights.weight_sync: distributed pushes through it, with the plugin on its PYTHONPATH)"
             )
         if missing:
             raise self.client.fail(
                 url,
                 f" was started without {' and '.join(missing)}. Start it as the vLLM rollout's launch does, or set "
-                "launch instead of base_url",
+                "servers.launch instead of servers.urls",
             )
 
     # ------------------------------------------------------------------ weights
@@ -126,8 +127,10 @@ class VLLMEngine(Engine):
     def flush_cache(self, urls: list[str]) -> None:
         self.each(urls, "/reset_prefix_cache", {})
 
-    def load_adapter(self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor]) -> None:
-        folder = self._adapter_folder(name)
+    def load_adapter(
+        self, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor], push: WeightPush
+    ) -> None:
+        folder = self._adapter_folder(name, push.weight_dir)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "adapter_config.json").write_text(json.dumps(config))
         save_file({k: t.contiguous() for k, t in tensors.items()}, str(folder / "adapter_model.safetensors"))
@@ -138,13 +141,13 @@ class VLLMEngine(Engine):
                 raise VLLMError(
                     f"vLLM server at {url} refused LoRA adapter {name!r} ({err}). It must run with --enable-lora and a "
                     "--max-lora-rank covering the policy's lora rank (launch: {enable_lora: true, max_lora_rank: 16}), "
-                    "or set lora_sync: merged"
+                    "or set weights.lora_sync: merged"
                 ) from None
 
-    def unload_adapter(self, urls: list[str], name: str) -> None:
+    def unload_adapter(self, urls: list[str], name: str, push: WeightPush) -> None:
         for url in urls:
             self.client.request(url, "/v1/unload_lora_adapter", {"lora_name": name})
-        shutil.rmtree(self._adapter_folder(name), ignore_errors=True)
+        shutil.rmtree(self._adapter_folder(name, push.weight_dir), ignore_errors=True)
 
     def checksums(self, url: str) -> Checksums:
         answer = self.client.request(url, "/weight_checker", {"action": "checksum"})
@@ -161,7 +164,7 @@ class VLLMEngine(Engine):
                 f"vLLM server at {url}: its /weight_checker hashes no bytes for {empty[:3]} (vLLM's CPU build hands "
                 "linear weights to oneDNN and empties them), so a push cannot be verified exactly. Start it with "
                 "LIGHTNING_RL_VLLM_PLAIN_LINEAR=1 and the plugin on its PYTHONPATH (launch: does both), or set "
-                "verify_checksums: false"
+                "verify.checksums: false"
             )
         return per_name
 
@@ -172,15 +175,15 @@ class VLLMEngine(Engine):
             self._adapter_dir = None
 
     # ------------------------------------------------------------------ parts
-    def _adapter_folder(self, name: str) -> Path:
+    def _adapter_folder(self, name: str, weight_dir: str | None) -> Path:
         """Where an adapter is written for the servers to read: under ``weight_dir`` (servers on other hosts) or a
         temporary folder of this process."""
-        if self.push.weight_dir is not None:
-            return Path(self.push.weight_dir) / "adapters" / name
+        if weight_dir is not None:
+            return Path(weight_dir) / "adapters" / name
         if self._adapter_dir is None:
             self._adapter_dir = tempfile.mkdtemp(prefix="lightning_rl_vllm_adapters_")
             weakref.finalize(self, shutil.rmtree, self._adapter_dir, ignore_errors=True)
         return Path(self._adapter_dir) / name
 
-    def open_group(self, urls: list[str], backend: str) -> TransferGroups:
-        return TransferGroups(self.client, urls, backend, self.push.master_address, self.push.master_port)
+    def open_group(self, urls: list[str], backend: str, push: WeightPush) -> TransferGroups:
+        return TransferGroups(self.client, urls, backend, push.master_address, push.master_port)

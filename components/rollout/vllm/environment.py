@@ -1,6 +1,6 @@
 """Where vLLM's own environment is: vLLM pins its torch and transformers, so it never shares the trainer's.
 
-The interpreter is, in this order: the rollout's ``launch_python``, the ``LIGHTNING_RL_VLLM_PYTHON`` environment
+The interpreter is, in this order: the rollout's ``servers.launch_python``, the ``LIGHTNING_RL_VLLM_PYTHON`` environment
 variable, or ``.venv-vllm/bin/python`` in the repository, which ``make vllm-env`` (and ``make test``) creates.
 """
 
@@ -21,7 +21,7 @@ def vllm_python(launch_python: str | None = None) -> str:
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
     raise FileNotFoundError(
-        f"no vLLM environment at {candidate}: set launch_python (of model.rollout.init_args, or model.teacher.init_args "
-        f"for a vLLM teacher) or {VARIABLE} to the python of an environment with vllm installed, or run `make vllm-env` "
-        f"(it creates {MADE})"
+        f"no vLLM environment at {candidate}: set servers.launch_python (of model.rollout.init_args, or "
+        f"model.teacher.init_args for a vLLM teacher) or {VARIABLE} to the python of an environment with vllm installed, "
+        f"or run `make vllm-env` (it creates {MADE})"
     )

@@ -1,17 +1,20 @@
 """`VLLMRollout`: the server rollout on vLLM servers (`VLLMEngine`), token ids in, token ids and vLLM's log-probs out.
 
 vLLM pins its own torch and transformers, so it runs in an environment of its own: servers already running
-(``base_url``; started with what `launch` adds), or one launched here (``launch``) with the interpreter of
-``launch_python``, ``LIGHTNING_RL_VLLM_PYTHON`` or ``make vllm-env``.
+(``servers.urls``; started with what `launch` adds), or one launched here (``servers.launch``) with the interpreter of
+``servers.launch_python``, ``LIGHTNING_RL_VLLM_PYTHON`` or ``make vllm-env``.
 
-Departures from `SGLangRollout`: ``weight_sync: tensor`` (CUDA IPC) and ``release_memory`` are not offered; images
-are not sent (vision-language prompts sample on SGLang); with top-k / top-p, vLLM's ``processed_logprobs`` are
-renormalised over the tokens it could sample, which the trainer's log-probs are not.
+Departures from `SGLangRollout`: ``weights.weight_sync: tensor`` (CUDA IPC) and ``weights.release_memory`` are not
+offered; images are not sent (vision-language prompts sample on SGLang); with top-k / top-p, vLLM's
+``processed_logprobs`` are renormalised over the tokens it could sample, which the trainer's log-probs are not.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..server.rollout import ServerRollout
+from ..server.settings import Servers
 from .engine import VLLMEngine
 from .environment import vllm_python
 
@@ -25,45 +28,39 @@ class VLLMRollout(ServerRollout):
 
     engine_type = VLLMEngine
 
-    def __init__(
-        self,
-        base_url: str | list[str] | None = None,
-        launch: dict | None = None,
-        launch_python: str | None = None,
-        **kwargs,
-    ):
+    def __init__(self, servers: Servers = Servers(), return_routes: bool = False, **kwargs):
         """
         Args:
-            base_url: running vLLM server(s) (``http://host:port``); prompts are spread over them. Each must run with
-                ``--enable-scale-out --logprobs-mode processed_logprobs``, ``VLLM_SERVER_DEV_MODE=1`` and, for
-                ``weight_sync: distributed``, ``--weight-transfer-config '{"backend": "lightning_rl"}'`` with
-                ``components/rollout/vllm/plugin`` on its ``PYTHONPATH`` (``launch`` does all of it).
-            launch: instead of ``base_url``, start ``python -m vllm.entrypoints.openai.api_server`` with these
-                arguments as flags (``{dtype: float32, enforce_eager: true}``; ``True`` = bare flag; ``model``
-                defaults to the policy's checkpoint) and stop it on ``close``.
-            launch_python: the interpreter of vLLM's environment (None: ``LIGHTNING_RL_VLLM_PYTHON``, else the one
-                ``make vllm-env`` creates, ``.venv-vllm/bin/python``).
+            servers: vLLM's servers (`Servers`). Running ones (``urls``) must each run with ``--enable-scale-out
+                --logprobs-mode processed_logprobs``, ``VLLM_SERVER_DEV_MODE=1`` and, for ``weights.weight_sync:
+                distributed``, ``--weight-transfer-config '{"backend": "lightning_rl"}'`` with
+                ``components/rollout/vllm/plugin`` on its ``PYTHONPATH`` (``launch`` does all of it). ``launch``
+                starts ``python -m vllm.entrypoints.openai.api_server`` with its arguments as flags (``{dtype:
+                float32, enforce_eager: true}``; ``True`` = bare flag; ``model`` defaults to the policy's checkpoint);
+                ``launch_python`` is the interpreter of vLLM's environment (None: ``LIGHTNING_RL_VLLM_PYTHON``, else
+                the one ``make vllm-env`` creates, ``.venv-vllm/bin/python``).
+            return_routes: as `ServerRollout`'s; a launched server gets ``--enable-return-routed-experts``.
         """
-        if kwargs.get("return_routes") and launch is not None:  # said before any server starts
-            if cpu_build(launch_python):
+        if return_routes and servers.launch is not None:  # said before any server starts
+            if cpu_build(servers.launch_python):
                 raise ValueError(
                     "VLLMRollout: return_routes needs --enable-return-routed-experts, which vLLM's CPU build refuses (it "
                     "requires Model Runner V2, which needs Triton on a GPU); set return_routes: false, or sample with "
                     "HFRollout or SGLangRollout"
                 )
-            launch = {**launch, "enable_return_routed_experts": True}
-        super().__init__(base_url=base_url, launch=launch, launch_python=launch_python, **kwargs)
-        if self.weights.weight_sync == "tensor":
+            servers = replace(servers, launch={**servers.launch, "enable_return_routed_experts": True})
+        super().__init__(servers=servers, return_routes=return_routes, **kwargs)
+        if self.pusher.weights.weight_sync == "tensor":
             raise ValueError(
-                "VLLMRollout: weight_sync: tensor (CUDA IPC) is not offered for vLLM; use weight_sync: distributed "
-                "(a process group: nccl on GPUs) or disk"
+                "VLLMRollout: weights.weight_sync: tensor (CUDA IPC) is not offered for vLLM; use weights.weight_sync: "
+                "distributed (a process group: nccl on GPUs) or disk"
             )
         if self.params.temperature > 2.0:
             raise ValueError(
                 f"VLLMRollout: temperature {self.params.temperature} is above vLLM's limit of 2.0 (it refuses the request)"
             )
-        if self.weights.release_memory:
-            raise ValueError("VLLMRollout: release_memory is not offered for vLLM; set it to false")
+        if self.pusher.weights.release_memory:
+            raise ValueError("VLLMRollout: weights.release_memory is not offered for vLLM; set it to false")
 
 
 def cpu_build(launch_python: str | None = None) -> bool:

@@ -72,7 +72,8 @@ class TransferGroups:
             raise VLLMError(
                 f"vLLM server at {url} could not join the weight transfer group at {address}:{port} ({backend}): "
                 f'{err}. The server must run with --weight-transfer-config \'{{"backend": "lightning_rl"}}\' and the '
-                "plugin on its PYTHONPATH (launch: does both), and reach this address: set master_address / master_port"
+                "plugin on its PYTHONPATH (launch: does both), and reach this address: set weights.master_address / "
+                "master_port"
             ) from err
 
     def send(self, weights: WeightBuckets, buckets: Iterator[list[tuple[str, Tensor]]], version: int) -> None:

@@ -30,7 +30,7 @@ class Rollout(ABC):
     samples_in_process: bool = True
     """True when ``generate`` samples from the policy module it is given; False for a sampler with weights of its own (a server)."""
     releases_memory: bool = False
-    """True when the sampler gives its memory back between rollouts (a colocated server's ``release_memory``): it
+    """True when the sampler gives its memory back between rollouts (a colocated server's ``weights.release_memory``): it
     cannot sample while the trainer trains, so asynchronous training refuses it."""
     weight_version: int = 0
     """The policy version the sampler holds: the number of ``sync_weights`` calls. Every batch stamps its samples

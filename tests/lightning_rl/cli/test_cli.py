@@ -383,7 +383,7 @@ def test_console_of_a_fit_on_sglang_and_its_validate_has_none_of_the_noise(tmp_p
                 "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
                 "--config",
                 str(REPO / "configs/rollout/sglang.yaml"),
-                f"--model.rollout.init_args.base_url={server.url}",
+                f"--model.rollout.init_args.servers.urls=[{server.url}]",
             )
             if not a.startswith(("--trainer.enable_progress_bar", "--trainer.enable_model_summary"))
         ]
@@ -431,8 +431,8 @@ def test_a_server_that_does_not_answer_is_one_line(tmp_path, tiny_model_path):
         "--data.val_data=null",
         "--config",
         str(REPO / "configs/rollout/sglang.yaml"),
-        f"--model.rollout.init_args.base_url=http://127.0.0.1:{port}",
-        "--model.rollout.init_args.max_retries=0",
+        f"--model.rollout.init_args.servers.urls=[http://127.0.0.1:{port}]",
+        "--model.rollout.init_args.servers.max_retries=0",
     )
     run = subprocess.run(
         [sys.executable, "-m", "lightning_rl.cli", "fit", *args], capture_output=True, text=True, timeout=300, cwd=REPO

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from components.rollout import HFRollout, SGLangRollout
+from components.rollout.server.settings import Servers
 from lightning_rl.core.sampling_params import SamplingParams
 
 
@@ -49,7 +50,7 @@ def test_one_check_for_every_rollout_naming_it(kwargs, message):
     with pytest.raises(ValueError, match="HFRollout: .*" + message):
         HFRollout(**kwargs)
     with pytest.raises(ValueError, match="SGLangRollout: .*" + message):
-        SGLangRollout(base_url="http://127.0.0.1:1", **kwargs)
+        SGLangRollout(servers=Servers(urls=("http://127.0.0.1:1",)), **kwargs)
 
 
 def test_a_rollout_keeps_its_configured_settings_as_a_value():
@@ -64,4 +65,4 @@ def test_ignore_eos_leaves_only_the_stop_tokens_to_end_a_response():
     assert params.eos_ids(2) == [5] and SamplingParams(ignore_eos=True).eos_ids(2) == []
     assert dataclasses.replace(params, ignore_eos=False).eos_ids(2) == [2, 5]
     assert HFRollout(ignore_eos=True).params.ignore_eos and not HFRollout().params.ignore_eos
-    assert SGLangRollout(base_url="http://127.0.0.1:1", ignore_eos=True).params.ignore_eos
+    assert SGLangRollout(ignore_eos=True, servers=Servers(urls=("http://127.0.0.1:1",))).params.ignore_eos

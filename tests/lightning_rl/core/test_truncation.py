@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
+from components.rollout.server.settings import Servers
 from lightning_rl.core.logprobs import sampled_logprobs
 from lightning_rl.core.sampling_params import SamplingParams
 from lightning_rl.core.truncation import Truncation
@@ -138,7 +139,7 @@ def test_only_a_sampler_reporting_untruncated_logprobs_is_warned_about():
     assert module.truncation == Truncation(0, 0.9)
     assert RLModule(rollout=HFRollout(temperature=0.8)).truncation is None
     with pytest.warns(UserWarning, match="reports its log-probs before the truncation"):
-        RLModule(rollout=SGLangRollout(base_url="http://127.0.0.1:9", temperature=0.8, top_k=20))
+        RLModule(rollout=SGLangRollout(temperature=0.8, top_k=20, servers=Servers(urls=("http://127.0.0.1:9",))))
 
 
 VLLM_RULE = """

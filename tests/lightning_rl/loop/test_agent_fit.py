@@ -99,7 +99,11 @@ def test_agent_calc_on_the_sglang_server(tmp_path):
         cli = _fit(
             tmp_path,
             str(REPO / "configs/rollout/sglang.yaml"),
-            extra=["--model.rollout.init_args.base_url", server.url, "--model.rollout.init_args.backoff", "0.01"],
+            extra=[
+                f"--model.rollout.init_args.servers.urls=[{server.url}]",
+                "--model.rollout.init_args.servers.backoff",
+                "0.01",
+            ],
         )
     finally:
         server.stop()

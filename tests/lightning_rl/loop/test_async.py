@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from components.rollout.server.settings import Servers, WeightPush
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.loop.ahead import drop_stale
 from lightning_rl.loop.collect import Collector
@@ -74,10 +75,14 @@ def test_a_server_rollout_that_releases_its_memory_is_refused_before_the_first_r
     from lightning_rl.loop.ahead import check_asynchronous
 
     trainer = SimpleNamespace(world_size=1, strategy=None)
-    rollout = SGLangRollout(base_url="http://127.0.0.1:9", release_memory=True)  # nothing is contacted here
-    with pytest.raises(ValueError, match=r"release_memory: true\): set release_memory: false, or max_staleness: 0"):
+    rollout = SGLangRollout(
+        servers=Servers(urls=("http://127.0.0.1:9",)), weights=WeightPush(release_memory=True)
+    )  # nothing is contacted here
+    with pytest.raises(
+        ValueError, match=r"release_memory: true\): set weights\.release_memory: false, or max_staleness: 0"
+    ):
         check_asynchronous(rollout, trainer)
-    check_asynchronous(SGLangRollout(base_url="http://127.0.0.1:9"), trainer)
+    check_asynchronous(SGLangRollout(servers=Servers(urls=("http://127.0.0.1:9",))), trainer)
 
 
 @pytest.mark.slow
@@ -168,8 +173,8 @@ def test_a_server_that_dies_with_a_round_in_flight_fails_the_iteration_clearly(t
 
     server = FakeSGLangServer(tiny_model_path).start()
     server.die_after = 6  # two prompts per round: rounds 0-2 answered, round 3 finds the server gone
-    sglang = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url", server.url,
-              "--model.rollout.init_args.backoff=0.01", "--model.rollout.init_args.max_retries=1", "--trainer.limit_val_batches=0", *DENSE_REWARD]  # fmt: skip
+    sglang = ["--config", str(REPO / "configs/rollout/sglang.yaml"), f"--model.rollout.init_args.servers.urls=[{server.url}]",
+              "--model.rollout.init_args.servers.backoff=0.01", "--model.rollout.init_args.servers.max_retries=1", "--trainer.limit_val_batches=0", *DENSE_REWARD]  # fmt: skip
     start = time.monotonic()
     try:
         with pytest.raises(SGLangError, match=server.url):
@@ -196,8 +201,7 @@ def test_staleness_one_on_the_sglang_server(tmp_path, tiny_model_path):
     sglang = [
         "--config",
         str(REPO / "configs/rollout/sglang.yaml"),
-        "--model.rollout.init_args.base_url",
-        server.url,
+        f"--model.rollout.init_args.servers.urls=[{server.url}]",
         *DENSE_REWARD,
     ]
     try:
@@ -226,7 +230,7 @@ def test_agent_episodes_are_sampled_ahead_on_the_server(tmp_path):
     tiny_calc = str(REPO / "lightning_rl/assets/tiny-calc")
     server = FakeSGLangServer(tiny_calc).start()
     args = ["--config", str(REPO / "configs/agent_calc.yaml"), "--config", str(REPO / "configs/rollout/sglang.yaml"),
-            "--config", str(REPO / "configs/loop/async.yaml"), "--model.rollout.init_args.base_url", server.url,
+            "--config", str(REPO / "configs/loop/async.yaml"), f"--model.rollout.init_args.servers.urls=[{server.url}]",
             "--model.policy.path", tiny_calc, "--data.batch_size", "4", "--data.val_size", "8", "--trainer.max_steps", "3",
             "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
             "--trainer.logger.init_args.name", "run", "--trainer.callbacks.init_args.dirpath", str(tmp_path / "ckpt"),

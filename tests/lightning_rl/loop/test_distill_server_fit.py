@@ -45,12 +45,18 @@ def test_the_student_learns_from_a_vllm_teacher_the_run_launches_and_stops(tmp_p
     cli = run_cli(
         "fit",
         _fit_args(
-            tmp_path, "configs/teacher/vllm.yaml", "--model.teacher.init_args.launch.kv_cache_memory_bytes=67108864"
+            tmp_path,
+            "configs/teacher/vllm.yaml",
+            "--model.teacher.init_args.servers.launch.kv_cache_memory_bytes=67108864",
         ),
     )
     teacher = cli.model.teacher
     assert type(teacher).__name__ == "VLLMTeacher" and teacher.top_k == 8
-    assert teacher.servers.launch == {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": "67108864"}
+    assert teacher.connection.servers.launch == {
+        "dtype": "float32",
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": "67108864",
+    }
     assert type(cli.model.loss_terms[0]).__name__ == "TeacherKL" and cli.model.loss_terms[0].variant == "topk"
     assert teacher.connection.server is None and not teacher.connection.open  # stopped when the fit ended
     # the console said what it started and when it answered
@@ -70,7 +76,9 @@ def test_the_student_learns_from_an_sglang_teacher(tmp_path):
     try:
         cli = run_cli(
             "fit",
-            _fit_args(tmp_path, "configs/teacher/sglang.yaml", f"--model.teacher.init_args.base_url={server.url}"),
+            _fit_args(
+                tmp_path, "configs/teacher/sglang.yaml", f"--model.teacher.init_args.servers.urls=[{server.url}]"
+            ),
         )
     finally:
         server.stop()
@@ -91,7 +99,7 @@ def test_a_teacher_server_that_does_not_answer_is_one_line(tmp_path):
         port = s.getsockname()[1]
     args = cli_args(
         tmp_path, TINY_MODEL_PATH, 1, "--config", str(REPO / "configs/teacher/sglang.yaml"),
-        f"--model.teacher.init_args.base_url=http://127.0.0.1:{port}", "--model.teacher.init_args.max_retries=0",
+        f"--model.teacher.init_args.servers.urls=[http://127.0.0.1:{port}]", "--model.teacher.init_args.servers.max_retries=0",
         config="configs/distill.yaml",
     )  # fmt: skip
     run = subprocess.run(
@@ -100,4 +108,4 @@ def test_a_teacher_server_that_does_not_answer_is_one_line(tmp_path):
     assert run.returncode == 1 and "Traceback" not in run.stderr
     (last,) = run.stderr.strip().splitlines()[-1:]
     assert last.startswith(f"error: SGLang server at http://127.0.0.1:{port}: GET /health_generate failed")
-    assert last.endswith("Check model.teacher.init_args.base_url.")
+    assert last.endswith("Check model.teacher.init_args.servers.urls.")

@@ -34,7 +34,7 @@ def _gaps(logged: dict) -> list[float]:
 def test_asynchronous_training_with_staleness_one(engine, tmp_path):
     extra = [*engine.fit_args(), "--config", str(REPO / "configs/loop/async.yaml"),
              "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
-             "--model.rollout.init_args.backoff=0.05", "--model.rollout.init_args.temperature=2.0"]  # fmt: skip
+             "--model.rollout.init_args.servers.backoff=0.05", "--model.rollout.init_args.temperature=2.0"]  # fmt: skip
     cli = run_cli("fit", cli_args(tmp_path, engine.model, 4, *extra))
     updates = cli.model.loop_state.optimizer_steps["policy"]  # an iteration of degenerate groups skips its update
     assert cli.trainer.global_step == 4 and updates >= 2 and cli.model.rollout.weight_version == 1 + updates
@@ -49,7 +49,7 @@ def test_asynchronous_training_with_staleness_one(engine, tmp_path):
 
 @pytest.mark.parametrize("agent", ["agent_calc", "openai_agent"])
 def test_agents_sample_on_the_engine(engine, tmp_path, agent):
-    extra = [*engine.fit_args(), "--model.rollout.init_args.backoff=0.05",
+    extra = [*engine.fit_args(), "--model.rollout.init_args.servers.backoff=0.05",
              "--data.batch_size=4", "--trainer.enable_progress_bar=false"]  # fmt: skip
     cli = run_cli("fit", cli_args(tmp_path, engine.model, 3, *extra, config=f"configs/{agent}.yaml"))
     assert cli.trainer.global_step == 3
@@ -66,7 +66,7 @@ def test_a_sigterm_ends_the_run_with_status_143_after_saving(engine, tmp_path):
 
     import torch
 
-    extra = [*engine.fit_args(), "--model.rollout.init_args.backoff=0.05", "--model.reward=components.reward.FunctionReward",
+    extra = [*engine.fit_args(), "--model.rollout.init_args.servers.backoff=0.05", "--model.reward=components.reward.FunctionReward",
              "--model.reward.fn=tests.lightning_rl.rewards.digit_count_then_fault",
              f"--model.reward.kwargs={{fault_at: 2, key: sigterm-{engine.name}, fault: sigterm}}",
              "--trainer.callbacks.every_n_train_steps=5", "--data.val_data=null"]  # fmt: skip

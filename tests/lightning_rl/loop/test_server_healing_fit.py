@@ -46,8 +46,8 @@ def _fit_with_a_kill(tmp_path, monkeypatch, model: str, rollout_args: list[str],
     monkeypatch.setattr(ServerRollout, "generate", generating)
     monkeypatch.setattr(ServerRollout, "sync_weights", syncing)
     monkeypatch.setattr(Checks, "after_push", checking)
-    extra = [*rollout_args, "--model.rollout.init_args.base_url=null", "--model.rollout.init_args.verify_every=1",
-             "--model.rollout.init_args.backoff=0.05", "--trainer.limit_val_batches=0",
+    extra = [*rollout_args, "--model.rollout.init_args.servers.urls=[]", "--model.rollout.init_args.verify.every=1",
+             "--model.rollout.init_args.servers.backoff=0.05", "--trainer.limit_val_batches=0",
              "--model.reward=components.reward.FunctionReward", "--model.reward.fn=tests.lightning_rl.rewards.digit_count",
              "--model.rollout.init_args.temperature=2.0"]  # fmt: skip
     cli = run_cli("fit", cli_args(tmp_path, model, 10, *extra))
@@ -68,7 +68,7 @@ def test_a_launched_vllm_server_killed_mid_run(tmp_path, monkeypatch, capfd):
     launch = json.dumps(dict(SERVER_ARGS, model=model))
     _fit_with_a_kill(
         tmp_path, monkeypatch, model,
-        ["--config", str(REPO / "configs/rollout/vllm.yaml"), f"--model.rollout.init_args.launch={launch}"],
+        ["--config", str(REPO / "configs/rollout/vllm.yaml"), f"--model.rollout.init_args.servers.launch={launch}"],
     )  # fmt: skip
     assert capfd.readouterr().err.count("restarting the vLLM server") == 1
 
@@ -80,8 +80,8 @@ def test_two_launched_sglang_servers_one_killed_mid_run(tmp_path, monkeypatch, c
     launch = json.dumps({"model_path": MODEL})
     seen = _fit_with_a_kill(
         tmp_path, monkeypatch, MODEL,
-        ["--config", str(REPO / "configs/rollout/sglang.yaml"), f"--model.rollout.init_args.launch={launch}",
-         "--model.rollout.init_args.launch_servers=2"],
+        ["--config", str(REPO / "configs/rollout/sglang.yaml"), f"--model.rollout.init_args.servers.launch={launch}",
+         "--model.rollout.init_args.servers.launch_servers=2"],
     )  # fmt: skip
     assert len(seen["pending_after_retry"]) == 1  # the retried rollout sampled on the other while this one started
     assert capfd.readouterr().err.count("restarting the SGLang server") == 1
@@ -102,9 +102,9 @@ def test_past_max_restarts_the_run_stops_with_a_checkpoint_that_resumes(tmp_path
         return generate(self, prompts, policy, params)
 
     monkeypatch.setattr(ServerRollout, "generate", generating)
-    args = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.base_url=null",
-            f"--model.rollout.init_args.launch={json.dumps({'model_path': MODEL})}",
-            "--model.rollout.init_args.max_restarts=0", "--model.rollout.init_args.backoff=0.05",
+    args = ["--config", str(REPO / "configs/rollout/sglang.yaml"), "--model.rollout.init_args.servers.urls=[]",
+            f"--model.rollout.init_args.servers.launch={json.dumps({'model_path': MODEL})}",
+            "--model.rollout.init_args.servers.max_restarts=0", "--model.rollout.init_args.servers.backoff=0.05",
             "--trainer.limit_val_batches=0"]  # fmt: skip
     with pytest.raises(Exception, match=r"\(0 of max_restarts=0\); the run stops here"):
         run_cli("fit", cli_args(tmp_path, MODEL, 6, *args))
