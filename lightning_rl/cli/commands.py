@@ -331,8 +331,13 @@ def build_cli(
     every --config, and the console quieted (lightning_rl.console)."""
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    asked = list(args if args is not None else sys.argv[1:])
+    nested = null_settings_flags(asked)
+    if args is not None:
+        args = nested
+    elif nested != asked:
+        sys.argv[1:] = nested  # LightningCLI reads sys.argv (given args beside it, it warns)
     # --help shows each loop / optimizer field's docstring: ~1 s of parsing sources, so only when help is asked for
-    asked = args if args is not None else sys.argv[1:]
     set_parsing_settings(
         docstring_parse_attribute_docstrings=any(a in ("-h", "--help") or a.endswith(".help") for a in asked)
     )
@@ -355,6 +360,31 @@ def build_cli(
         run=run,
         **kwargs,
     )
+
+
+SETTINGS_FLAG = re.compile(r"(--model\.(?:rollout|teacher)\.(?:init_args\.)?(?:servers|weights|verify))\.(\w+)")
+NULLS = ("null", "Null", "NULL", "~")
+
+
+def null_settings_flags(args: list[str]) -> list[str]:
+    """``--model.rollout.init_args.servers.launch=null`` as ``--model.rollout.init_args.servers={launch: null}``.
+    jsonargparse 4.53 hands a command-line value of a settings object's field (a dataclass in a component's
+    ``init_args``) on as text, where None becomes "None": an error for a ``dict | None`` field, the folder "None" for a
+    ``str | None`` one. The group's mapping form sets the same field, the group's others kept."""
+    out, i = [], 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        match = SETTINGS_FLAG.fullmatch(name)
+        given = 1 if eq else 2
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if match and value.strip() in NULLS:
+            out.append(f"{match[1]}={{{match[2]}: null}}")
+            i += given
+        else:
+            out.append(args[i])
+            i += 1
+    return out
 
 
 def main(args: list[str] | None = None, run: bool = True) -> RLCLI:

@@ -88,6 +88,26 @@ def test_relative_interpolation_follows_stacked_overrides(capsys):
     assert "constant: 6.0" in aggregator.splitlines()[2]
 
 
+def test_a_settings_field_set_to_null_on_the_command_line_is_none():
+    """jsonargparse 4.53 passes such a value on as text ("None": an error for ``servers.launch``, the folder "None" for
+    ``weights.weight_dir``); the command line sets it through the group's mapping, keeping the group's other fields."""
+    cli = main(
+        [
+            f"--config={REPO / 'configs/rollout/vllm.yaml'}",
+            "--model.rollout.init_args.servers.urls=[http://h:1]",
+            "--model.rollout.init_args.servers.launch",
+            "null",
+            "--model.rollout.weights.weight_dir=null",  # jsonargparse's short form, without init_args
+            "--trainer.logger=false",
+            "--trainer.callbacks=null",
+        ],
+        run=False,
+    )
+    servers, weights = cli.model.rollout.connection.servers, cli.model.rollout.pusher.weights
+    assert servers.launch is None and servers.urls == ("http://h:1",) and servers.max_concurrency == 64
+    assert weights.weight_dir is None and weights.weight_sync == "distributed"  # the rest from the config file
+
+
 def _cli_error(capsys, *args) -> tuple[int, str]:
     """The exit status and the ``error:`` line; the error is all that is printed (no usage), with where help is."""
     with pytest.raises(SystemExit) as exit_:
