@@ -58,6 +58,7 @@ from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from lightning_rl.callbacks.record import RecordRollouts  # noqa: E402
+from lightning_rl.cli.flat_keys import translate_argv, translate_config_text  # noqa: E402
 from lightning_rl.cli.replay import add_arguments as add_replay_arguments  # noqa: E402
 from lightning_rl.cli.suggest import hint, unimportable  # noqa: E402
 from lightning_rl.console import quiet, results_table  # noqa: E402
@@ -145,6 +146,11 @@ class RLArgumentParser(LightningArgumentParser):
         )  # jsonargparse indents its causes over several lines
         sys.stderr.write(f"error: {message}\nevery option: {parser.prog.replace(' [options]', '')} --help\n")
         self.exit(2)
+
+    def parse_string(self, content: str, *rest, **kwargs):
+        """Parse a config file's text (``--config``), a server rollout's (teacher's) flat keys of the last release
+        nested first (lightning_rl.cli.flat_keys)."""
+        return super().parse_string(translate_config_text(content), *rest, **kwargs)
 
     def _option_keys(self):
         for action in self._all_actions():
@@ -332,7 +338,7 @@ def build_cli(
     # omegaconf+ resolves ${...} across stacked --config files and overrides (jsonargparse >= 4.47)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     asked = list(args if args is not None else sys.argv[1:])
-    nested = null_settings_flags(asked)
+    nested = null_settings_flags(translate_argv(asked))  # flat keys of the last release, nested
     if args is not None:
         args = nested
     elif nested != asked:
