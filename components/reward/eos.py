@@ -8,8 +8,10 @@ from torch import Tensor, nn
 from lightning_rl.core.batch import RolloutBatch
 from lightning_rl.core.contracts import Reward
 
+from .wrapper import RewardWrapper
 
-class MissingEOSPenalty(nn.Module, Reward):
+
+class MissingEOSPenalty(nn.Module, RewardWrapper):
     """R = penalty if the response hit ``max_new_tokens`` without EOS, else the wrapped reward's score.
 
     The "missing EOS" trick of RLHF implementations (Huang et al. 2024, "The N+ implementation
@@ -27,21 +29,6 @@ class MissingEOSPenalty(nn.Module, Reward):
         super().__init__()
         self.reward, self.penalty = reward, penalty
         self.requires = reward.requires | frozenset({"truncated"})
-
-    @property
-    def name(self) -> str:
-        return f"MissingEOSPenalty({self.reward.name})"
-
-    @property
-    def part_name(self) -> str:
-        return self.reward.part_name
-
-    @property
-    def model_path(self) -> str | None:
-        return self.reward.model_path
-
-    def setup(self, tokenizer) -> None:
-        self.reward.setup(tokenizer)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         batch.require(["truncated"], self.name)

@@ -23,6 +23,8 @@ from lightning_rl.core.contracts.reward import Reward, Scores, scoring_raw
 from lightning_rl.core.deprecation import moved
 from lightning_rl.core.ops import all_reduce_sum
 
+from .wrapper import RewardWrapper
+
 __getattr__ = moved(__name__, "lightning_rl.core.contracts.reward", ("raw_scores",))
 
 Normalize = Literal["none", "static", "running"]
@@ -83,7 +85,7 @@ class ScoreNormalizer(nn.Module):
         self.running_count.copy_(n)
 
 
-class Shaped(ScoreNormalizer, Reward):
+class Shaped(ScoreNormalizer, RewardWrapper):
     """Any reward, normalised and clipped as in the module docstring (e.g. a verifier's or an LLM judge's
     scores on an arbitrary scale, or a Composite whose parts add up past the range the advantages expect)."""
 
@@ -106,24 +108,6 @@ class Shaped(ScoreNormalizer, Reward):
         super().__init__(normalize, mean, std, clip)
         self.reward = reward
         self.requires = reward.requires
-
-    @property
-    def name(self) -> str:
-        return f"Shaped({self.reward.name})"
-
-    @property
-    def part_name(self) -> str:
-        return self.reward.part_name
-
-    @property
-    def model_path(self) -> str | None:
-        return self.reward.model_path
-
-    def setup(self, tokenizer) -> None:
-        self.reward.setup(tokenizer)
-
-    def data_columns(self) -> frozenset[str]:
-        return self.reward.data_columns()
 
     @torch.no_grad()
     def forward(self, batch: RolloutBatch) -> Tensor:

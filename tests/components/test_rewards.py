@@ -162,3 +162,14 @@ def test_scores_as_numpy_arrays_numpy_scalars_and_0d_tensors_are_accepted():
         as_scores(np.array([1.0, 2.0]), 3, "r")
     with pytest.raises(ValueError, match="returned nan at sample 1"):
         as_scores(np.array([1.0, np.nan, 0.0]), 3, "r")
+
+
+def test_a_wrapped_reward_reads_the_columns_its_inner_reward_reads():
+    """`MissingEOSPenalty` did not pass on its inner reward's data columns, so a data source without the column the inner
+    reward reads was not refused before the models loaded; both wrappers now take them from the reward they wrap."""
+    from components.reward import ExactMatch, MissingEOSPenalty, Shaped
+
+    inner = ExactMatch(answer_key="solution")
+    for wrapper in (MissingEOSPenalty(inner), Shaped(inner), MissingEOSPenalty(Shaped(inner))):
+        assert wrapper.data_columns() == frozenset({"solution"}), wrapper.name
+    assert MissingEOSPenalty(Shaped(inner)).name == "MissingEOSPenalty(Shaped(ExactMatch))"
