@@ -23,8 +23,11 @@ TRAINER = """
 import json, sys, time
 from lightning_rl.core.models import load_tokenizer
 import components.rollout as rollouts
+from components.rollout.server.settings import Servers, Verification, WeightPush
 engine, model, how, launch = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-rollout = getattr(rollouts, engine)(launch=launch, verify_every=0, sync_before_first_rollout=False)
+rollout = getattr(rollouts, engine)(
+    servers=Servers(launch=launch), weights=WeightPush(sync_before_first_rollout=False), verify=Verification(every=0)
+)
 rollout.setup(load_tokenizer(model))
 print(rollout.connection.server.process.pid, flush=True)
 if how == "exception":
