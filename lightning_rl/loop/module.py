@@ -72,7 +72,7 @@ from lightning_rl.roster import ROSTER, scorers, trained
 
 
 class RLModule(LightningModule):
-    """Reinforcement learning on a causal LM, composed from components: the phases are listed in this module's docstring."""
+    """Reinforcement learning on a causal LM, composed of parts known by their contracts: the phases are listed in this module's docstring."""
 
     def __init__(
         self,
