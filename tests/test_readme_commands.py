@@ -206,6 +206,7 @@ def test_help_lists_every_subcommand_in_one_line_each(run, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # make test keeps the README's other commands
 def test_running_and_export_commands_as_printed(scratch, run):
     running = bash_block("docs/getting-started.md", "## Running", 0)
     assert any(c.startswith("python cli.py") for c in running) and any("--dry_run" in c for c in running)

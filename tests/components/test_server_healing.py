@@ -71,6 +71,7 @@ def test_a_server_killed_between_rollouts_is_restarted_and_pushed_the_policy_ver
     assert len(lines) == 1 and rollout.connection.urls[0] in lines[0] and "restart 1 of max_restarts=3" in lines[0]
 
 
+@pytest.mark.soak  # make test keeps the in-fit kill (test_server_healing_fit.py)
 def test_a_server_killed_mid_generation_or_mid_push_is_restarted_and_the_work_retried(launch, policy, prompts):
     rollout = launch()
     asked = make_prompts(*prompts)
@@ -166,6 +167,7 @@ def test_a_base_url_server_is_waited_for(tiny_model_path, make_rollout, policy, 
         process.stop()
 
 
+@pytest.mark.soak  # make test keeps the rollout's killed-server restarts
 def test_a_launched_teacher_server_killed_or_stopped_is_restarted_and_the_scoring_retried(launch):
     from components.rollout import HFRollout
     from components.teacher import TINY_TEACHER_PATH, SGLangTeacher

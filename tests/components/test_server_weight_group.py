@@ -71,6 +71,7 @@ def test_a_server_refusing_to_join_at_once_leaves_one_line_and_status_1():
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # a 25-s wait for a hang that never comes
 def test_a_group_left_waiting_for_its_servers_does_not_abort_the_exit():
     """The store made on the calling thread, the rendezvous in the background, the process exiting at once: for both
     engines' groups (SGLang's through join_as_rank_zero, vLLM's through the transfer engine's _group)."""

@@ -233,6 +233,7 @@ def test_ddp_critic_pretraining_and_global_whitening_equal_one_process(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # make test keeps FSDP2 GRPO and distillation against one process
 def test_fsdp2_ppo_rlhf_four_models_equal_one_process(tmp_path, tiny_model_path):
     """Policy, critic (from the reward model), reference and reward model all sharded: the same 2 PPO iterations
     (2 epochs, KL in the reward, GAE whitened over all ranks) as one process."""

@@ -83,6 +83,7 @@ cli.main(["fit", *args])
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # make test keeps the claim's unit tests
 def test_two_fits_started_together_claim_different_versions(tmp_path, tiny_model_path):
     gate = tmp_path / "gates"
     args = _args(tmp_path, tiny_model_path, 1, f"--trainer.callbacks.dirpath={tmp_path}/exp_a/checkpoints")

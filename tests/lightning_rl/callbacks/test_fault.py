@@ -178,7 +178,9 @@ def _as_from_a_terminal() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "signum", [pytest.param(signal.SIGINT, marks=pytest.mark.soak), signal.SIGTERM]
+)  # SIGTERM in make test
 def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, signum):
     """configs/agent_calc.yaml + configs/loop/async.yaml with a calculator tool that, once the run has saved an iteration,
     never returns (on the rollout-ahead thread): Ctrl-C and SIGTERM still end the process, with last.ckpt saved."""

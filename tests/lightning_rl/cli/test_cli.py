@@ -386,6 +386,7 @@ def _console(*args, cwd=None, env=None) -> str:
 
 @pytest.mark.slow
 @pytest.mark.server
+@pytest.mark.soak  # make test keeps the in-process fit's console
 def test_console_of_a_fit_on_sglang_and_its_validate_has_none_of_the_noise(tmp_path, tiny_model_path):
     from tests.fixtures.sglang_server import FakeSGLangServer
 

@@ -58,6 +58,7 @@ def _fit_with_a_kill(tmp_path, monkeypatch, model: str, rollout_args: list[str],
     return seen
 
 
+@pytest.mark.soak  # make test keeps the in-fit kill on two SGLang servers and vLLM's max_restarts stop
 def test_a_launched_vllm_server_killed_mid_run(tmp_path, monkeypatch, capfd):
     from tests.fixtures.vllm_server import SERVER_ARGS, TINY_CALC, unavailable, widen_heads
 

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.slow]
 KEY = "tml-rl-loop-test"
 
 
+@pytest.mark.soak  # make test keeps the SDK's loops (tests/lightning_rl/service/test_sdk.py)
 def test_the_cookbook_rl_loop_trains_the_tiny_policy_through_lightning_rl_serve(tmp_path):
     with serve_command(tmp_path / "serve", KEY) as url:
         done = subprocess.run(
