@@ -284,6 +284,7 @@ def test_fsdp2_distillation_with_a_sharded_teacher_equals_one_process(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # make test keeps DDP on two processes of one node against one process
 def test_two_nodes_of_one_process_on_loopback_equal_one_process(tmp_path, tiny_model_path, one_process_grpo):
     """A multi-node launch as a cluster does it (torchrun, SLURM): each "node" starts its own process with Lightning's
     environment variables (MASTER_ADDR / MASTER_PORT / NODE_RANK / LOCAL_RANK / WORLD_SIZE) and --trainer.num_nodes=2;

@@ -191,7 +191,9 @@ class WeightGroup:
             ) from error
 
     def _answered(self, requests: list[Future]) -> None:
-        for f in requests:
+        # a refusal already in first: a server that lived through a peer's death waits out its own receive timeout
+        # (gloo: 120 s) before it answers, and its error would name the wrong server
+        for f in sorted(requests, key=lambda f: not (f.done() and f.exception() is not None)):
             f.result()  # SGLangError naming the server (refused, or the connection dropped)
 
     def close(self) -> None:
