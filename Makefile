@@ -35,6 +35,12 @@ $(VLLM_STAMP):
 vllm-env: $(VLLM_STAMP)
 	@if [ -f $(VLLM_VENV)/.unavailable ]; then echo "vLLM's environment $(VLLM_VENV) is not usable here (the real-vLLM tests skip): $$(tail -n 1 $(VLLM_VENV)/.unavailable)"; else echo "vLLM is ready in $(VLLM_VENV) ($(VLLM), $(VLLM_TORCH)): configs/rollout/vllm.yaml launches it"; fi
 
+# benchmarks/engine_scale.py's TRL rows: TRL 1.16 (the bench extra) beside vLLM in its environment, since TRL's vLLM path
+# imports vLLM in-process; the torchvision, torchaudio and torchcodec its install pulls in are removed again (above)
+bench-env: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pip install -q "trl==1.16.0" $(VLLM_TORCH) "$(VLLM)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+
 # the job ends with its summary (held-out score before -> after, iterations, time, checkpoint): said first, how to go on
 run: $(STAMP)
 	@echo "lightning-rl is installed in $(VENV): after 'source $(VENV)/bin/activate' (once per shell) the commands of README.md and docs/ run as printed"
@@ -65,4 +71,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-.PHONY: install vllm-env run test test-all test-fast lint docs
+.PHONY: install vllm-env bench-env run test test-all test-fast lint docs

@@ -23,10 +23,11 @@ def load_note() -> str:
     return note
 
 
-def run_worker(script: Path, args: list[str], env: dict | None = None) -> dict:
-    """Run ``script --worker ...`` in a fresh process and return the JSON it printed after RESULT_PREFIX."""
+def run_worker(script: Path, args: list[str], env: dict | None = None, python: str | None = None) -> dict:
+    """Run ``script --worker ...`` in a fresh process (``python``: another environment's interpreter) and return the
+    JSON it printed after RESULT_PREFIX."""
     proc = subprocess.run(
-        [sys.executable, str(script), *args],
+        [python or sys.executable, str(script), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -94,6 +95,24 @@ QWEN2_SHAPES = {
         num_attention_heads=14,
         num_key_value_heads=2,
         vocab_size=151936,
+    ),
+    # benchmarks/engine_scale.py: two sizes a 2-core CPU trains in minutes; an 8k vocabulary (the character tokenizer
+    # padded to it) keeps the parameters in the layers, where a real model's compute is
+    "30m": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=10,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=8192,
+    ),
+    "80m": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        vocab_size=8192,
     ),
     "toy": dict(
         hidden_size=64,
