@@ -14,7 +14,8 @@ with the end-of-sequence token ignored (ours: ``ignore_eos``; TRL: ``min_new_tok
 vLLM's ``ignore_eos``), so every system generates the same number of tokens; temperature 1; fp32; GRPO with one
 inner epoch and one mini-batch (on-policy), clip 0.2, token-mean loss, AdamW 1e-6; the reward `char_parity` (the
 fraction of a completion's characters with an odd code point: it differs within a group of a random policy's
-samples, so no system skips an update). Per system and seed: one fresh process, ``--warmup`` (1) + ``--iterations``
+samples, so no system skips an update). Our in-process sampler draws by ``draw: inverse_cdf`` (one uniform number
+per row and step, where ``torch.multinomial`` spends one per vocabulary entry). Per system and seed: one fresh process, ``--warmup`` (1) + ``--iterations``
 (3) iterations, timed from the end of the warm-up to the end of the last; seeds alternate over the systems (seed 0:
 every system, then seed 1: every system). A system that fails (TRL's vLLM path on vLLM's CPU build) is reported with
 the last line of its error and not retried.
@@ -130,7 +131,7 @@ def run_ours(args) -> dict:
             f"--model.policy.path={args.model}", f"--seed_everything={args.seed}", f"--data.seed={args.seed}",
             f"--data.batch_size={PROMPTS}", f"{rollout}.group_size={GROUP}", f"{rollout}.max_new_tokens={args.max_new_tokens}",
             f"{rollout}.temperature=1.0", f"{rollout}.ignore_eos=true",
-            *([f"{rollout}.verify.every={args.verify_every}"] if configs else []),
+            *([f"{rollout}.verify.every={args.verify_every}"] if configs else [f"{rollout}.draw=inverse_cdf"]),
             "--model.reward=components.reward.FunctionReward", "--model.reward.init_args.fn=benchmarks.engine_scale.char_parity",
             "--model.advantage.init_args.bessel=true", "--model.advantage.init_args.eps=1e-4",
             *([] if "configs/loop/async.yaml" in configs else
