@@ -39,6 +39,11 @@ from .base import configured_params, response_mask_from_eos
 from .interrupt import check_interrupted
 from .kv_cache import grow_in_place
 
+IN_PLACE_FROM = 16
+"""Responses this long (``max_new_tokens``) or longer decode on the in-place KV cache (`kv_cache`); for shorter
+ones the cache's conversion costs more than the concatenations it saves (the shipped tiny policy, 8 new tokens: 8%
+more per call; 16: even; 64: 12% less; a 30M policy at 128: a fifth less)."""
+
 
 class HFRollout(Rollout):
     """Sample from the policy with a KV cache, ``max_new_tokens`` steps at most.
@@ -212,7 +217,8 @@ class HFRollout(Rollout):
         if repeats > 1:  # prefill draws no random numbers: the samples are those of repeated prompts
             logits = logits.repeat_interleave(repeats, dim=0)  # (b, V)
             cache.batch_repeat_interleave(repeats)
-        grow_in_place(cache, ids.shape[1] + params.max_new_tokens)  # the steps write in place, no concatenation
+        if params.max_new_tokens >= IN_PLACE_FROM:  # the steps write in place instead of concatenating
+            grow_in_place(cache, ids.shape[1] + params.max_new_tokens)
         prompt_routes, step_routes = None, []
         if forward.routes is not None:  # (n, P, L, K) -> (b, P, L, K), -1 on padding
             prompt_routes = forward.routes.take(*ids.shape).masked_fill(mask[..., None, None] == 0, -1)

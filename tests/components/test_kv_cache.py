@@ -6,6 +6,7 @@ import bisect
 import pytest
 import torch
 
+import components.rollout.hf as hf
 from components.rollout import HFRollout
 from components.rollout.hf import inverse_cdf_draw
 from tests.helpers import prompts
@@ -94,6 +95,7 @@ def test_the_sampler_with_inverse_cdf_draws_what_generate_draws_with_the_same_ru
     generate's; with the default draw the tokens differ from it for that seed (other random numbers)."""
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
+    monkeypatch.setattr(hf, "IN_PLACE_FROM", 1)  # 6 tokens: on the in-place cache too
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
     enc = tokenizer(["12+3=", "7+70=", "1+1="], return_tensors="pt", padding=True)
     ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -115,6 +117,33 @@ def test_the_sampler_with_inverse_cdf_draws_what_generate_draws_with_the_same_ru
     width = got.shape[1]
     expected = torch.nn.functional.pad(expected, (0, width - expected.shape[1]), value=tokenizer.pad_token_id)
     assert torch.equal(got, expected)
+
+
+def test_the_in_place_cache_samples_what_concatenation_samples_while_finished_rows_leave(
+    tiny_model_path, tokenizer, monkeypatch
+):
+    """40 tokens at temperature 1.5 (ragged lengths: finished rows leave the cache, which reorders its buffers): the
+    same tokens and sampler log-probs on the in-place cache as on transformers' concatenating one."""
+    from lightning_rl.core.models import ModelSpec, load_causal_lm
+
+    model = load_causal_lm(ModelSpec(path=tiny_model_path))
+    enc = tokenizer(["12+3=", "7+70=", "1+1="], return_tensors="pt", padding=True)
+    grown = []
+    real = hf.grow_in_place
+    monkeypatch.setattr(hf, "grow_in_place", lambda cache, capacity: grown.append(capacity) or real(cache, capacity))
+    results = []
+    for threshold in (1, 10_000):
+        monkeypatch.setattr(hf, "IN_PLACE_FROM", threshold)
+        rollout = HFRollout(group_size=6, max_new_tokens=40, temperature=1.5, return_logprobs=True)
+        rollout.setup(tokenizer)
+        torch.manual_seed(0)
+        results.append(rollout.generate(prompts(enc["input_ids"], enc["attention_mask"]), model))
+    assert grown == [enc["input_ids"].shape[1] + 40]  # the first run only
+    (in_place, concatenated) = results
+    lengths = in_place.response_lengths
+    assert lengths.max() >= 4 * lengths.min()  # ragged: rows left the cache
+    assert torch.equal(in_place.response_ids, concatenated.response_ids)
+    torch.testing.assert_close(in_place.rollout_logprobs, concatenated.rollout_logprobs, rtol=0, atol=0)
 
 
 def test_an_unknown_draw_is_one_line_naming_the_choices():
