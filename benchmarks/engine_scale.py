@@ -3,7 +3,8 @@ own generation, and vLLM), side by side on the same randomly initialised Qwen2-s
 
     python benchmarks/engine_scale.py                        # sizes 30m and 80m, 2 seeds, every system
     python benchmarks/engine_scale.py --sizes 30m --seeds 1 --systems ours trl     # a quick look
-    python benchmarks/engine_scale.py --sizes toy --seeds 1 --max-new-tokens 16    # a functional check (minutes)
+    python benchmarks/engine_scale.py --sizes toy --seeds 1 --max-new-tokens 16 --systems ours trl   # a check (1 min;
+                                                             # vLLM's CPU attention refuses toy's head_dim 16)
 
 Needs TRL 1.16 (the ``bench`` extra) in vLLM's environment: ``make bench-env``. Both TRL rows run there, since its vLLM path imports vLLM in-process; ours runs in this interpreter
 and launches vLLM's server from ``.venv-vllm`` (`configs/rollout/vllm.yaml`).
