@@ -6,8 +6,9 @@ own generation, and vLLM), side by side on the same randomly initialised Qwen2-s
     python benchmarks/engine_scale.py --sizes toy --seeds 1 --max-new-tokens 16 --systems ours trl   # a check (1 min;
                                                              # vLLM's CPU attention refuses toy's head_dim 16)
 
-Needs TRL 1.16 (the ``bench`` extra) in vLLM's environment: ``make bench-env``. Both TRL rows run there, since its vLLM path imports vLLM in-process; ours runs in this interpreter
-and launches vLLM's server from ``.venv-vllm`` (`configs/rollout/vllm.yaml`).
+Needs TRL 1.16 (the ``bench`` extra) in vLLM's environment: ``make bench-env``. Both TRL rows run there, since
+TRL's vLLM path imports vLLM in-process; ours runs in this interpreter and launches vLLM's server from ``.venv-vllm``
+(`configs/rollout/vllm.yaml`).
 
 The job, the same for every system: a random Qwen2 of ``QWEN2_SHAPES[size]`` (`benchmarks._common`, built here,
 nothing downloaded), the built-in arithmetic prompts, 8 prompts x 8 samples x ``--max-new-tokens`` (128) new tokens
