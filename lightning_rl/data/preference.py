@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Mapping
 
 import torch
 from lightning import LightningDataModule
@@ -132,7 +133,7 @@ class PairDataModule(LightningDataModule):
                 prompt = tok.apply_chat_template(
                     system + [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=True
                 )
-                prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+                prompt = list(prompt["input_ids"] if isinstance(prompt, Mapping) else prompt)
             else:
                 prompt = tok(row["prompt"], add_special_tokens=True)["input_ids"]
             chosen, rejected = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Mapping
 from typing import Any, Iterator, Literal
 
 import torch
@@ -246,7 +247,7 @@ class PromptDataModule(LightningDataModule):
                     )
                     for t in texts
                 ]
-                ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
+                ids = [x["input_ids"] if isinstance(x, Mapping) else x for x in ids]
             else:
                 ids = tokenizer(texts, add_special_tokens=True)["input_ids"]
             return {"input_ids": ids}
