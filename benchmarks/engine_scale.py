@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, emit, load_note, run_worker  # noqa: E402
+from benchmarks._common import ROOT, emit, load_note, matmul_parameters, mean_std, run_worker  # noqa: E402
 
 PROMPTS, GROUP, LR, CLIP = 8, 8, 1e-6, 0.2
 SAMPLES = PROMPTS * GROUP
@@ -83,13 +83,6 @@ def matmul_rate(threads: int, n: int = 2048, repeats: int = 8) -> float:
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
-
-
-def matmul_weights(model) -> int:
-    """Weights a token is multiplied by: every linear layer and the LM head (torch only: runs in both environments)."""
-    import torch
-
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 # ---------------------------------------------------------------------------------------------- workers
@@ -151,7 +144,7 @@ def run_ours(args) -> dict:
     cli.trainer.callbacks.append(Stamp())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     timed = iterations[args.warmup :]
-    n = matmul_weights(cli.model.policy)
+    n = matmul_parameters(cli.model.policy)
     phases = {k: statistics.mean(it["phases"].get(k, 0.0) for it in timed) for k in timed[-1]["phases"]}
     prompt, response = (statistics.mean(it["tokens"][i] for it in timed) for i in (0, 1))
     # asynchronous: the server samples in its own process while this one trains; time/rollout_s is only the hand-over
@@ -234,7 +227,7 @@ def run_trl(args) -> dict:
         statistics.mean(a - b for a, b in zip(generate_and_score[w:], generate[w:])),
     )
     update = seconds - gen - rest
-    n = matmul_weights(model)
+    n = matmul_parameters(model)
     prompt, response = (statistics.mean(t[i] for t in tokens[w:]) for i in (0, 1))
     return {
         "seconds_per_iteration": seconds,
@@ -356,8 +349,7 @@ def table(size: str, rows: dict[str, list[dict]], peak: float, args) -> None:
             continue
         split = {k: round(statistics.mean(r["split"].get(k, 0.0) for r in ran), 2) for k in ran[0]["split"]}
         split = ", ".join(f"{k} {v}" for k, v in split.items() if v >= 0.01)
-        samples = [r["samples_per_s"] for r in ran]
-        sps = f"{statistics.mean(samples):.2f}" + (f" +- {statistics.stdev(samples):.2f}" if len(samples) > 1 else "")
+        sps = mean_std([r["samples_per_s"] for r in ran])
         rss = f"{_mean(ran, 'peak_rss_gib'):.2f}"
         if _mean(ran, "server_peak_rss_gib"):
             rss += f" (+ server {_mean(ran, 'server_peak_rss_gib'):.2f})"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-try:  # transformers >= 5: a cache is a list of layers
-    from transformers.cache_utils import DynamicLayer
+try:  # transformers >= 5: a cache holds a list of layers
+    from transformers.cache_utils import Cache, DynamicLayer
 except ImportError:  # transformers 4: key_cache / value_cache lists, left as they are
-    DynamicLayer = None
+    Cache = DynamicLayer = None
 
 
 if DynamicLayer is not None:
@@ -105,9 +105,8 @@ if DynamicLayer is not None:
 
 def grow_in_place(cache, capacity: int) -> None:
     """Swap each plain ``DynamicLayer`` of ``cache`` for a `GrowingLayer` with room for ``capacity`` positions."""
-    layers = getattr(cache, "layers", None)
-    if DynamicLayer is None or not isinstance(layers, list):
+    if DynamicLayer is None or not isinstance(cache, Cache):
         return
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer:
-            layers[i] = GrowingLayer.of(layer, capacity)
+            cache.layers[i] = GrowingLayer.of(layer, capacity)

@@ -53,13 +53,15 @@ def test_grow_in_place_swaps_only_plain_dynamic_layers():
     class Sliding(cache_utils.DynamicLayer):
         pass
 
-    class Cache:
-        layers = [cache_utils.DynamicLayer(), Sliding()]
-
-    Cache.layers[0].update(*_kv(1, 2, 0))
-    grow_in_place(Cache, capacity=10)
-    assert type(Cache.layers[0]) is GrowingLayer and type(Cache.layers[1]) is Sliding
-    assert Cache.layers[0]._keys.shape[-2] == 10 and Cache.layers[0].get_seq_length() == 2
+    cache = cache_utils.Cache(layers=[cache_utils.DynamicLayer(), Sliding()])
+    cache.layers[0].update(*_kv(1, 2, 0))
+    grow_in_place(cache, capacity=10)
+    assert type(cache.layers[0]) is GrowingLayer and type(cache.layers[1]) is Sliding
+    assert cache.layers[0]._keys.shape[-2] == 10 and cache.layers[0].get_seq_length() == 2
+    assert torch.equal(cache.layers[0].keys, cache_utils.DynamicLayer().update(*_kv(1, 2, 0))[0])
+    plain = [[torch.zeros(1)]]  # not a transformers cache (transformers 4's lists): left as it is
+    grow_in_place(plain, capacity=10)
+    assert plain == [[torch.zeros(1)]]
 
 
 def test_inverse_cdf_draw_takes_the_first_token_whose_cumulative_probability_passes_the_uniform():
