@@ -52,7 +52,7 @@ class Run(Protocol):
     reference_is_base: bool
     """A LoRA policy's reference is its base model (adapters off): no second model."""
     recompute_old: bool
-    """pi_old is recomputed before the update (off-policy, asynchronous, or read before the optimize phase)."""
+    """pi_old is recomputed before the update (several optimizer steps per batch, or read before the optimize phase)."""
     routing_replay: bool
     truncation: Truncation | None
     tokenizer: Any

@@ -19,7 +19,8 @@ class DecoupledClip(ClippedSurrogate):
 
     pi_behav is the policy version that sampled the token (``rollout_logprobs``: in asynchronous training an older
     one, ``loop.max_staleness`` versions at most); pi_prox, the proximal policy, is the trainer's weights before
-    this update (``old_logprobs``, recomputed for every batch). The clip bounds the step from pi_prox, the
+    this update (``old_logprobs``: a forward pass of its own when the batch gets several optimizer steps; with one
+    step, the update's own forward, detached, which runs on those weights). The clip bounds the step from pi_prox, the
     recent policy, instead of from pi_behav, so a stale batch does not shrink the trust region to nothing;
     w (no gradient) corrects the sampling distribution. ``behaviour_mode="mask"`` zeroes the tokens with
     w > ``behaviour_cap`` (AReaL), ``"truncate"`` uses min(w, cap). With fresh samples (pi_behav = pi_prox up

@@ -49,7 +49,8 @@ def describe(cli) -> str:
         "  sampling           "
         + (
             f"asynchronous: {loop.max_staleness} round(s) ahead, on weights at most {loop.max_staleness} version(s) older "
-            "(loop.max_staleness); old log-probs recomputed"
+            "(loop.max_staleness); old log-probs "
+            + ("recomputed" if model.recompute_old else "from the update's own forward (one optimizer step per batch)")
             if loop.max_staleness
             else "synchronous (loop.max_staleness 0)"
         ),

@@ -151,8 +151,10 @@ class RLModule(LightningModule):
             )
         self.needs = check_requirements(self)  # fails here, before any model loads, on a config that cannot run
         on_policy = loop.ppo_epochs == 1 and loop.num_mini_batches == 1
-        # a batch sampled by older weights (asynchronous) needs pi_prox, the weights before this update, recomputed
-        self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize or loop.max_staleness > 0
+        # pi_old (pi_prox of decoupled PPO: the weights before this update) needs a forward pass of its own only when
+        # something reads it before the update, or when the batch gets several optimizer steps; with one step the
+        # update's own forward runs on those very weights, also on a batch sampled by older ones (asynchronous)
+        self.recompute_old = not on_policy or "old_logprobs" in self.needs.before_optimize
         self.reference_is_base = reference_is_base(policy, reference, self.needs)  # LoRA: adapters off, no second model
         if self.reference_is_base and kl is not None and kl.refresh_every is not None:
             raise ValueError(

@@ -277,6 +277,7 @@ def test_dry_run_names_asynchronous_sampling(tmp_path, tiny_model_path, monkeypa
     )
     assert "model.surrogate   DecoupledClip" in out
     assert "sampling           asynchronous: 1 round(s) ahead, on weights at most 1 version(s) older" in out
+    assert "old log-probs from the update's own forward (one optimizer step per batch)" in out  # grpo: 1 x 1
 
 
 def test_components_lists_every_kind_with_its_formula(monkeypatch, capsys):

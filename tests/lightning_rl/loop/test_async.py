@@ -11,6 +11,7 @@ import torch
 
 from components.rollout.server.settings import Servers, WeightPush
 from lightning_rl.core.batch import RolloutBatch
+from lightning_rl.core.models import ModelSpec, load_causal_lm
 from lightning_rl.loop.ahead import drop_stale
 from lightning_rl.loop.collect import Collector
 from lightning_rl.loop.module import RLModule
@@ -131,6 +132,33 @@ def test_staleness_one_trains_within_the_bound_and_logs_it(tmp_path, tiny_model_
     # the checkpoint's data position is that of the first round not trained, not of the last one requested
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["PromptDataModule"]["position"] == {"epoch": 0, "batch": 5}
+
+
+@pytest.mark.slow
+def test_one_step_per_batch_takes_pi_prox_from_the_updates_own_forward_and_trains_the_same(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    """With one epoch and one mini-batch the update's forward runs on pi_prox's weights, also on a batch sampled a
+    version behind: no log-prob pass of its own, and the weights it trains equal those of a run that recomputes."""
+    build = RLModule.configure_model
+    trained = {}
+    for name, recompute in [("taken", False), ("recomputed", True)]:
+
+        def configure_model(self, _recompute=recompute):
+            assert self.recompute_old is False  # one step per batch, nothing reads pi_old before the update
+            self.recompute_old = _recompute
+            build(self)
+
+        monkeypatch.setattr(RLModule, "configure_model", configure_model)
+        cli = run_cli("fit", cli_args(tmp_path / name, tiny_model_path, 3, *ASYNC))
+        logged = scalars(tmp_path / name)
+        assert [v for _, v in logged["policy/old_logprobs_recomputed"]] == [float(recompute)] * 3
+        assert [v for _, v in logged["async/staleness_max"]] == [0.0, 1.0, 1.0]
+        trained[name] = {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}
+    start = load_causal_lm(ModelSpec(path=tiny_model_path)).state_dict()
+    for key, weight in trained["taken"].items():
+        torch.testing.assert_close(weight, trained["recomputed"][key], atol=1e-6, rtol=0)
+    assert max(float((trained["taken"][k] - start[k]).abs().max()) for k in start) > 1e-4  # the weights did train
 
 
 @pytest.mark.slow
