@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from tests.support.processes import gone_within, group_alive
 REPO = Path(__file__).resolve().parents[2]
 
 TRAINER = """
-import json, sys, time
+import faulthandler, json, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks of a trainer that does not end
 from lightning_rl.core.models import load_tokenizer
 import components.rollout as rollouts
 from components.rollout.server.settings import Servers, Verification, WeightPush
@@ -33,7 +35,8 @@ print(rollout.connection.server.process.pid, flush=True)
 if how == "exception":
     sys.stdin.readline()  # once the test has seen the server running
     raise RuntimeError("a component failed")
-time.sleep(600)
+for _ in range(6000):  # a working trainer runs Python; a signal taken by another thread waits for the next line
+    time.sleep(0.1)
 """
 
 
@@ -61,7 +64,14 @@ def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: s
             trainer.stdin.flush()
         else:
             trainer.send_signal({"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}[how])
-        trainer.wait(timeout=start_s)
+        try:
+            trainer.wait(timeout=start_s)
+        except subprocess.TimeoutExpired:
+            trainer.send_signal(signal.SIGUSR1)  # every thread's stack, on its stderr
+            time.sleep(2)
+            trainer.kill()
+            stderr = trainer.communicate()[1]
+            raise AssertionError(f"the trainer ({how}) had not ended after {start_s} s; its stderr:\n{stderr[-6000:]}")
     finally:
         if trainer.poll() is None:
             trainer.kill()
