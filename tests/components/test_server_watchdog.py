@@ -16,7 +16,7 @@ import pytest
 
 from tests.fixtures.sglang_server import fake_sglang_package
 from tests.helpers import pythonpath
-from tests.support.processes import gone_within, group_alive
+from tests.support.processes import as_from_a_terminal, gone_within, group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,7 @@ print(rollout.connection.server.process.pid, flush=True)
 if how == "exception":
     sys.stdin.readline()  # once the test has seen the server running
     raise RuntimeError("a component failed")
-for _ in range(6000):  # a working trainer runs Python; a signal taken by another thread waits for the next line
-    time.sleep(0.1)
+time.sleep(600)
 """
 
 
@@ -51,6 +50,7 @@ def launch_and_end(tmp_path: Path, engine: str, model: str, launch: dict, how: s
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_from_a_terminal,
     )
     try:
         line = trainer.stdout.readline()

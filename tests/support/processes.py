@@ -1,5 +1,5 @@
-"""Process groups in tests: which of a group's processes live, and waiting for a group to end (a launched server
-that must not outlive its trainer)."""
+"""Processes in tests: which of a group's processes live, waiting for a group to end (a launched server that must
+not outlive its trainer), and a child that gets Ctrl-C as from a terminal."""
 
 from __future__ import annotations
 
@@ -33,3 +33,10 @@ def gone_within(group: int, seconds: float) -> list[int]:
     for pid in left:  # never leave one behind for the next test
         os.kill(pid, signal.SIGKILL)
     return left
+
+
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` of a child the test sends SIGINT: Ctrl-C's default action, as a terminal gives it. A test suite
+    started in the background (``&`` in a script, some CI runners) ignores SIGINT, and a child inherits an ignored
+    signal: its Python then never raises KeyboardInterrupt and the test waits for nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -16,6 +16,7 @@ import torch
 
 from lightning_rl.loop.module import RLModule
 from tests.lightning_rl.cli_runs import cli_args, run_cli
+from tests.support.processes import as_from_a_terminal
 from tests.support.resume import assert_same
 
 DENSE = [
@@ -171,12 +172,6 @@ def _wait_for(path: Path, process: subprocess.Popen, seconds: float) -> None:
         time.sleep(0.2)
 
 
-def _as_from_a_terminal() -> None:
-    """Ctrl-C's default action in the run, as a terminal gives it: a test suite started in the background (``&`` in a
-    script) ignores SIGINT, and the run it starts would inherit that and never see the signal the test sends."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum", [pytest.param(signal.SIGINT, marks=pytest.mark.soak), signal.SIGTERM]
@@ -206,7 +201,7 @@ def test_an_interrupt_ends_an_asynchronous_agent_run_stuck_in_a_tool(tmp_path, s
             env={**os.environ, "HANG_MARKER": str(marker)},
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_as_from_a_terminal,
+            preexec_fn=as_from_a_terminal,
         )
     try:
         _wait_for(tmp_path / "checkpoints" / "last.ckpt", run, 300.0)
