@@ -69,6 +69,8 @@ class RolloutAhead:
         init = _same_device_initializer()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead", initializer=init)
         self._pending: deque[_Round] = deque()  # requested, not yet taken
+        self._requests = threading.Lock()  # a take requesting rounds, or close cancelling them (another thread)
+        self._closing = False
         self._first_untrained: dict | None = None  # position of the first round taken by the iteration under way
         self._sampler: nn.Module | None = None  # an in-process sampler's own copy of the policy
         self._weights = threading.Lock()  # held by a round while it samples from that copy
@@ -98,13 +100,16 @@ class RolloutAhead:
         if not self._started:  # at the first iteration: every strategy has restored a checkpoint's weights by then
             self.start(policy)
         wanted = self.depth + 1 if rounds_left is None else max(1, min(self.depth + 1, rounds_left))
-        while len(self._pending) < wanted:
-            position = self.position()
-            data = next_prompts()
-            self._pending.append(
-                _Round(position, data, self._pool.submit(self._produce, data["prompts"], policy, self._push))
-            )
-        round_ = self._pending.popleft()
+        with self._requests:  # a close on another thread lets no round start after it began
+            while len(self._pending) < wanted and not self._closing:
+                position = self.position()
+                data = next_prompts()
+                self._pending.append(
+                    _Round(position, data, self._pool.submit(self._produce, data["prompts"], policy, self._push))
+                )
+            if not self._pending:
+                raise RuntimeError("the rounds sampled ahead were closed before this iteration took one")
+            round_ = self._pending.popleft()
         if self._first_untrained is None:
             self._first_untrained = round_.position
         while not wait([round_.future], timeout=0.2).done:
@@ -184,9 +189,11 @@ class RolloutAhead:
         once the interrupted one returns (a run that is interrupted would otherwise wait for a whole new round, its
         tools timing out call by call). It is called until the round has ended: a round that started an instant
         before has not yet told the agent what it samples, and one call would miss it."""
-        for round_ in self._pending:
-            round_.future.cancel()  # a round already sampling cannot be cancelled: the interrupt ends it
-        self._pending.clear()
+        with self._requests:
+            self._closing = True
+            for round_ in self._pending:
+                round_.future.cancel()  # a round already sampling cannot be cancelled: the interrupt ends it
+            self._pending = deque(r for r in self._pending if not r.future.cancelled())  # a take may still wait on it
         idle = self._pool.submit(lambda: None)  # one thread: done once the round sampling has returned
         while interrupt is not None and not idle.done():
             interrupt()
