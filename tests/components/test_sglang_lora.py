@@ -51,9 +51,10 @@ def test_adapter_sync_from_memory_makes_the_server_sample_from_the_updated_adapt
     assert server.calls.count("/load_lora_adapter_from_tensors") == 2 and not list(
         tmp_path.iterdir()
     )  # no folder written
-    assert list(server.adapters) == ["policy-v2"] and rollout.weight_version == 2  # v1 was unloaded
+    v2 = rollout.pusher.adapters.name(2)
+    assert list(server.adapters) == [v2] and rollout.weight_version == 2  # v1 was unloaded
     batch = rollout.generate(make_prompts(*prompts), lora_policy)
-    assert server.generate_calls[-1]["lora_path"] == "policy-v2" and set(batch.versions.tolist()) == {2}
+    assert server.generate_calls[-1]["lora_path"] == v2 and set(batch.versions.tolist()) == {2}
     assert server_logprobs_match(lora_policy, batch, 1.0) < 1e-5
     base = load_causal_lm(ModelSpec(path=tiny_model_path))
     assert server_logprobs_match(base, batch, 1.0) > 1e-2  # the step moved the policy: the adapter sync mattered
@@ -65,7 +66,7 @@ def test_the_server_checks_every_adapter_tensor_it_received(server, lora_policy,
 
     monkeypatch.setattr(adapters, "sha256", lambda tensor: "0" * 64)
     rollout = make_rollout(servers=Servers(urls=(server.url,)))
-    with pytest.raises(SGLangError, match=r"refused LoRA adapter 'policy-v1'.*MISMATCH"):
+    with pytest.raises(SGLangError, match=r"refused LoRA adapter 'policy-[0-9a-f]{8}-v1'.*MISMATCH"):
         rollout.sync_weights(lora_policy)
     assert not server.adapters
 
@@ -102,9 +103,9 @@ def test_tensor_sync_of_a_lora_policy_sends_merged_weights_under_plain_names(
 
 
 def test_a_server_that_refuses_the_adapter_says_which_flags_it_needs(server, lora_policy, prompts, make_rollout):
-    server.adapters["policy-v1"] = server.model  # the name is taken: SGLang answers success=false
     rollout = make_rollout(group_size=2, max_new_tokens=4, servers=Servers(urls=(server.url,)))
-    with pytest.raises(SGLangError, match="refused LoRA adapter 'policy-v1'.*--enable-lora.*lora_sync: merged"):
+    server.adapters[rollout.pusher.adapters.name(1)] = server.model  # the name is taken: SGLang answers success=false
+    with pytest.raises(SGLangError, match="refused LoRA adapter 'policy-.*-v1'.*--enable-lora.*lora_sync: merged"):
         rollout.generate(make_prompts(*prompts), lora_policy)
 
 
@@ -117,8 +118,7 @@ def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(
     for _ in range(3):
         _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
         rollout.sync_weights(lora_policy)
-    assert (
-        list(server.adapters) == ["policy-v2", "policy-v3", "policy-v4"]
-        and rollout.pusher.adapters.current == "policy-v4"
-    )
+    names = [rollout.pusher.adapters.name(v) for v in (2, 3, 4)]
+    assert list(server.adapters) == names and rollout.pusher.adapters.current == names[-1]
     rollout.close()
+    assert not server.adapters  # a server that outlives the run keeps none of its adapters

@@ -1,14 +1,21 @@
 """A LoRA policy's adapter pushed alone (``lora_sync: adapter``): its tensors from the trainer's memory, loaded on every
-server under a new name per version (``policy-v<version>``), the newest few kept loaded."""
+server under a new name per version (``policy-<run>-v<version>``), the newest few kept loaded and all unloaded on close.
+
+``<run>`` is drawn once per training process (shared by its ranks): a server that outlives a run, or a run resumed from
+a checkpoint, still holds the earlier process's adapters, and SGLang and vLLM both refuse to load a name they hold."""
 
 from __future__ import annotations
 
+import secrets
+import warnings
 from collections import deque
 from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
 from lightning_rl.core.lora import adapter_config, adapter_file_tensors, adapter_state
+
+from .ranks import share
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -29,6 +36,12 @@ class Adapters:
         self.loaded: deque[str] = deque()
         self.keep = 1
         self.current: str | None = None  # the adapter that samples
+        self.run: str | None = None  # drawn at the first push (a collective: every rank takes rank 0's)
+
+    def name(self, version: int) -> str:
+        if self.run is None:
+            self.run = share(secrets.token_hex(4))
+        return f"policy-{self.run}-v{version}"
 
     def push(
         self, engine: Engine, urls: list[str], name: str, config: dict, tensors: dict[str, Tensor], push: WeightPush
@@ -37,6 +50,17 @@ class Adapters:
         self.loaded.append(name)
         while len(self.loaded) > self.keep:
             engine.unload_adapter(urls, self.loaded.popleft(), push)
+
+    def unload_all(self, engine: Engine, urls: list[str], push: WeightPush) -> None:
+        """At the end of a run: a server that outlives it keeps no adapter of ours (best effort: one that has died
+        holds nothing, and a run ending on an error keeps that error)."""
+        while self.loaded:
+            name = self.loaded.popleft()
+            try:
+                engine.unload_adapter(urls, name, push)
+            except Exception as err:  # noqa: BLE001 - closing must not hide the run's own outcome
+                warnings.warn(f"LoRA adapter {name!r} was not unloaded from {', '.join(urls)} at close: {err}")
+        self.current = None
 
     def forget(self) -> None:
         """A fresh server holds no adapter."""

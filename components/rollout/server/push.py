@@ -77,7 +77,7 @@ class Pusher:
             if verify and fingerprints is not None and self._pushed is not None:
                 before = self.checks.before(engine, urls)
             if adapter:
-                self._push_adapter(policy, f"policy-v{version}", urls)
+                self._push_adapter(policy, self.adapters.name(version), urls)
             elif settings.weight_sync == "disk":
                 folder = self.folders.version(version)
                 save_checkpoint(policy, str(folder), fingerprints)  # a collective under torch.distributed
@@ -152,6 +152,11 @@ class Pusher:
                 self._settle(checked)
 
         return push
+
+    def unload_adapters(self, urls: list[str]) -> None:
+        """The adapters this run loaded, unloaded from ``urls`` (the servers it did not launch, which outlive it)."""
+        if rank() == 0 and self.engine is not None and urls:
+            self.adapters.unload_all(self.engine, urls, self.weights)
 
     def forget_servers(self) -> None:
         """The servers are new (launched again): they hold their launch checkpoint and no adapter."""

@@ -155,6 +155,7 @@ class ServerRollout(Rollout):
 
     def close(self) -> None:
         self.pusher.overlapping = False
+        self.pusher.unload_adapters([u for u in self.pusher.urls if self.connection.launched_at(u) is None])
         self.connection.close()
         self.pusher.folders.close()
 
