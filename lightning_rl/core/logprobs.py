@@ -221,8 +221,8 @@ def response_outputs(
     Same function, same gradients (each prompt's share is summed over its rows); two layouts:
 
     * packed (short rows, equal groups, SDPA or eager attention): one row per group holding the prompt
-      and its G responses, with a block mask (each response sees the prompt and itself) and each
-      response's own positions: one model call;
+      and its G responses, each without its trailing padding, with a block mask (each response sees the prompt and
+      itself) and each response's own positions: one model call; padding positions get zero logits;
     * KV cache (otherwise): the prompts' forward, its cache repeated to the B rows, then the responses.
 
     Rows with images take their positions from `row_positions` over the whole row (the sampler's prefill computes
@@ -232,13 +232,14 @@ def response_outputs(
     """
     r, b = response_ids.shape[1], response_ids.shape[0]
     runs = shared_prompts(prompt_ids, prompt_mask, image_inputs) if forward_accepts(model, "logits_to_keep") else None
-    if (
-        runs is not None
-        and image_inputs is None
-        and len(set(runs)) == 1
-        and _packable(model, prompt_ids.shape[1], r, runs[0])
-    ):
-        return _packed_group_logits(model, prompt_ids, prompt_mask, response_ids, runs[0], routers, routes)
+    if runs is not None and image_inputs is None and len(set(runs)) == 1:
+        lengths = response_lengths(response_mask)  # (B,)
+        # one host sync: the widest group's response tokens (the row's width is a shape), the longest response
+        width, longest = torch.stack([lengths.reshape(-1, runs[0]).sum(-1).max(), lengths.max()]).tolist()
+        if _packable(model, prompt_ids.shape[1], width, longest):
+            return _packed_group_logits(
+                model, prompt_ids, prompt_mask, response_ids, lengths, width, runs[0], routers, routes
+            )
     if runs is None and image_inputs is not None and forward_accepts(model, "logits_to_keep"):
         runs = [1] * b
     # transformers drops the cache under activation checkpointing while gradients flow: no cache sharing then
@@ -307,13 +308,21 @@ def response_outputs(
     return logits, None if routers is None else torch.cat([first_router, rest_router], dim=1)
 
 
-def _packable(model, p: int, r: int, g: int) -> bool:
+def _packable(model, p: int, row_tokens: int, longest: int) -> bool:
     """The packed layout needs a custom 4D mask (SDPA / eager attention take one as is), no sliding window shorter
-    than a response's real context, and a short row (the per-call cost it saves matters most there)."""
+    than a response's real context (``p + longest``), and a short row (``p + row_tokens``: the per-call cost it saves
+    matters most there)."""
     backend, window = attention_settings(model_config(model))
     if backend not in ("sdpa", "eager"):
         return False
-    return p + g * r <= PACKED_ROW_MAX_TOKENS and (window is None or window >= p + r)
+    return p + row_tokens <= PACKED_ROW_MAX_TOKENS and (window is None or window >= p + longest)
+
+
+def response_lengths(response_mask: Tensor) -> Tensor:
+    """Each response's length up to and including its last real token: what follows is padding, which no real token
+    sees. Shape: (B, R) -> (B,)."""
+    r = response_mask.shape[1]
+    return (response_mask.bool() * torch.arange(1, r + 1, device=response_mask.device)).amax(-1)
 
 
 def _packed_group_logits(
@@ -321,33 +330,45 @@ def _packed_group_logits(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     response_ids: Tensor,
+    lengths: Tensor,
+    width: int,
     g: int,
     routers: RouterRecorder | None = None,
     routes: Routes | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Each group in one row: [prompt | response 1 | ... | response G], one model call. Shapes: (B, P), (B, R) ->
-    (B, R, V), and with ``routers`` (B, R, L, E).
+    """Each group in one row: [prompt | response 1 | ... | response G | padding], each response cut at its length,
+    one model call. Shapes: (B, P), (B, R), (B,) -> (B, R, V), and with ``routers`` (B, R, L, E); ``width``: the
+    longest group's response tokens. Positions past a response's length (its padding) get zero logits.
 
     Column j attends to column k when k <= j and k is a real prompt token or lies in j's own response
     (and always to itself, so no row of the mask is empty); response tokens take positions
-    n_prompt + t, as in their own sequence. Padding inside a response is only seen by later padding.
+    n_prompt + t, as in their own sequence. The trailing padding of each response is left out of the row: with
+    responses of unequal length (most RL batches) that is most of what a row would otherwise compute.
     """
     b, p = prompt_ids.shape
     r, u, device = response_ids.shape[1], b // g, prompt_ids.device
-    length = p + g * r
-    input_ids = torch.cat([prompt_ids[::g], response_ids.reshape(u, g * r)], dim=1)  # (U, L)
+    length = p + width
+    t = torch.arange(r, device=device)
+    real = t[None, :] < lengths[:, None]  # (B, R)
+    offset = (lengths.reshape(u, g).cumsum(-1) - lengths.reshape(u, g)).reshape(b)  # (B,): where each response starts
+    row = torch.arange(u, device=device).repeat_interleave(g)[:, None].expand(b, r)[real]  # (N,)
+    column = (offset[:, None] + t[None, :])[real]  # (N,): in the row's response area
     prompt_valid = prompt_mask[::g].bool()  # (U, P)
-    positions = torch.cat(
-        [mask_positions(prompt_valid), prompt_valid.sum(-1, keepdim=True) + torch.arange(r, device=device).repeat(g)],
-        dim=1,
-    )  # (U, L)
-    block = torch.cat(
-        [torch.full((p,), -1, device=device), torch.arange(g, device=device).repeat_interleave(r)]
-    )  # (L,): -1 = prompt
-    column = torch.arange(length, device=device)
-    causal = column[None, :] <= column[:, None]  # (L, L): key <= query
-    same_response = (block[:, None] == block[None, :]) & (block[:, None] >= 0)  # (L, L)
-    prompt_key = torch.cat([prompt_valid, prompt_valid.new_zeros(u, g * r)], dim=1)  # (U, L)
+    n_prompt = prompt_valid.sum(-1)  # (U,)
+    area_ids = response_ids.new_zeros(u, width).index_put_((row, column), response_ids[real])  # (U, W)
+    area_block = torch.full((u, width), -2, device=device).index_put_(
+        (row, column), torch.arange(b, device=device)[:, None].expand(b, r)[real]
+    )  # (U, W): the response a column holds, -2 on the row's padding
+    area_positions = torch.zeros(u, width, dtype=torch.long, device=device).index_put_(
+        (row, column), (n_prompt.repeat_interleave(g)[:, None] + t[None, :])[real]
+    )
+    input_ids = torch.cat([prompt_ids[::g], area_ids], dim=1)  # (U, L)
+    positions = torch.cat([mask_positions(prompt_valid), area_positions], dim=1)  # (U, L)
+    block = torch.cat([torch.full((u, p), -1, device=device), area_block], dim=1)  # (U, L): -1 = prompt
+    index = torch.arange(length, device=device)
+    causal = index[None, :] <= index[:, None]  # (L, L): key <= query
+    same_response = (block[:, :, None] == block[:, None, :]) & (block[:, None, :] >= 0)  # (U, L, L)
+    prompt_key = torch.cat([prompt_valid, prompt_valid.new_zeros(u, width)], dim=1)  # (U, L)
     allowed = ((prompt_key[:, None, :] | same_response) & causal) | torch.eye(
         length, dtype=torch.bool, device=device
     )  # (U, L, L)
@@ -356,20 +377,23 @@ def _packed_group_logits(
     else:
         mask = allowed
     row_routes = None
-    if routes is not None:  # laid out as the row: the group's prompt, then its G responses
+    if routes is not None:  # laid out as the row: the group's prompt, then its responses' tokens
         tail = routes[1].shape[2:]
-        row_routes = torch.cat([routes[0][::g], routes[1].reshape(u, g * r, *tail)], dim=1)  # (U, L, L', K)
+        area = routes[1].new_full((u, width, *tail), -1).index_put_((row, column), routes[1][real])
+        row_routes = torch.cat([routes[0][::g], area], dim=1)  # (U, L, L', K)
     out, router = _model_call(
         model, routers, input_ids, row_routes, attention_mask=mask[:, None], position_ids=positions, use_cache=False,
-        logits_to_keep=g * r + 1,
+        logits_to_keep=width + 1,
     )  # fmt: skip
+    # kept column 0 (the prompt's last) predicts every response's token 0; kept column 1 + c, response column c,
+    # predicts the token after it: token t >= 1 of a response starting at offset o comes from kept column o + t
+    # (padding reads column 0, then zeroed)
+    kept = torch.where(real & (t[None, :] > 0), offset[:, None] + t[None, :], 0)  # (B, R)
+    group = torch.arange(u, device=device).repeat_interleave(g)[:, None]  # (B, 1)
 
-    def per_response(x: Tensor) -> Tensor:  # x: (U, 1 + G R, ...), the last prompt column then every response column
-        x = x[:, -(g * r + 1) :]
-        tail = x.shape[2:]
-        first = x[:, :1].expand(u, g, *tail).reshape(b, 1, *tail)  # predicts response token 0 of each of the G rows
-        rest = x[:, 1:].reshape(u, g, r, *tail)[:, :, : r - 1].reshape(b, r - 1, *tail)  # token t + 1 from column t
-        return torch.cat([first, rest], dim=1)
+    def per_response(x: Tensor) -> Tensor:  # x: (U, 1 + W, ...) -> (B, R, ...)
+        x = x[:, -(width + 1) :][group, kept]
+        return x.masked_fill(~real.reshape(b, r, *([1] * (x.dim() - 2))), 0)
 
     return _each(per_response, out.logits, router)
 

@@ -106,7 +106,7 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
     monkeypatch.setattr(logprobs, "PACKED_ROW_MAX_TOKENS", max_tokens)
     model = load_causal_lm(ModelSpec(path=tiny_model_path, attn_implementation=attention)).train()
     calls = []
-    model.register_forward_hook(lambda *_: calls.append(1))
+    model.register_forward_hook(lambda _m, _a, kwargs, _o: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
     prompts = torch.tensor([[0, 5, 6, 7], [9, 8, 7, 6]]).repeat_interleave(torch.tensor(runs), 0)  # (6, 4)
     torch.manual_seed(0)
     response = torch.randint(3, 15, (6, 5))
@@ -129,6 +129,8 @@ def test_shared_prefix_forward_equals_the_full_forward_in_value_and_gradient(tin
         (values * weights).sum().backward()
         grads.append((values.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     assert len(calls) == (1 if layout.startswith("packed") else 2)  # the layout under test ran
+    if layout.startswith("packed"):  # a group per row, each response without its trailing padding: the wider
+        assert calls == [(2, 4 + (4 + 5 + 3))]  # group's 12 tokens after the prompt's 4 (3 x 5 with padding)
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-5)
 
@@ -138,14 +140,15 @@ def test_packing_needs_a_mask_taking_attention_a_short_row_and_no_shorter_slidin
     from lightning_rl.core.models import ModelSpec, load_causal_lm
 
     model = load_causal_lm(ModelSpec(path=tiny_model_path))
-    assert logprobs._packable(model, p=10, r=20, g=8)  # 170 tokens
-    assert not logprobs._packable(model, p=24, r=126, g=8)  # 24 + 8 x 126 = 1,032 tokens
+    assert logprobs._packable(model, p=10, row_tokens=8 * 20, longest=20)  # 170 tokens
+    assert not logprobs._packable(model, p=24, row_tokens=8 * 126, longest=126)  # 24 + 8 x 126 = 1,032 tokens
     model.config.sliding_window = 16
-    assert not logprobs._packable(model, p=10, r=20, g=8)  # a response's real context (30) exceeds the window
+    assert not logprobs._packable(model, p=10, row_tokens=160, longest=20)  # a response's context (30) exceeds it
+    assert logprobs._packable(model, p=10, row_tokens=160, longest=6)  # the longest response's does not (16)
     model.config.sliding_window = 4096
-    assert logprobs._packable(model, p=10, r=20, g=8)
+    assert logprobs._packable(model, p=10, row_tokens=160, longest=20)
     monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")  # varlen kernels take no custom mask
-    assert not logprobs._packable(model, p=10, r=20, g=8)
+    assert not logprobs._packable(model, p=10, row_tokens=160, longest=20)
 
 
 def test_shared_prefix_with_one_response_token(tiny_model_path):
@@ -184,5 +187,8 @@ def test_shared_prefix_under_activation_checkpointing(tiny_model_path, max_token
     shared = logprobs.response_logits(
         model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask
     )
-    torch.testing.assert_close(shared, _full_logits(model, batch), rtol=1e-5, atol=1e-5)
+    real = batch.response_mask.bool()
+    torch.testing.assert_close(shared[real], _full_logits(model, batch)[real], rtol=1e-5, atol=1e-5)
+    if max_tokens:  # the packed row leaves out each response's trailing padding: zero logits there
+        assert not shared[~real].any()
     shared.sum().backward()  # the checkpointed layers recompute and backpropagate
