@@ -122,3 +122,22 @@ def test_asynchronous_training_keeps_the_adapters_requests_in_flight_may_use(
     assert list(server.adapters) == names and rollout.pusher.adapters.current == names[-1]
     rollout.close()
     assert not server.adapters  # a server that outlives the run keeps none of its adapters
+
+
+def test_closing_beside_a_server_that_is_gone_warns_once_and_keeps_the_runs_outcome(
+    server, lora_policy, prompts, make_rollout
+):
+    """The adapters cannot be unloaded from a server that died: one warning naming them, after one request's retries
+    (not one per adapter), and close returns."""
+    rollout = make_rollout(group_size=2, max_new_tokens=4, servers=Servers(urls=(server.url,), max_retries=1))
+    rollout.prepare(lora_policy, max_staleness=1)  # v1; two adapters stay loaded
+    _step(lora_policy, rollout.generate(make_prompts(*prompts), lora_policy))
+    rollout.sync_weights(lora_policy)
+    names = [rollout.pusher.adapters.name(v) for v in (1, 2)]
+    assert list(server.adapters) == names
+    server.stop()
+    unloads = server.calls.count("/unload_lora_adapter")
+    with pytest.warns(UserWarning, match=r"LoRA adapters \[.*-v1', .*-v2'\] were not unloaded") as said:
+        rollout.close()
+    assert len([w for w in said if "not unloaded" in str(w.message)]) == 1
+    assert server.calls.count("/unload_lora_adapter") == unloads and not rollout.pusher.adapters.loaded

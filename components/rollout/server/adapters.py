@@ -53,13 +53,16 @@ class Adapters:
 
     def unload_all(self, engine: Engine, urls: list[str], push: WeightPush) -> None:
         """At the end of a run: a server that outlives it keeps no adapter of ours (best effort: one that has died
-        holds nothing, and a run ending on an error keeps that error)."""
+        holds nothing, and a run ending on an error keeps that error; after one failure the rest are not tried, so a
+        server that is gone costs one request's retries)."""
         while self.loaded:
-            name = self.loaded.popleft()
             try:
-                engine.unload_adapter(urls, name, push)
+                engine.unload_adapter(urls, self.loaded[0], push)
             except Exception as err:  # noqa: BLE001 - closing must not hide the run's own outcome
-                warnings.warn(f"LoRA adapter {name!r} was not unloaded from {', '.join(urls)} at close: {err}")
+                warnings.warn(f"LoRA adapters {list(self.loaded)} were not unloaded from {', '.join(urls)} at close: {err}")
+                break
+            self.loaded.popleft()
+        self.loaded.clear()
         self.current = None
 
     def forget(self) -> None:
