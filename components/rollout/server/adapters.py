@@ -59,7 +59,9 @@ class Adapters:
             try:
                 engine.unload_adapter(urls, self.loaded[0], push)
             except Exception as err:  # noqa: BLE001 - closing must not hide the run's own outcome
-                warnings.warn(f"LoRA adapters {list(self.loaded)} were not unloaded from {', '.join(urls)} at close: {err}")
+                warnings.warn(
+                    f"LoRA adapters {list(self.loaded)} were not unloaded from {', '.join(urls)} at close: {err}"
+                )
                 break
             self.loaded.popleft()
         self.loaded.clear()
