@@ -233,7 +233,7 @@ def response_outputs(
     r, b = response_ids.shape[1], response_ids.shape[0]
     runs = shared_prompts(prompt_ids, prompt_mask, image_inputs) if forward_accepts(model, "logits_to_keep") else None
     if runs is not None and image_inputs is None and len(set(runs)) == 1:
-        lengths = response_lengths(response_mask)  # (B,)
+        lengths = _response_extents(response_mask)  # (B,)
         # one host sync: the widest group's response tokens (the row's width is a shape), the longest response
         width, longest = torch.stack([lengths.reshape(-1, runs[0]).sum(-1).max(), lengths.max()]).tolist()
         if _packable(model, prompt_ids.shape[1], width, longest):
@@ -318,9 +318,10 @@ def _packable(model, p: int, row_tokens: int, longest: int) -> bool:
     return p + row_tokens <= PACKED_ROW_MAX_TOKENS and (window is None or window >= p + longest)
 
 
-def response_lengths(response_mask: Tensor) -> Tensor:
-    """Each response's length up to and including its last real token: what follows is padding, which no real token
-    sees. Shape: (B, R) -> (B,)."""
+def _response_extents(response_mask: Tensor) -> Tensor:
+    """Each response's columns up to and including its last real token: what follows is padding, which no real token
+    sees (`RolloutBatch.response_lengths` counts the real tokens; the two agree where the mask is a prefix, and this
+    keeps any masked token inside a response). Shape: (B, R) -> (B,)."""
     r = response_mask.shape[1]
     return (response_mask.bool() * torch.arange(1, r + 1, device=response_mask.device)).amax(-1)
 
@@ -351,7 +352,8 @@ def _packed_group_logits(
     t = torch.arange(r, device=device)
     real = t[None, :] < lengths[:, None]  # (B, R)
     offset = (lengths.reshape(u, g).cumsum(-1) - lengths.reshape(u, g)).reshape(b)  # (B,): where each response starts
-    row = torch.arange(u, device=device).repeat_interleave(g)[:, None].expand(b, r)[real]  # (N,)
+    group = torch.arange(u, device=device).repeat_interleave(g)[:, None]  # (B, 1): the row of each response
+    row = group.expand(b, r)[real]  # (N,)
     column = (offset[:, None] + t[None, :])[real]  # (N,): in the row's response area
     prompt_valid = prompt_mask[::g].bool()  # (U, P)
     n_prompt = prompt_valid.sum(-1)  # (U,)
@@ -389,7 +391,6 @@ def _packed_group_logits(
     # predicts the token after it: token t >= 1 of a response starting at offset o comes from kept column o + t
     # (padding reads column 0, then zeroed)
     kept = torch.where(real & (t[None, :] > 0), offset[:, None] + t[None, :], 0)  # (B, R)
-    group = torch.arange(u, device=device).repeat_interleave(g)[:, None]  # (B, 1)
 
     def per_response(x: Tensor) -> Tensor:  # x: (U, 1 + W, ...) -> (B, R, ...)
         x = x[:, -(width + 1) :][group, kept]

@@ -192,3 +192,10 @@ def test_shared_prefix_under_activation_checkpointing(tiny_model_path, max_token
     if max_tokens:  # the packed row leaves out each response's trailing padding: zero logits there
         assert not shared[~real].any()
     shared.sum().backward()  # the checkpointed layers recompute and backpropagate
+
+
+def test_a_packed_response_ends_at_its_last_real_token_keeping_masked_tokens_before_it():
+    from lightning_rl.core.logprobs import _response_extents
+
+    mask = torch.tensor([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    assert _response_extents(mask).tolist() == [3, 0, 4, 2]
